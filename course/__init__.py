@@ -1,0 +1,1 @@
+"""Course machinery: build (solutions -> lessons + minitorch), load, grade, check."""

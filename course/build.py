@@ -1,0 +1,210 @@
+"""`make build`: solutions/NN_topic.py -> lessons/NN_topic.ipynb (stubs) + minitorch/*.py.
+
+    python -m course.build            # write what changed
+    python -m course.build --check    # write nothing; exit 1 if lessons/ or minitorch/ are stale
+    python -m course.build --force    # also overwrite lesson notebooks a student has edited
+
+A student's edits are detected with lessons/.manifest.json, the hash of each notebook as last
+generated: a notebook whose hash differs from it was changed by hand and is left alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course.source import (
+    BEGIN,
+    END,
+    LESSONS,
+    PACKAGE,
+    ROOT,
+    Lesson,
+    all_lessons,
+    default_module,
+    directives,
+    enclosing_names,
+    read_source,
+    strip_directives,
+)
+
+MANIFEST = LESSONS / ".manifest.json"
+
+
+def stub_source(source: str, exercise: str | None, where: str) -> str:
+    """Replace each solution region of a cell by a `raise NotImplementedError`."""
+    if BEGIN not in source:
+        return source
+    if not exercise:
+        raise ValueError(f"{where}: solution region in a cell without '#| exercise L.K'")
+    names = iter(enclosing_names(source))
+    out, inside = [], False
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(BEGIN):
+            if inside:
+                raise ValueError(f"{where}: nested {BEGIN}")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            name = next(names)
+            if name == "<module>":
+                raise ValueError(f"{where}: solution region must sit inside a function body")
+            out.append(f'{indent}raise NotImplementedError("Exercise {exercise}: {name}")')
+        elif stripped.startswith(END):
+            if not inside:
+                raise ValueError(f"{where}: {END} without {BEGIN}")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"{where}: {BEGIN} without {END}")
+    return "\n".join(out)
+
+
+def _finish(nb, lesson: Lesson) -> nbformat.NotebookNode:
+    """Deterministic ids, no outputs, standard metadata."""
+    nb = copy.deepcopy(nb)
+    nb.nbformat, nb.nbformat_minor = 4, 5
+    nb.metadata = nbformat.from_dict(
+        {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        }
+    )
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{lesson.stem.replace('_', '-')}-{i:03d}"
+        meta = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
+        cell.metadata = nbformat.from_dict(meta)
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    return nb
+
+
+def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset()) -> nbformat.NotebookNode:
+    """The lesson as students get it: solutions replaced by stubs, except the exercises in
+    `solved` (used by `make check` to prove each exercise is graded on its own)."""
+    nb = copy.deepcopy(nb if nb is not None else read_source(lesson))
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            ex = directives(cell).get("exercise")
+            if ex not in solved:
+                cell.source = stub_source(cell.source, ex, f"{lesson.source.name} cell {i}")
+    return _finish(nb, lesson)
+
+
+def solution_notebook(lesson: Lesson, nb=None) -> nbformat.NotebookNode:
+    """The lesson with its solutions (what `make demo` and `make check` execute)."""
+    return _finish(nb if nb is not None else read_source(lesson), lesson)
+
+
+def exported_modules(lesson: Lesson, nb=None) -> dict[str, str]:
+    """{module name: source} from the lesson's export cells."""
+    nb = nb if nb is not None else read_source(lesson)
+    default = default_module(nb)
+    parts: dict[str, list[str]] = {}
+    for cell in nb.cells:
+        d = directives(cell)
+        if "export" in d:
+            code = "\n".join(ln for ln in strip_directives(cell.source).splitlines()
+                             if ln.strip() not in (BEGIN, END))
+            parts.setdefault(d["export"] or default, []).append(code)
+    header = f"# Generated from solutions/{lesson.stem}.py by `make build`. Do not edit.\n"
+    return {name: header + "\n\n\n".join(chunks) + "\n" for name, chunks in parts.items()}
+
+
+def notebook_text(nb) -> str:
+    return nbformat.writes(nb, version=4) + "\n"
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and its content."""
+    files: dict[Path, str] = {}
+    owners: dict[str, str] = {}
+    index = ['"""minitorch: the package students build in this course.\n', "Generated by `make build` from solutions/; each module belongs to one lesson:\n"]
+    for lesson in all_lessons():
+        nb = read_source(lesson)
+        files[lesson.notebook] = notebook_text(student_notebook(lesson, nb))
+        for name, text in exported_modules(lesson, nb).items():
+            if name in owners:
+                raise ValueError(f"module {name} exported by {owners[name]} and {lesson.stem}")
+            owners[name] = lesson.stem
+            files[PACKAGE / f"{name.replace('.', '/')}.py"] = text
+            index.append(f"    minitorch.{name:<14} lesson {lesson.stem}\n")
+    files[PACKAGE / "__init__.py"] = "".join(index) + '"""\n'
+    return files
+
+
+def stale(files: dict[Path, str]) -> list[str]:
+    """Generated paths whose content on disk differs, plus leftovers nothing generates."""
+    problems = [str(p.relative_to(ROOT)) for p, text in files.items() if not p.exists() or p.read_text() != text]
+    made = set(files)
+    for p in list(PACKAGE.glob("**/*.py")) + list(LESSONS.glob("*.ipynb")):
+        if p not in made:
+            problems.append(f"{p.relative_to(ROOT)} (generated by no lesson)")
+    return problems
+
+
+def build(force: bool = False) -> int:
+    files = outputs()
+    manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
+    refused = []
+    for path, text in files.items():
+        key = path.name
+        if path.exists():
+            current = path.read_text()
+            if current == text:
+                if path.suffix == ".ipynb":
+                    manifest[key] = _sha(text)
+                continue
+            if path.suffix == ".ipynb" and not force and manifest.get(key) != _sha(current):
+                refused.append(str(path.relative_to(ROOT)))
+                continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if path.suffix == ".ipynb":
+            manifest[key] = _sha(text)
+        print(f"wrote {path.relative_to(ROOT)}")
+    for p in PACKAGE.glob("**/*.py"):
+        if p not in files and p.read_text().startswith("# Generated from solutions/"):
+            p.unlink()
+            print(f"removed {p.relative_to(ROOT)} (no lesson exports it)")
+    MANIFEST.parent.mkdir(exist_ok=True)
+    MANIFEST.write_text(json.dumps(dict(sorted(manifest.items())), indent=1) + "\n")
+    if refused:
+        print("\nNot overwritten, because you edited them (your work is safe):")
+        for r in refused:
+            print(f"  {r}")
+        print("Move your copy aside, or run `make build FORCE=1` to replace it with the fresh lesson.")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="write nothing; fail if generated files are stale")
+    ap.add_argument("--force", action="store_true", help="overwrite edited lesson notebooks")
+    args = ap.parse_args(argv)
+    if args.check:
+        problems = stale(outputs())
+        if problems:
+            print("Out of sync with solutions/ (run `make build` and commit):")
+            for p in problems:
+                print(f"  {p}")
+            return 1
+        print("lessons/ and minitorch/ are in sync with solutions/")
+        return 0
+    return build(force=args.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

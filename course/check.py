@@ -1,0 +1,62 @@
+"""The check cell: grade one exercise against the code live in this notebook's kernel.
+
+    from course.check import check
+    check("1.2")
+
+Nothing is saved or written: the tests see the notebook's current globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+
+from course import loader
+from course.source import ROOT, find_lesson
+
+
+def check(exercise: str, names: dict | None = None) -> None:
+    """Run exercise `exercise`'s tests on the calling notebook's globals and print a summary."""
+    import pytest
+
+    from course import pytest_plugin
+
+    lesson = find_lesson(exercise)
+    names = names if names is not None else sys._getframe(1).f_globals
+    loader.LIVE[lesson.number] = loader.from_globals(lesson, names)
+    pytest_plugin.RESULTS.clear()
+    args = [str(lesson.tests), f"--exercise={exercise}", "-q", "--no-header", "-p", "no:cacheprovider",
+            f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), "--import-mode=importlib",
+            "--capture=sys", "--timeout-method=signal"]
+    sink = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            pytest.main(args)
+    finally:
+        loader.LIVE.pop(lesson.number, None)
+    print(summary(exercise, list(pytest_plugin.RESULTS), sink.getvalue()))
+
+
+def summary(exercise: str, results: list[dict], output: str) -> str:
+    tests = [r for r in results if r.get("event") == "end"]
+    errors = [r for r in results if r.get("event") == "collect_error"]
+    if errors:
+        return f"Exercise {exercise}: the tests could not run:\n{errors[0]['message']}"
+    if not tests:
+        return f"Exercise {exercise}: no tests found (is the id right?)\n{output[-500:]}"
+    n = len(tests)
+    by = {o: [t for t in tests if t["outcome"] == o] for o in ("passed", "failed", "stub", "skipped")}
+    if by["stub"] and not by["failed"] and not by["passed"]:
+        return f"Exercise {exercise}: not attempted yet (the stub still raises NotImplementedError)."
+    if by["failed"] or by["stub"]:
+        bad = by["failed"] + by["stub"]
+        lines = [f"Exercise {exercise}: {len(bad)} of {n} tests failed. First failure:",
+                 f"  {bad[0]['name']}:", *("    " + ln for ln in bad[0]["message"].splitlines())]
+        if len(bad) > 1:
+            lines.append("  Also failing: " + ", ".join(t["name"] for t in bad[1:6]))
+        return "\n".join(lines)
+    if by["skipped"] and not by["passed"]:
+        return f"Exercise {exercise}: skipped: {by['skipped'][0]['message']}"
+    extra = f" ({len(by['skipped'])} skipped: {by['skipped'][0]['message']})" if by["skipped"] else ""
+    return f"Exercise {exercise}: all {len(by['passed'])} tests passed.{extra}"

@@ -1,0 +1,184 @@
+"""Maintainer commands: `make check` and `make demo`.
+
+    python -m course.maintain check [NN ...]   prove every lesson (or the ones named)
+    python -m course.maintain demo NN          execute lesson NN's solution at full size
+
+`check` proves, per lesson: the tests pass on the reference package and on the solutions;
+every test fails on the stubs, and fails because of its own exercise's stub; each exercise
+passes with only its own solution filled in; every exercise has tests; the solution notebook
+executes top to bottom (MINITORCH_SMALL=1). It also checks that lessons/ and minitorch/ are
+in sync with solutions/ and runs the machinery's own tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from course.grade import LessonResult, run_tests
+from course.source import ROOT, Lesson, all_lessons, find_lesson
+
+BUILD = ROOT / "build"
+
+
+def execute_notebook(lesson: Lesson, out_dir: Path, small: bool) -> tuple[bool, str]:
+    """Run the lesson's solution notebook; GPU cells become a printed skip where no GPU works."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    from course.build import solution_notebook
+    from course.gpu import gpu_status
+    from course.source import tags
+
+    nb = solution_notebook(lesson)
+    ok, reason = gpu_status()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "gpu" in tags(cell) and not ok:
+            cell.source = f'print("skipped: this cell needs a CUDA GPU ({reason})")'
+    os.environ["MINITORCH_SMALL"] = "1" if small else "0"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"{lesson.stem}.ipynb"
+    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(lesson.notebook.parent)}})
+    try:
+        client.execute()
+        message = ""
+    except CellExecutionError as exc:
+        message = str(exc).strip()
+        message = "\n".join(message.splitlines()[-15:])
+    except Exception as exc:  # noqa: BLE001 - kernel death, timeouts: report, don't crash the check
+        message = f"{type(exc).__name__}: {exc}"
+    nbformat.write(nb, out)
+    return not message, message
+
+
+def _stub_problems(result: LessonResult) -> list[str]:
+    """Tests that pass on the stubs, or fail only because of another exercise's stub."""
+    problems = []
+    for t in result.tests:
+        ex = t.get("exercise")
+        if t["outcome"] == "passed":
+            problems.append(f"{t['name']} (exercise {ex}) PASSES on the stub: it cannot fail")
+        elif t["outcome"] == "stub":
+            m = re.search(r"Exercise (\d+\.\d+)", t["message"])
+            if m and m.group(1) != ex:
+                problems.append(f"{t['name']} (exercise {ex}) depends on exercise {m.group(1)}'s code")
+    return problems
+
+
+def _all_pass(result: LessonResult) -> list[str]:
+    problems = list(result.problems)
+    for t in result.tests:
+        if t["outcome"] not in ("passed", "skipped"):
+            problems.append(f"{t['name']}: {t['outcome']}: {t['message']}")
+    return problems
+
+
+def _coverage(result: LessonResult) -> list[str]:
+    problems = []
+    for ex in result.exercises():
+        if not ex.tests:
+            problems.append(f"exercise {ex.id} ({ex.title}) has no tests")
+        if ex.title == "(not an exercise of this lesson)":
+            names = ", ".join(t["name"] for t in ex.tests[:3])
+            problems.append(f"tests marked exercise {ex.id!r}, which the lesson does not define: {names}")
+    return problems
+
+
+def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
+    """Every check for one lesson; returns {stage: (ok, seconds, problems)}."""
+
+    def timed(fn, *args):
+        t0 = time.perf_counter()
+        value = fn(*args)
+        return value, time.perf_counter() - t0
+
+    jobs = {
+        "reference": pool.submit(timed, run_tests, lesson, "reference"),
+        "solution": pool.submit(timed, run_tests, lesson, "solution"),
+        "stub": pool.submit(timed, run_tests, lesson, "stub"),
+        "notebook": pool.submit(timed, execute_notebook, lesson, BUILD / "check", True),
+    }
+    stages: dict[str, tuple[bool, float, list[str], int]] = {}
+    ref, t = jobs["reference"].result()
+    stages["reference"] = (t, _all_pass(ref) + _coverage(ref), len(ref.tests))
+    sol, t = jobs["solution"].result()
+    stages["solution"] = (t, _all_pass(sol), len(sol.tests))
+    stub, t = jobs["stub"].result()
+    stages["stub"] = (t, list(stub.problems) + _stub_problems(stub), len(stub.tests))
+    t0 = time.perf_counter()
+    iso_problems = []
+    futures = {ex.id: pool.submit(run_tests, lesson, f"only:{ex.id}", [f"--exercise={ex.id}"])
+               for ex in ref.exercises() if ex.tests}
+    for ex_id, fut in futures.items():
+        res = fut.result()
+        bad = [t for t in res.tests if t["outcome"] not in ("passed", "skipped")] + [{"name": p, "message": ""} for p in res.problems]
+        if bad:
+            iso_problems.append(f"exercise {ex_id} alone does not pass its tests: {bad[0]['name']}: {bad[0]['message']}")
+    stages["isolation"] = (time.perf_counter() - t0, iso_problems, len(futures))
+    (ok, message), t = jobs["notebook"].result()
+    stages["notebook"] = (t, [] if ok else [f"solution notebook failed:\n{message}"], 1)
+    return stages
+
+
+def check(lessons: list[Lesson], machinery: bool = True) -> int:
+    start = time.perf_counter()
+    failures = 0
+    print("== build sync", flush=True)
+    failures += subprocess.run([sys.executable, "-m", "course.build", "--check"], cwd=ROOT).returncode != 0
+    if machinery:
+        print("== machinery tests", flush=True)
+        failures += subprocess.run([sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider",
+                                    "tests/machinery"], cwd=ROOT).returncode != 0
+    rows = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for lesson in lessons:
+            print(f"== lesson {lesson.stem}", flush=True)
+            stages = check_lesson(lesson, pool)
+            for stage, (t, problems, n) in stages.items():
+                status = "ok" if not problems else "FAIL"
+                failures += bool(problems)
+                print(f"   {stage:<10} {status:<4} {n:>3} {'tests' if stage != 'isolation' else 'exercises'} {t:6.1f} s")
+                for p in problems:
+                    print("      " + p.replace("\n", "\n      "))
+            rows.append((lesson.stem, stages))
+    total = time.perf_counter() - start
+    print("\n== summary")
+    print(f"{'lesson':<22}{'tests':>6}{'ref':>6}{'sol':>6}{'stub':>6}{'iso':>6}{'nb':>6}")
+    for stem, st in rows:
+        cells = ["ok" if not st[s][1] else "FAIL" for s in ("reference", "solution", "stub", "isolation", "notebook")]
+        print(f"{stem:<22}{st['reference'][2]:>6}" + "".join(f"{c:>6}" for c in cells))
+    print(f"make check: {'FAILED' if failures else 'passed'} in {total:.0f} s")
+    return 1 if failures else 0
+
+
+def demo(lesson: Lesson) -> int:
+    out = BUILD / "demo"
+    print(f"executing solutions/{lesson.stem}.py at full size -> {out.relative_to(ROOT)}/{lesson.stem}.ipynb")
+    ok, message = execute_notebook(lesson, out, small=False)
+    print("done" if ok else message)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["check", "demo"])
+    ap.add_argument("lessons", nargs="*")
+    args = ap.parse_args(argv)
+    lessons = [find_lesson(k) for k in args.lessons] if args.lessons else all_lessons()
+    if args.command == "demo":
+        if len(lessons) != 1:
+            ap.error("make demo takes one lesson: make demo L=05")
+        return demo(lessons[0])
+    return check(lessons, machinery=not args.lessons)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

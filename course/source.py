@@ -1,0 +1,150 @@
+"""Read a lesson's source (`solutions/NN_topic.py`) and the notebooks made from it.
+
+A lesson source is a jupytext "percent" script. Code cells carry nbdev-style directives
+(`#| default_exp NAME`, `#| export [NAME]`, `#| exercise L.K`) and cell tags (`demo`, `gpu`,
+`check`). This module turns the script into cells and answers questions about them; it
+writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+# MT_ROOT lets the machinery's own tests run it on a sample course in a temporary folder.
+ROOT = Path(os.environ.get("MT_ROOT") or Path(__file__).resolve().parent.parent)
+SOLUTIONS = ROOT / "solutions"
+LESSONS = ROOT / "lessons"
+TESTS = ROOT / "tests"
+PACKAGE = ROOT / "minitorch"
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+_DIRECTIVE = re.compile(r"^\s*#\|\s*(\w+)\s*(.*?)\s*$")
+_LESSON_FILE = re.compile(r"^(\d\d)_(\w+)\.py$")
+
+# Tags whose cells are not run when a lesson is loaded for grading.
+NOT_LOADED = {"demo", "gpu", "check"}
+
+
+@dataclass(frozen=True)
+class Lesson:
+    """One lesson: its number ('01'), stem ('01_tensors') and files."""
+
+    number: str
+    stem: str
+
+    @property
+    def source(self) -> Path:
+        return SOLUTIONS / f"{self.stem}.py"
+
+    @property
+    def notebook(self) -> Path:
+        return LESSONS / f"{self.stem}.ipynb"
+
+    @property
+    def tests(self) -> Path:
+        return TESTS / f"test_{self.stem}.py"
+
+    @property
+    def exercise_prefix(self) -> str:
+        return f"{int(self.number)}."
+
+
+def all_lessons() -> list[Lesson]:
+    """Every lesson with a source in solutions/, in order."""
+    found = []
+    for path in sorted(SOLUTIONS.glob("*.py")):
+        m = _LESSON_FILE.match(path.name)
+        if m:
+            found.append(Lesson(m.group(1), path.stem))
+    return found
+
+
+def find_lesson(key: str | int) -> Lesson:
+    """The lesson named by a number ('5', '05'), an exercise id ('5.2') or a stem."""
+    key = str(key)
+    if re.fullmatch(r"\d+\.\d+", key):
+        key = key.split(".")[0]
+    lessons = all_lessons()
+    for lesson in lessons:
+        if key in (lesson.stem, lesson.number) or (key.isdigit() and int(key) == int(lesson.number)):
+            return lesson
+    names = ", ".join(le.number for le in lessons)
+    raise LookupError(f"no lesson {key!r}; lessons are {names}")
+
+
+def read_source(lesson: Lesson) -> nbformat.NotebookNode:
+    """The lesson source as a notebook (solutions included, no outputs)."""
+    return jupytext.read(lesson.source, fmt="py:percent")
+
+
+def directives(cell) -> dict[str, str]:
+    """`#| name value` lines of a code cell, as {name: value}."""
+    found = {}
+    if cell.cell_type != "code":
+        return found
+    for line in cell.source.splitlines():
+        m = _DIRECTIVE.match(line)
+        if m:
+            found[m.group(1)] = m.group(2)
+    return found
+
+
+def strip_directives(source: str) -> str:
+    return "\n".join(line for line in source.splitlines() if not _DIRECTIVE.match(line)).strip("\n")
+
+
+def tags(cell) -> set[str]:
+    return set(cell.get("metadata", {}).get("tags", []))
+
+
+def default_module(nb) -> str:
+    for cell in nb.cells:
+        d = directives(cell)
+        if "default_exp" in d:
+            return d["default_exp"]
+    raise ValueError("lesson has no '#| default_exp NAME' cell")
+
+
+def exercises(nb) -> dict[str, str]:
+    """{exercise id: title} in order of appearance. The title is the function that holds
+    the first solution region of the exercise's cell."""
+    found: dict[str, str] = {}
+    for cell in nb.cells:
+        ex = directives(cell).get("exercise")
+        if ex:
+            found[ex] = enclosing_names(cell.source)[0] if BEGIN in cell.source else ex
+    return found
+
+
+def enclosing_names(source: str) -> list[str]:
+    """For each solution region in `source`, the name of the function it sits in."""
+    names, stack = [], []  # stack of (indent, name)
+    for line in source.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        m = re.match(r"(?:async\s+)?def\s+(\w+)|class\s+(\w+)", stripped)
+        if m:
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, m.group(1) or m.group(2)))
+        elif stripped.startswith(BEGIN):
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            names.append(".".join(n for _, n in stack) or "<module>")
+    return names
+
+
+def loadable_code(nb) -> list[tuple[int, str]]:
+    """(cell index, source) of the code cells run when a lesson is loaded for grading."""
+    return [
+        (i, cell.source)
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code" and not (tags(cell) & NOT_LOADED)
+    ]

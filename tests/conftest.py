@@ -1,0 +1,70 @@
+"""The seam between tests and the code they grade.
+
+Every test receives the fixture `lesson`: a namespace with the lesson's names, loaded from the
+implementation chosen by `--impl` (reference | solution | stub | path/to/notebook.ipynb), or the
+live notebook namespace when a check cell runs the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from course.gpu import driver_present
+
+# The CUDA simulator must be chosen before numba is first imported (lesson 07).
+if not driver_present():
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import pytest  # noqa: E402
+
+from course import loader  # noqa: E402
+from course.source import find_lesson  # noqa: E402
+
+pytest_plugins = ["course.pytest_plugin"]
+collect_ignore = ["machinery/sample"]  # a sample course the machinery tests copy and grade
+
+_loaded: dict[tuple[str, str], loader.LessonNamespace] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--impl", default=os.environ.get("MT_IMPL", "reference"),
+                     help="reference | solution | stub | path to a lesson notebook")
+    parser.addoption("--exercise", default=None, help="run only this exercise's tests, e.g. 1.2")
+
+
+def pytest_collection_modifyitems(config, items):
+    wanted = config.getoption("--exercise")
+    if wanted:
+        keep = [it for it in items if (m := it.get_closest_marker("exercise")) and str(m.args[0]) == wanted]
+        config.hook.pytest_deselected(items=[it for it in items if it not in keep])
+        items[:] = keep
+    if any(it.get_closest_marker("gpu") for it in items):
+        from course.gpu import gpu_status
+
+        ok, reason = gpu_status()
+        if not ok:
+            skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}")
+            for it in items:
+                if it.get_closest_marker("gpu"):
+                    it.add_marker(skip)
+
+
+def lesson_of(path: str):
+    m = re.match(r"test_(\d\d)_", Path(path).name)
+    if not m:
+        raise LookupError(f"{path}: test files are named test_NN_topic.py")
+    return find_lesson(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def lesson(request):
+    les = lesson_of(request.module.__file__)
+    if les.number in loader.LIVE:
+        return loader.LIVE[les.number]
+    impl = request.config.getoption("--impl")
+    key = (les.number, impl)
+    if key not in _loaded:
+        _loaded[key] = loader.load(les, impl)
+    return _loaded[key]

@@ -1,0 +1,38 @@
+# %% [markdown]
+# # Lesson 01: a sample lesson for the machinery's own tests
+
+# %%
+#| default_exp sample
+#| export
+import math
+
+# %%
+from course.check import check
+
+# %%
+#| export
+#| exercise 1.1
+def double(x: float) -> float:
+    """Twice x."""
+    ### BEGIN SOLUTION
+    return 2 * x
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.1")
+
+# %%
+#| export
+#| exercise 1.2
+class Circle:
+    def __init__(self, r: float):
+        self.r = r
+
+    def area(self) -> float:
+        """pi r^2."""
+        ### BEGIN SOLUTION
+        return math.pi * self.r**2
+        ### END SOLUTION
+
+# %% tags=["demo"]
+print(Circle(1.0).area())

@@ -1,0 +1,160 @@
+"""The machinery's own tests: build, grade and check on a two-exercise sample course.
+
+Each test copies tests/machinery/sample into a temporary folder and runs the real commands
+there (MT_ROOT points the machinery at it), so the repository's own lessons are never touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+
+
+@pytest.fixture
+def course(tmp_path):
+    root = tmp_path / "course"
+    shutil.copytree(HERE / "sample", root)
+    shutil.copy(HERE.parent / "conftest.py", root / "tests" / "conftest.py")
+    text = (REPO / "pyproject.toml").read_text().replace("timeout = 60", "timeout = 8")
+    (root / "pyproject.toml").write_text(text)
+    run(root, "course.build")
+    return root
+
+
+def run(root: Path, module: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MT_ROOT": str(root), "MT_CELL_TIME_LIMIT": "3"}
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    if check and proc.returncode not in (0, 1):
+        raise AssertionError(proc.stdout + proc.stderr)
+    return proc
+
+
+def edit(root: Path, edits: dict[str, str]) -> Path:
+    """The student notebook with cells whose source contains a key replaced by its value."""
+    path = root / "lessons" / "01_sample.ipynb"
+    nb = json.loads(path.read_text())
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        for key, new in edits.items():
+            if key in src:
+                cell["source"] = new
+    path.write_text(json.dumps(nb))
+    return path
+
+
+DOUBLE = "#| export\n#| exercise 1.1\ndef double(x):\n    return 2 * x\n"
+AREA = ("#| export\n#| exercise 1.2\nclass Circle:\n    def __init__(self, r):\n        self.r = r\n"
+        "    def area(self):\n        return math.pi * self.r ** 2\n")
+
+
+def scoreboard(root: Path) -> tuple[int, dict[str, str], str]:
+    proc = run(root, "course.grade")
+    rows = {}
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0].startswith("[") and parts[1] in ("1.1", "1.2"):
+            rows[parts[1]] = line
+    return proc.returncode, rows, proc.stdout
+
+
+def test_student_notebook_has_stubs_not_solutions(course):
+    nb = json.loads((course / "lessons" / "01_sample.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"])
+    assert 'raise NotImplementedError("Exercise 1.1: double")' in text
+    assert 'raise NotImplementedError("Exercise 1.2: Circle.area")' in text
+    assert "2 * x" not in text and "BEGIN SOLUTION" not in text
+    assert [c["id"] for c in nb["cells"]][:2] == ["01-sample-000", "01-sample-001"]
+    assert all(not c.get("outputs") for c in nb["cells"] if c["cell_type"] == "code")
+    module = (course / "minitorch" / "sample.py").read_text()
+    assert "return 2 * x" in module and "BEGIN SOLUTION" not in module
+
+
+def test_build_is_deterministic_and_in_sync(course):
+    assert run(course, "course.build", "--check").returncode == 0
+    (course / "minitorch" / "sample.py").write_text("# edited\n")
+    assert run(course, "course.build", "--check").returncode == 1
+
+
+def test_build_never_overwrites_an_edited_notebook_without_force(course):
+    path = edit(course, {"def double": DOUBLE})
+    mine = path.read_text()
+    src = course / "solutions" / "01_sample.py"
+    src.write_text(src.read_text().replace("Twice x.", "Two times x."))
+    proc = run(course, "course.build")
+    assert proc.returncode == 1 and "Not overwritten" in proc.stdout
+    assert path.read_text() == mine
+    assert run(course, "course.build", "--force").returncode == 0
+    assert "Two times x." in path.read_text()
+
+
+def test_untouched_lesson_is_not_attempted_and_fails(course):
+    rc, rows, out = scoreboard(course)
+    assert rc == 1, out
+    assert "not attempted" in rows["1.1"] and "not attempted" in rows["1.2"], out
+
+
+def test_one_solved_exercise_passes_alone(course):
+    edit(course, {"def double": DOUBLE})
+    rc, rows, out = scoreboard(course)
+    assert "passed" in rows["1.1"] and "not attempted" in rows["1.2"], out
+    edit(course, {"class Circle": AREA})
+    rc, rows, out = scoreboard(course)
+    assert rc == 0 and "passed" in rows["1.2"], out
+
+
+@pytest.mark.parametrize(
+    "broken, expect",
+    [
+        ("def double(x):\n    return 2 *\n", "SyntaxError"),
+        ("def double2(x):\n    return 2 * x\n", "defines no `double`"),
+        ("import os\ndef double(x):\n    os._exit(3)\n", "killed the test process"),
+        ("def double(x):\n    while True:\n        pass\n", "time limit"),
+        ("import sys\nsys.exit(1)\n", "defines no `double`"),
+        ("while True:\n    pass\n", "ran longer than"),
+    ],
+    ids=["syntax-error", "renamed", "os-exit", "hang-in-test", "sys-exit-in-cell", "hang-in-cell"],
+)
+def test_broken_exercise_is_reported_and_the_rest_still_graded(course, broken, expect):
+    path = edit(course, {"def double": broken, "class Circle": AREA})
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    rc, rows, out = scoreboard(course)
+    assert rc == 1, out
+    assert "FAIL" in rows["1.1"] and expect in out, out
+    assert "passed" in rows["1.2"], out
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before, "grading changed the student's notebook"
+
+
+def test_check_cell_grades_live_code(course):
+    code = (
+        "import math\nfrom course.check import check\n"
+        "def double(x):\n    return 2 * x\n"
+        "check('1.1')\n"
+        "def double(x):\n    return 3 * x\n"
+        "check('1.1')\n"
+        "check('1.2')\n"
+    )
+    env = {**os.environ, "MT_ROOT": str(course)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=course / "lessons", env=env, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("Exercise")]
+    assert lines[0] == "Exercise 1.1: all 1 tests passed.", proc.stdout + proc.stderr
+    assert lines[1].startswith("Exercise 1.1: 1 of 1 tests failed"), proc.stdout
+    assert "double(3) should be 6, got 9" in proc.stdout
+    assert lines[2].startswith("Exercise 1.2:") and "defines no `Circle`" in proc.stdout
+
+
+def test_make_check_catches_a_test_that_cannot_fail(course):
+    tests = course / "tests" / "test_01_sample.py"
+    tests.write_text(tests.read_text() + '\n\n@pytest.mark.exercise("1.1")\ndef test_vacuous(lesson):\n    assert True\n')
+    proc = run(course, "course.maintain", "check", "01")
+    assert proc.returncode == 1
+    assert "test_vacuous (exercise 1.1) PASSES on the stub" in proc.stdout, proc.stdout
