@@ -36,3 +36,46 @@ class Circle:
 
 # %% tags=["demo"]
 print(Circle(1.0).area())
+
+# %% [markdown]
+# Five more one-line exercises, so one grading run can break each in a different way.
+
+# %%
+#| export
+#| exercise 1.3
+def plus3(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 3
+    ### END SOLUTION
+
+# %%
+#| export
+#| exercise 1.4
+def plus4(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 4
+    ### END SOLUTION
+
+# %%
+#| export
+#| exercise 1.5
+def plus5(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 5
+    ### END SOLUTION
+
+# %%
+#| export
+#| exercise 1.6
+def plus6(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 6
+    ### END SOLUTION
+
+# %%
+#| export
+#| exercise 1.7
+def plus7(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 7
+    ### END SOLUTION

@@ -13,3 +13,28 @@ def test_double(lesson):
 @pytest.mark.exercise("1.2")
 def test_area(lesson):
     assert math.isclose(lesson.Circle(2.0).area(), 4 * math.pi)
+
+
+@pytest.mark.exercise("1.3")
+def test_plus3(lesson):
+    assert lesson.plus3(1) == 4
+
+
+@pytest.mark.exercise("1.4")
+def test_plus4(lesson):
+    assert lesson.plus4(1) == 5
+
+
+@pytest.mark.exercise("1.5")
+def test_plus5(lesson):
+    assert lesson.plus5(1) == 6
+
+
+@pytest.mark.exercise("1.6")
+def test_plus6(lesson):
+    assert lesson.plus6(1) == 7
+
+
+@pytest.mark.exercise("1.7")
+def test_plus7(lesson):
+    assert lesson.plus7(1) == 8

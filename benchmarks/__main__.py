@@ -1,0 +1,44 @@
+"""`make bench`: run every benchmarks/bench_*.py (or those whose name contains L).
+
+Each file defines `main(out_dir: pathlib.Path) -> None`, prints its table and saves its plots
+into build/bench/. Speed lives here, never in the tests.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE.parent / "build" / "bench"
+
+
+def main(argv: list[str]) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    files = sorted(HERE.glob("bench_*.py"))
+    if argv:
+        files = [f for f in files if any(a in f.stem for a in argv)]
+    failed = []
+    for path in files:
+        print(f"\n=== {path.stem}", flush=True)
+        t0 = time.perf_counter()
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+            module.main(OUT)
+        except Exception:  # noqa: BLE001 - one broken benchmark must not hide the others
+            traceback.print_exc()
+            failed.append(path.stem)
+        print(f"({path.stem}: {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(f"\nplots and tables in {OUT.relative_to(HERE.parent)}/")
+    if failed:
+        print("failed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
