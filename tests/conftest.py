@@ -18,6 +18,10 @@ if not driver_present():
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("course", database=None, deadline=None)  # write nothing to disk
+settings.load_profile("course")
 
 from course import loader  # noqa: E402
 from course.source import find_lesson  # noqa: E402
