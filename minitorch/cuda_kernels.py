@@ -1,0 +1,505 @@
+# Generated from solutions/07_cuda_model.py by `make build`. Do not edit.
+import glob
+import os
+import shutil
+
+# The simulator must be chosen before numba is first imported (see the lesson's first cell).
+if not (glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi")):
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+
+import re
+import sys
+import threading
+from collections import defaultdict
+
+import numpy as np
+from numba import config, cuda
+
+SIMULATED: bool = bool(config.ENABLE_CUDASIM)
+
+if SIMULATED:
+    # Numba's simulator allocates a block's shared array when the first thread reaches the
+    # `cuda.shared.array` line, with an unlocked check-then-create: two threads arriving at once
+    # can get different arrays (seen here as rare wrong results). Same logic, under a lock.
+    from numba.core import types as _types
+    from numba.cuda.simulator.kernelapi import FakeCUDAShared as _FakeShared
+    from numba.np import numpy_support as _np_support
+
+    _SHARED_LOCK = threading.Lock()
+
+    def _locked_shared_array(self, shape, dtype):
+        if isinstance(dtype, _types.Type):
+            dtype = _np_support.as_dtype(dtype)
+        if shape == 0:  # dynamic shared memory: one buffer for all
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=self._dynshared_size // dtype.itemsize)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)
+        with _SHARED_LOCK:
+            if key not in self._allocations:
+                self._allocations[key] = np.empty(shape, dtype)
+            return self._allocations[key]
+
+    _FakeShared.array = _locked_shared_array
+
+
+def blocks_for(n: int, threads: int) -> int:
+    """Blocks needed so that `blocks * threads >= n` (ceil division): a 1-D grid size."""
+    if threads <= 0:
+        raise ValueError(f"threads per block must be positive, got {threads}")
+    return (n + threads - 1) // threads
+
+
+def _as_f32(name: str, x, ndim: int) -> np.ndarray:
+    """`x` as a C-contiguous float32 array with `ndim` dimensions, or a clear error."""
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"{name}: these kernels are written for float32, got dtype {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+class Trace:
+    """Every element access made to traced arrays during one simulated launch.
+
+    An event is (array, kind, block, thread, warp, seq, epoch, offset): `kind` is "r" or "w";
+    `block` the blockIdx (x, y, z); `thread` the linear thread id in the block
+    (x + y*bx + z*bx*by); `warp` = thread // 32; `seq` = how many accesses of this kind to
+    this array the thread made before (a warp's k-th accesses form one request); `epoch` =
+    barriers the thread has passed; `offset` = flat element offset in the array.
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self.arrays: dict[str, "TracedArray"] = {}
+
+    def of(self, name: str, kind: str | None = None) -> list[tuple]:
+        if name not in self.arrays:
+            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+        return [e for e in self.events if e[0] == name and (kind is None or e[1] == kind)]
+
+    def shared_names(self) -> list[str]:
+        """Names of the traced shared-memory arrays, in allocation order."""
+        return [n for n in self.arrays if n.startswith("shared@")]
+
+    def counts(self, name: str, kind: str = "r") -> np.ndarray:
+        """int64 array shaped like array `name`: times each element was read ("r") or written ("w")."""
+        arr = self.arrays.get(name)
+        if arr is None:
+            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+        c = np.zeros(arr.size, dtype=np.int64)
+        for e in self.of(name, kind):
+            c[e[7]] += 1
+        return c.reshape(arr.shape)
+
+    def requests(self, name: str, kind: str = "r") -> dict[tuple, list[int]]:
+        """Warp-wide requests: {(block, warp, seq): [flat offsets, one per active thread]}."""
+        req: dict[tuple, list[int]] = defaultdict(list)
+        for e in self.of(name, kind):
+            req[(e[2], e[4], e[5])].append(e[7])
+        return dict(req)
+
+    def coalescing(self, name: str, kind: str = "r", sector: int = 32) -> float:
+        """Bytes the warps asked for / bytes in the `sector`-byte sectors fetched (1.0 = ideal)."""
+        item = self.arrays[name].itemsize
+        used = fetched = 0
+        for offsets in self.requests(name, kind).values():
+            used += len(set(offsets)) * item
+            fetched += len({o * item // sector for o in offsets}) * sector
+        return used / fetched if fetched else 1.0
+
+    def bank_conflicts(self, name: str, kind: str | None = None, banks: int = 32) -> int:
+        """Worst conflict degree of any warp request to shared array `name`: the most distinct
+        4-byte words that one bank must serve (1 = conflict-free; same word = broadcast)."""
+        item = self.arrays[name].itemsize
+        worst = 1
+        for k in ("r", "w") if kind is None else (kind,):
+            for offsets in self.requests(name, k).values():
+                per_bank: dict[int, set] = defaultdict(set)
+                for o in offsets:
+                    word = o * item // 4
+                    per_bank[word % banks].add(word)
+                worst = max(worst, max(len(v) for v in per_bank.values()))
+        return worst
+
+    def active_warps(self, name: str, kind: str = "w") -> int:
+        """Distinct (block, epoch, warp) with an access to `name`: warps doing work, summed
+        over the steps between barriers and over blocks."""
+        return len({(e[2], e[6], e[4]) for e in self.of(name, kind)})
+
+
+class TracedArray:
+    """A NumPy array whose element reads and writes are recorded in a Trace (simulator only).
+
+    Pass it to `simulate` in place of a device array. Indexing: integers only, one per
+    dimension; negative indices wrap as in Numba; out-of-bounds raises IndexError.
+    """
+
+    def __init__(self, data: np.ndarray, name: str, trace: "Trace") -> None:
+        self._data, self._name, self._trace = data, name, trace
+        self.shape, self.ndim, self.size, self.dtype = data.shape, data.ndim, data.size, data.dtype
+        self.itemsize = data.itemsize
+        self._strides = tuple(s // data.itemsize for s in data.strides)
+        trace.arrays[name] = self
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _offset(self, idx) -> tuple[tuple, int]:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if len(idx) != self.ndim:
+            raise IndexError(f"array {self._name!r} has {self.ndim} dimensions, indexed with {len(idx)}")
+        norm, off = [], 0
+        for axis, (i, n, s) in enumerate(zip(idx, self.shape, self._strides)):
+            if not isinstance(i, (int, np.integer)):
+                raise TypeError(f"array {self._name!r}: index {i!r} is not an integer")
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n} "
+                                 f"(array {self._name!r}, shape {self.shape})")
+            norm.append(j)
+            off += j * s
+        return tuple(norm), off
+
+    def _record(self, kind: str, off: int) -> None:
+        t = threading.current_thread()
+        seqs = t.__dict__.setdefault("_mt_seq", {})
+        seq = seqs.get((self._name, kind), 0)
+        seqs[(self._name, kind)] = seq + 1
+        tid = t.thread_id
+        self._trace.events.append((self._name, kind, (t.blockIdx.x, t.blockIdx.y, t.blockIdx.z),
+                                   tid, tid // 32, seq, t.__dict__.get("_mt_epoch", 0), off))
+
+    def __getitem__(self, idx):
+        norm, off = self._offset(idx)
+        self._record("r", off)
+        return self._data[norm]
+
+    def __setitem__(self, idx, value) -> None:
+        norm, off = self._offset(idx)
+        self._record("w", off)
+        self._data[norm] = value
+
+
+_STUB = re.compile(r"(Exercise \d+\.\d+: .*)$")
+
+
+def simulate(kernel, grid, block, *args, trace: Trace | None = None) -> Trace:
+    """Run `kernel[grid, block](*args)` in Numba's CUDA simulator on the CPU and trace it.
+
+    Works with or without a GPU (the kernel's Python function is run). `TracedArray`
+    arguments record their accesses; every `cuda.shared.array` the kernel allocates is a
+    TracedArray named "shared@<line>", NaN-filled at the start of each block. Plain NumPy
+    arrays may be passed too (not traced). Returns the Trace.
+    """
+    from numba.core import types
+    from numba.cuda.errors import normalize_kernel_dimensions
+    from numba.cuda.simulator.kernel import BlockManager
+    from numba.cuda.simulator.kernelapi import FakeCUDAModule, swapped_cuda_module
+    from numba.np import numpy_support
+
+    trace = trace if trace is not None else Trace()
+    fn = getattr(kernel, "py_func", kernel)
+    grid_dim, block_dim = normalize_kernel_dimensions(grid, block)
+
+    class TracedShared:
+        def __init__(self) -> None:
+            self._allocs: dict = {}
+            self._lock = threading.Lock()  # threads allocate concurrently: one array per call site
+
+        def array(self, shape, dtype):
+            caller = sys._getframe(1)
+            key = (caller.f_code.co_filename, caller.f_lineno)
+            with self._lock:
+                return self._alloc(key, shape, dtype)
+
+        def _alloc(self, key, shape, dtype):
+            if key not in self._allocs:
+                if isinstance(dtype, types.Type):
+                    dtype = numpy_support.as_dtype(dtype)
+                data = np.empty(shape, dtype)
+                if data.dtype.kind == "f":
+                    data.fill(np.nan)
+                self._allocs[key] = TracedArray(data, f"shared@{key[1]}", trace)
+            return self._allocs[key]
+
+    class TracingModule(FakeCUDAModule):
+        @property
+        def shared(self):
+            return self._traced_shared
+
+        def syncthreads(self):
+            t = threading.current_thread()
+            t._mt_epoch = t.__dict__.get("_mt_epoch", 0) + 1
+            super().syncthreads()
+
+    fake = TracingModule(grid_dim, block_dim, 0)
+    try:
+        with swapped_cuda_module(fn, fake):
+            for grid_point in np.ndindex(*grid_dim):
+                fake._traced_shared = TracedShared()  # shared memory lives as long as its block
+                BlockManager(fn, grid_dim, block_dim, False).run(grid_point, *args)
+    except NotImplementedError as exc:  # an unsolved exercise: keep the stub's message
+        m = _STUB.search(str(exc))
+        raise NotImplementedError(m.group(1) if m else str(exc)) from None
+    return trace
+
+
+@cuda.jit
+def vector_add_kernel(a, b, out):
+    """out[i] = a[i] + b[i] for i < out.shape[0]. 1-D float32 arrays of equal length; 1-D
+    launch of at least len(out) threads, one element per thread."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] = a[i] + b[i]
+
+
+THREADS_1D = 128
+
+
+def vector_add(a: np.ndarray, b: np.ndarray, threads: int = THREADS_1D) -> np.ndarray:
+    """a + b for 1-D float32 arrays of equal shape, computed by `vector_add_kernel`."""
+    a, b = _as_f32("a", a, 1), _as_f32("b", b, 1)
+    if a.shape != b.shape:
+        raise ValueError(f"vector_add: shape mismatch {a.shape} vs {b.shape}")
+    d_out = cuda.device_array(a.shape, np.float32)
+    vector_add_kernel[blocks_for(a.shape[0], threads), threads](cuda.to_device(a), cuda.to_device(b), d_out)
+    return d_out.copy_to_host()
+
+
+@cuda.jit
+def bias_relu_kernel(x, bias, out):
+    """out[r, c] = max(x[r, c] + bias[c], 0). x, out: (rows, cols) float32; bias: (cols,).
+    2-D launch covering (cols, rows) in (x, y); x indexes columns, so warps coalesce."""
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        v = x[row, col] + bias[col]
+        out[row, col] = v if v > 0 else 0.0
+
+
+BLOCK_2D = (32, 4)
+
+
+def bias_relu(x: np.ndarray, bias: np.ndarray, block: tuple[int, int] = BLOCK_2D) -> np.ndarray:
+    """max(x + bias, 0) for x (rows, cols) float32 and bias (cols,) float32."""
+    x, bias = _as_f32("x", x, 2), _as_f32("bias", bias, 1)
+    if bias.shape[0] != x.shape[1]:
+        raise ValueError(f"bias_relu: bias shape {bias.shape} does not match x shape {x.shape}")
+    d_out = cuda.device_array(x.shape, np.float32)
+    grid = (blocks_for(x.shape[1], block[0]), blocks_for(x.shape[0], block[1]))
+    bias_relu_kernel[grid, block](cuda.to_device(x), cuda.to_device(bias), d_out)
+    return d_out.copy_to_host()
+
+
+REDUCE_THREADS = 128
+
+
+@cuda.jit
+def interleaved_block_sum_kernel(x, partial):
+    """The naive tree: partial[block] = sum of the block's REDUCE_THREADS elements of x,
+    pairing neighbours at distance 1, 2, 4, ... (divergent warps)."""
+    s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    cuda.syncthreads()
+    s = 1
+    while s < REDUCE_THREADS:
+        if tid % (2 * s) == 0:
+            s_data[tid] += s_data[tid + s]
+        cuda.syncthreads()
+        s *= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = s_data[0]
+
+
+@cuda.jit
+def block_sum_kernel(x, partial):
+    """partial[b] = sum of x[b*R : (b+1)*R] (R = REDUCE_THREADS; missing elements count 0).
+    x: (n,) float32; partial: (blocks,) float32; launch [blocks, REDUCE_THREADS].
+    Tree in shared memory with sequential addressing and a barrier after every step."""
+    s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    cuda.syncthreads()
+    s = REDUCE_THREADS // 2
+    while s > 0:
+        if tid < s:
+            s_data[tid] += s_data[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = s_data[0]
+
+
+def gpu_sum(x: np.ndarray, kernel=None) -> float:
+    """Sum of a 1-D float32 array: block sums, then block sums of those, until one is left."""
+    kernel = block_sum_kernel if kernel is None else kernel
+    x = _as_f32("x", x, 1)
+    if x.shape[0] == 0:
+        return 0.0
+    d, n = cuda.to_device(x), x.shape[0]
+    while n > 1:
+        blocks = blocks_for(n, REDUCE_THREADS)
+        d_partial = cuda.device_array(blocks, np.float32)
+        kernel[blocks, REDUCE_THREADS](d, d_partial)
+        d, n = d_partial, blocks
+    return float(d.copy_to_host()[0])
+
+
+SCAN_THREADS = 64
+
+
+@cuda.jit
+def block_scan_kernel(x, out, block_sums):
+    """Per block of S = SCAN_THREADS elements: out[b*S + t] = x[b*S] + ... + x[b*S + t]
+    (inclusive, restarting at each block), block_sums[b] = the block's total.
+    x, out: (n,) float32; block_sums: (blocks,) float32; launch [blocks, SCAN_THREADS]."""
+    buf = cuda.shared.array(SCAN_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    buf[tid] = x[i] if i < x.shape[0] else 0.0
+    cuda.syncthreads()
+    d = 1
+    while d < SCAN_THREADS:
+        v = buf[tid - d] if tid >= d else 0.0
+        cuda.syncthreads()  # everyone has read the old values
+        buf[tid] += v
+        cuda.syncthreads()  # everyone has written the new ones
+        d *= 2
+    if i < x.shape[0]:
+        out[i] = buf[tid]
+    if tid == SCAN_THREADS - 1:
+        block_sums[cuda.blockIdx.x] = buf[tid]
+
+
+@cuda.jit
+def add_offsets_kernel(out, offsets):
+    """out[i] += offsets[i // blockDim.x]: add each block's carry-in. Launch like the scan."""
+    i = cuda.grid(1)
+    if i < out.shape[0]:
+        out[i] += offsets[cuda.blockIdx.x]
+
+
+def gpu_cumsum(x: np.ndarray) -> np.ndarray:
+    """Inclusive cumulative sum of a 1-D float32 array: block scans + carried block totals."""
+    x = _as_f32("x", x, 1)
+    n = x.shape[0]
+    if n == 0:
+        return x.copy()
+    blocks = blocks_for(n, SCAN_THREADS)
+    d_out = cuda.device_array(n, np.float32)
+    d_sums = cuda.device_array(blocks, np.float32)
+    block_scan_kernel[blocks, SCAN_THREADS](cuda.to_device(x), d_out, d_sums)
+    if blocks > 1:
+        sums = d_sums.copy_to_host().astype(np.float64)
+        offsets = np.concatenate([[0.0], np.cumsum(sums[:-1])]).astype(np.float32)
+        add_offsets_kernel[blocks, SCAN_THREADS](d_out, cuda.to_device(offsets))
+    return d_out.copy_to_host()
+
+
+@cuda.jit
+def matmul_naive_kernel(a, b, out):
+    """out = a @ b. a: (m, k), b: (k, n), out: (m, n), all float32. 2-D launch covering
+    (n, m) in (x, y); one thread per output element, accumulating in a register."""
+    col, row = cuda.grid(2)
+    if row < out.shape[0] and col < out.shape[1]:
+        acc = 0.0
+        for k in range(a.shape[1]):
+            acc += a[row, k] * b[k, col]
+        out[row, col] = acc
+
+
+MATMUL_BLOCK = (32, 4)
+
+
+def _check_matmul(a, b) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _as_f32("a", a, 2), _as_f32("b", b, 2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul: shape mismatch {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} != {b.shape[0]}")
+    return a, b
+
+
+def matmul_naive(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = MATMUL_BLOCK) -> np.ndarray:
+    """a @ b for float32 matrices (m, k) and (k, n), by `matmul_naive_kernel`."""
+    a, b = _check_matmul(a, b)
+    m, n = a.shape[0], b.shape[1]
+    d_out = cuda.device_array((m, n), np.float32)
+    grid = (blocks_for(n, block[0]), blocks_for(m, block[1]))
+    matmul_naive_kernel[grid, block](cuda.to_device(a), cuda.to_device(b), d_out)
+    return d_out.copy_to_host()
+
+
+TILE = 8 if SIMULATED else 16
+
+
+@cuda.jit
+def matmul_tiled_kernel(a, b, out):
+    """out = a @ b with TILE x TILE shared-memory tiles. a: (m, k), b: (k, n), out: (m, n),
+    float32. Launch grid (ceil(n/TILE), ceil(m/TILE)), block (TILE, TILE); block (bx, by)
+    computes out[by*TILE : (by+1)*TILE, bx*TILE : (bx+1)*TILE]."""
+    a_tile = cuda.shared.array((TILE, TILE), np.float32)
+    b_tile = cuda.shared.array((TILE, TILE), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    col = cuda.blockIdx.x * TILE + tx
+    row = cuda.blockIdx.y * TILE + ty
+    m, k_dim = a.shape
+    n = b.shape[1]
+    acc = 0.0
+    for t in range((k_dim + TILE - 1) // TILE):
+        ka = t * TILE + tx
+        a_tile[ty, tx] = a[row, ka] if row < m and ka < k_dim else 0.0
+        kb = t * TILE + ty
+        b_tile[ty, tx] = b[kb, col] if kb < k_dim and col < n else 0.0
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += a_tile[ty, kk] * b_tile[kk, tx]
+        cuda.syncthreads()
+    if row < m and col < n:
+        out[row, col] = acc
+
+
+def matmul_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b for float32 matrices (m, k) and (k, n), by `matmul_tiled_kernel`."""
+    a, b = _check_matmul(a, b)
+    m, n = a.shape[0], b.shape[1]
+    d_out = cuda.device_array((m, n), np.float32)
+    grid = (blocks_for(n, TILE), blocks_for(m, TILE))
+    matmul_tiled_kernel[grid, (TILE, TILE)](cuda.to_device(a), cuda.to_device(b), d_out)
+    return d_out.copy_to_host()
+
+
+T_TILE = 32
+T_ROWS = 8
+
+
+@cuda.jit
+def transpose_kernel(a, out):
+    """out = a.T. a: (rows, cols) float32, out: (cols, rows) float32. Launch grid
+    (ceil(cols/T_TILE), ceil(rows/T_TILE)), block (T_TILE, T_ROWS); each thread copies
+    T_TILE // T_ROWS elements through a padded shared tile."""
+    tile = cuda.shared.array((T_TILE, T_TILE + 1), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    rows, cols = a.shape
+    col = cuda.blockIdx.x * T_TILE + tx
+    row = cuda.blockIdx.y * T_TILE + ty
+    for j in range(0, T_TILE, T_ROWS):
+        if row + j < rows and col < cols:
+            tile[ty + j, tx] = a[row + j, col]
+    cuda.syncthreads()
+    col = cuda.blockIdx.y * T_TILE + tx  # column of out = row of a
+    row = cuda.blockIdx.x * T_TILE + ty  # row of out = column of a
+    for j in range(0, T_TILE, T_ROWS):
+        if row + j < cols and col < rows:
+            out[row + j, col] = tile[tx, ty + j]
+
+
+def transpose(a: np.ndarray) -> np.ndarray:
+    """a.T (a copy) for a 2-D float32 array, by `transpose_kernel`."""
+    a = _as_f32("a", a, 2)
+    rows, cols = a.shape
+    d_out = cuda.device_array((cols, rows), np.float32)
+    grid = (blocks_for(cols, T_TILE), blocks_for(rows, T_TILE))
+    transpose_kernel[grid, (T_TILE, T_ROWS)](cuda.to_device(a), d_out)
+    return d_out.copy_to_host()

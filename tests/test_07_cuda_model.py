@@ -1,0 +1,269 @@
+"""Lesson 07: CUDA kernels in Numba, graded under the CUDA simulator (or on a real GPU).
+
+Correctness runs through the lesson's host wrappers (the real launch path). Structural
+properties (reads per element, coalescing, bank conflicts, active warps, races) run through
+`lesson.simulate`, which traces every global and shared-memory access on the CPU and starts
+shared memory as NaN, so a missing barrier shows up as a wrong answer.
+"""
+
+import math
+import re
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.lesson07
+
+
+@contextmanager
+def unstub():
+    """The simulator prefixes a kernel's exception with the thread id; keep the stub's own
+    message so an unsolved exercise reads as 'not attempted'."""
+    try:
+        yield
+    except NotImplementedError as exc:
+        m = re.search(r"(Exercise \d+\.\d+: .*)$", str(exc))
+        raise NotImplementedError(m.group(1) if m else str(exc)) from None
+
+
+def f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def traced(lesson, trace, **arrays):
+    return {name: lesson.TracedArray(a, name, trace) for name, a in arrays.items()}
+
+
+def assert_close(got, want, what, rtol=1e-5, atol=1e-5):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: expected shape {want.shape}, got {got.shape}"
+    if not np.allclose(got, want, rtol=rtol, atol=atol):
+        bad = np.argwhere(~np.isclose(got, want, rtol=rtol, atol=atol))
+        i = tuple(int(v) for v in bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements wrong; first at index {i}: "
+                             f"expected {want[i]}, got {got[i]}")
+
+
+def assert_counts(trace, name, kind, expected, what):
+    c = trace.counts(name, kind)
+    if not np.all(c == expected):
+        verb = "read" if kind == "r" else "written"
+        vals = ", ".join(str(v) for v in np.unique(c)[:6])
+        raise AssertionError(f"{what}: every element of {name!r} should be {verb} from global memory "
+                             f"exactly {expected} time(s); counts seen: {vals}")
+
+
+# ------------------------------------------------------------------ 7.1 vector add
+@pytest.mark.exercise("7.1")
+def test_vector_add_matches_numpy_and_guards(lesson):
+    rng = np.random.default_rng(0)
+    for n, threads in [(1000, 128), (257, 64), (1, 32)]:  # last block partly empty: needs the guard
+        a, b = f32(rng, n), f32(rng, n)
+        with unstub():
+            got = lesson.vector_add(a, b, threads=threads)
+        assert_close(got, a + b, f"vector_add with n={n}, {threads} threads per block")
+    with pytest.raises(ValueError, match=r"\(5,\).*\(6,\)"):
+        lesson.vector_add(np.zeros(5, np.float32), np.zeros(6, np.float32))
+
+
+@pytest.mark.exercise("7.1")
+def test_vector_add_one_read_per_element(lesson):
+    rng = np.random.default_rng(1)
+    n = 150
+    a, b, out = f32(rng, n), f32(rng, n), np.zeros(n, np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, a=a, b=b, out=out)
+    with unstub():
+        lesson.simulate(lesson.vector_add_kernel, 4, 64, t["a"], t["b"], t["out"], trace=tr)  # 256 threads for 150
+    assert_close(out, a + b, "vector_add_kernel launched with 4 blocks of 64 for 150 elements")
+    for name in ("a", "b"):
+        assert_counts(tr, name, "r", 1, "vector_add_kernel")
+    assert_counts(tr, "out", "w", 1, "vector_add_kernel")
+
+
+# ------------------------------------------------------------------ 7.2 2-D bias + relu
+@pytest.mark.exercise("7.2")
+def test_bias_relu_matches_numpy(lesson):
+    rng = np.random.default_rng(2)
+    for shape, block in [((37, 45), (32, 4)), ((5, 3), (2, 2))]:  # partial blocks in both dims
+        x, bias = f32(rng, *shape), f32(rng, shape[1])
+        with unstub():
+            got = lesson.bias_relu(x, bias, block=block)
+        assert_close(got, np.maximum(x + bias, 0), f"bias_relu on shape {shape} with block {block}")
+
+
+@pytest.mark.exercise("7.2")
+def test_bias_relu_is_coalesced(lesson):
+    rng = np.random.default_rng(3)
+    x, bias, out = f32(rng, 21, 40), f32(rng, 40), np.zeros((21, 40), np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, x=x, bias=bias, out=out)
+    with unstub():
+        lesson.simulate(lesson.bias_relu_kernel, (2, 6), (32, 4), t["x"], t["bias"], t["out"], trace=tr)
+    assert_close(out, np.maximum(x + bias, 0), "bias_relu_kernel, grid (2, 6), block (32, 4)")
+    assert_counts(tr, "x", "r", 1, "bias_relu_kernel")
+    for name, kind in [("x", "r"), ("out", "w")]:
+        eff = tr.coalescing(name, kind)
+        assert eff >= 0.5, (f"accesses to {name!r} are not coalesced: efficiency {eff:.3f} (want >= 0.5). "
+                            "Map cuda.grid(2)'s x to the column (last, contiguous) index: col, row = cuda.grid(2)")
+
+
+# ------------------------------------------------------------------ 7.3 block reduction
+@pytest.mark.exercise("7.3")
+def test_block_sum_partials_reads_and_warps(lesson):
+    rng = np.random.default_rng(4)
+    R = lesson.REDUCE_THREADS
+    n = 2 * R + 44  # 3 blocks, the last one partly empty
+    blocks = math.ceil(n / R)
+    x, partial = f32(rng, n), np.zeros(blocks, np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, x=x, partial=partial)
+    with unstub():
+        lesson.simulate(lesson.block_sum_kernel, blocks, R, t["x"], t["partial"], trace=tr)
+    want = np.array([x[i * R:(i + 1) * R].astype(np.float64).sum() for i in range(blocks)])
+    assert_close(partial, want, f"block_sum_kernel partial sums ({blocks} blocks of {R})", rtol=1e-4, atol=1e-4)
+    assert_counts(tr, "x", "r", 1, "block_sum_kernel")
+    assert_counts(tr, "partial", "w", 1, "block_sum_kernel")
+    shared = tr.shared_names()
+    assert shared, "block_sum_kernel should reduce in a cuda.shared.array"
+    warps = max(tr.active_warps(s) for s in shared) / blocks
+    ideal = R // 32 + sum(math.ceil((R >> s) / 32) for s in range(1, int(math.log2(R)) + 1))
+    assert warps <= 1.5 * ideal, (f"{warps:.0f} active warp-steps per block writing shared memory; sequential "
+                                  f"addressing needs {ideal}. Keep the active threads contiguous (tid < s), "
+                                  "not spread out (tid % (2*s) == 0)")
+
+
+@pytest.mark.exercise("7.3")
+def test_gpu_sum_multi_pass(lesson):
+    rng = np.random.default_rng(5)
+    x = f32(rng, 2 * lesson.REDUCE_THREADS + 7)
+    with unstub():
+        got = lesson.gpu_sum(x)
+    want = x.astype(np.float64).sum()
+    assert abs(got - want) <= 1e-3 * (1 + abs(want)), f"gpu_sum: expected {want:.6f}, got {got:.6f}"
+
+
+# ------------------------------------------------------------------ 7.4 block scan
+@pytest.mark.exercise("7.4")
+def test_block_scan(lesson):
+    rng = np.random.default_rng(6)
+    S = lesson.SCAN_THREADS
+    n = 2 * S + 22
+    blocks = math.ceil(n / S)
+    x, out, sums = f32(rng, n), np.zeros(n, np.float32), np.zeros(blocks, np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, x=x, out=out, block_sums=sums)
+    with unstub():
+        lesson.simulate(lesson.block_scan_kernel, blocks, S, t["x"], t["out"], t["block_sums"], trace=tr)
+    want = np.concatenate([np.cumsum(x[i * S:(i + 1) * S].astype(np.float64)) for i in range(blocks)])
+    assert_close(out, want, f"block_scan_kernel output ({blocks} blocks of {S})", rtol=1e-4, atol=1e-4)
+    want_sums = [x[i * S:(i + 1) * S].astype(np.float64).sum() for i in range(blocks)]
+    assert_close(sums, want_sums, "block_scan_kernel block_sums", rtol=1e-4, atol=1e-4)
+    assert_counts(tr, "x", "r", 1, "block_scan_kernel")
+    assert_counts(tr, "out", "w", 1, "block_scan_kernel")
+
+
+@pytest.mark.exercise("7.4")
+def test_gpu_cumsum(lesson):
+    rng = np.random.default_rng(7)
+    x = f32(rng, 3 * lesson.SCAN_THREADS + 5)
+    with unstub():
+        got = lesson.gpu_cumsum(x)
+    assert_close(got, np.cumsum(x.astype(np.float64)), "gpu_cumsum", rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ 7.5 naive matmul
+@pytest.mark.exercise("7.5")
+def test_matmul_naive_matches_numpy(lesson):
+    rng = np.random.default_rng(8)
+    for (m, k, n), block in [((21, 17, 40), (32, 4)), ((3, 5, 2), (4, 4))]:
+        a, b = f32(rng, m, k), f32(rng, k, n)
+        with unstub():
+            got = lesson.matmul_naive(a, b, block=block)
+        assert_close(got, a @ b, f"matmul_naive {a.shape} @ {b.shape}, block {block}", rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"\(2, 3\).*\(4, 5\)"):
+        lesson.matmul_naive(np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32))
+
+
+@pytest.mark.exercise("7.5")
+def test_matmul_naive_reads(lesson):
+    rng = np.random.default_rng(9)
+    m, k, n = 9, 7, 40
+    a, b, out = f32(rng, m, k), f32(rng, k, n), np.zeros((m, n), np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, a=a, b=b, out=out)
+    with unstub():
+        lesson.simulate(lesson.matmul_naive_kernel, (2, 5), (32, 2), t["a"], t["b"], t["out"], trace=tr)
+    assert_close(out, a @ b, "matmul_naive_kernel, grid (2, 5), block (32, 2)", rtol=1e-4, atol=1e-4)
+    assert_counts(tr, "a", "r", n, "naive matmul reads a row of a once per output column")
+    assert_counts(tr, "b", "r", m, "naive matmul reads a column of b once per output row")
+    assert_counts(tr, "out", "w", 1, "matmul_naive_kernel")
+    eff = tr.coalescing("b")
+    assert eff >= 0.5, f"reads of b are not coalesced (efficiency {eff:.3f}): x should index columns"
+
+
+# ------------------------------------------------------------------ 7.6 tiled matmul
+@pytest.mark.exercise("7.6")
+def test_matmul_tiled_matches_numpy(lesson):
+    rng = np.random.default_rng(10)
+    T = lesson.TILE
+    for m, k, n in [(2 * T + 3, 3 * T - 1, T + 5), (3, 2, 5)]:  # not multiples of TILE; smaller than a tile
+        a, b = f32(rng, m, k), f32(rng, k, n)
+        with unstub():
+            got = lesson.matmul_tiled(a, b)
+        assert_close(got, a @ b, f"matmul_tiled {a.shape} @ {b.shape} (TILE={T})", rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.exercise("7.6")
+def test_matmul_tiled_reads_each_element_once_per_tile_pass(lesson):
+    rng = np.random.default_rng(11)
+    T = lesson.TILE
+    m, k, n = 2 * T + 3, 2 * T + 7, T + 5
+    a, b, out = f32(rng, m, k), f32(rng, k, n), np.zeros((m, n), np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, a=a, b=b, out=out)
+    grid = (math.ceil(n / T), math.ceil(m / T))
+    with unstub():
+        lesson.simulate(lesson.matmul_tiled_kernel, grid, (T, T), t["a"], t["b"], t["out"], trace=tr)
+    assert_close(out, a @ b, f"matmul_tiled_kernel (shared memory starts as NaN: a missing syncthreads "
+                             f"or an unloaded tile slot shows here), grid {grid}", rtol=1e-4, atol=1e-4)
+    assert tr.shared_names(), "matmul_tiled_kernel should stage tiles in cuda.shared.array"
+    assert_counts(tr, "a", "r", grid[0], f"tiled matmul: once per tile pass, i.e. ceil(n/TILE) = {grid[0]} times")
+    assert_counts(tr, "b", "r", grid[1], f"tiled matmul: once per tile pass, i.e. ceil(m/TILE) = {grid[1]} times")
+    assert_counts(tr, "out", "w", 1, "matmul_tiled_kernel")
+
+
+# ------------------------------------------------------------------ 7.7 transpose
+@pytest.mark.exercise("7.7")
+def test_transpose_matches_numpy(lesson):
+    rng = np.random.default_rng(12)
+    for shape in [(45, 70), (3, 40)]:
+        a = f32(rng, *shape)
+        with unstub():
+            got = lesson.transpose(a)
+        assert_close(got, a.T, f"transpose of shape {shape}", rtol=0, atol=0)
+
+
+@pytest.mark.exercise("7.7")
+def test_transpose_coalesced_and_conflict_free(lesson):
+    rng = np.random.default_rng(13)
+    TT, TR = lesson.T_TILE, lesson.T_ROWS
+    rows, cols = 40, 36
+    a, out = f32(rng, rows, cols), np.zeros((cols, rows), np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, a=a, out=out)
+    grid = (math.ceil(cols / TT), math.ceil(rows / TT))
+    with unstub():
+        lesson.simulate(lesson.transpose_kernel, grid, (TT, TR), t["a"], t["out"], trace=tr)
+    assert_close(out, a.T, f"transpose_kernel on ({rows}, {cols}), grid {grid}", rtol=0, atol=0)
+    assert_counts(tr, "a", "r", 1, "transpose_kernel")
+    assert_counts(tr, "out", "w", 1, "transpose_kernel")
+    for name, kind in [("a", "r"), ("out", "w")]:
+        eff = tr.coalescing(name, kind)
+        assert eff >= 0.5, (f"{'reads of a' if kind == 'r' else 'writes of out'} are not coalesced (efficiency "
+                            f"{eff:.3f}, want >= 0.5): stage the tile in shared memory so both sides walk rows")
+    shared = tr.shared_names()
+    assert shared, "transpose_kernel should stage the tile in cuda.shared.array"
+    worst = max(tr.bank_conflicts(s) for s in shared)
+    assert worst == 1, f"{worst}-way shared-memory bank conflict: pad the tile to (T_TILE, T_TILE + 1)"
