@@ -1,0 +1,107 @@
+"""Lesson 04: this machine's roofline.
+
+Measures sustained memory bandwidth (STREAM-style triad, one core) and the best float32 matmul
+FLOP/s of NumPy's BLAS, times a few kernels (elementwise add, NumPy softmax, matmul at several
+sizes), prints a table and saves roofline.png. Run through `make bench` (or `make bench L=roofline`).
+
+The machine may be shared: every figure is a best-of-repeats, and a roof is raised to the best
+rate any kernel reached (a kernel cannot beat a true roof; if it does, the roof's own run was
+unlucky).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from minitorch.bench import (
+    arithmetic_intensity,
+    attainable_flops,
+    benchmark,
+    elementwise_bytes,
+    elementwise_flops,
+    matmul_bytes,
+    matmul_flops,
+    measure_bandwidth,
+    measure_peak_matmul,
+    roofline_plot,
+    softmax_bytes,
+    softmax_flops,
+)
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def kernels(rng: np.random.Generator) -> dict[str, tuple[float, float]]:
+    """{label: (minimum-traffic intensity FLOP/byte, achieved FLOP/s)} for a few float32 kernels."""
+    points: dict[str, tuple[float, float]] = {}
+    n = 8_000_000 if SMALL else 20_000_000  # 96+ MB: far beyond a 32 MiB L3
+    a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+    out = np.empty_like(a)
+    t = benchmark(np.add, a, b, out, warmup=2, repeat=10)
+    points["add"] = (arithmetic_intensity(elementwise_flops(n), elementwise_bytes(n, 4)), elementwise_flops(n) / t.min)
+
+    r, c = (512, 1024) if SMALL else (8192, 1024)
+    x = rng.standard_normal((r, c), dtype=np.float32)
+    t = benchmark(_softmax, x, warmup=2, repeat=10)
+    points["softmax"] = (arithmetic_intensity(softmax_flops(r, c), softmax_bytes(r, c, 4)), softmax_flops(r, c) / t.min)
+
+    for m in (32, 128, 512) if SMALL else (32, 128, 512, 1024, 2048):
+        A = rng.standard_normal((m, m), dtype=np.float32)
+        B = rng.standard_normal((m, m), dtype=np.float32)
+        t = benchmark(np.matmul, A, B, warmup=2, repeat=7, number=max(1, 2_000_000 // m**2))
+        points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)),
+                                 matmul_flops(m, m, m) / t.min)
+    return points
+
+
+def main(out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    bw = max(measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=10) for _ in range(2))
+    sizes = (256, 512) if SMALL else (512, 1024, 2048)
+    peaks = {n: measure_peak_matmul(n, repeat=5) for n in sizes}
+    peak64 = measure_peak_matmul(512 if SMALL else 1024, dtype=np.float64, repeat=5)
+    points = kernels(rng)
+
+    measured_bw, measured_peak = bw, max(peaks.values())
+    bw = max(bw, points["add"][1] / points["add"][0])
+    peak = max(measured_peak, *(f for k, (_, f) in points.items() if k.startswith("matmul")))
+
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
+          f"numpy {np.__version__}")
+    print(f"triad bandwidth (1 core)     {measured_bw / 1e9:8.1f} GB/s")
+    for n, p in peaks.items():
+        print(f"BLAS float32 matmul n={n:<5d} {p / 1e9:8.1f} GFLOP/s")
+    print(f"BLAS float64 matmul          {peak64 / 1e9:8.1f} GFLOP/s")
+    print(f"roofs used: {bw / 1e9:.1f} GB/s, {peak / 1e9:.1f} GFLOP/s, ridge {peak / bw:.1f} FLOP/byte\n")
+    print(f"{'kernel':12s} {'FLOP/byte':>10s} {'GFLOP/s':>10s} {'% of roof':>10s}")
+    for k, (i, f) in points.items():
+        print(f"{k:12s} {i:10.3f} {f / 1e9:10.2f} {f / attainable_flops(i, peak, bw):10.1%}")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    roofline_plot(peak, bw, points, ax=ax, title=f"roofline, {os.cpu_count()}-CPU machine, float32")
+    fig.tight_layout()
+    path = out_dir / "roofline.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"\nsaved {path}")
+
+
+if __name__ == "__main__":
+    main(Path(__file__).resolve().parent.parent / "build" / "bench")

@@ -1,0 +1,763 @@
+# %% [markdown]
+# # Lesson 04: measuring
+#
+# Lessons 05-09 make minitorch fast. "Fast" needs two numbers: how long a kernel takes, and how
+# long it *could* take on this machine. This lesson builds both.
+#
+# 1. **Timing honestly**: warm-up, JIT compilation excluded, repeats, min and median, noise.
+# 2. **Counting work**: FLOPs vs MACs, bytes moved, arithmetic intensity.
+# 3. **This machine's ceilings**: peak memory bandwidth (a STREAM-style triad) and the best
+#    matmul FLOP/s NumPy's BLAS reaches, drawn as a roofline with real kernels placed on it.
+# 4. **Transformer arithmetic**: parameters, FLOPs per token (~2N forward, ~6N training),
+#    training memory (16 bytes per parameter for mixed-precision Adam), compute-optimal scaling.
+#
+# What you write becomes `minitorch/bench.py`, the benchmarking utility later lessons and
+# `make bench` use. Hardware background: [the roofline model](../hardware_notes/roofline.md) and
+# [transformer arithmetic](../hardware_notes/transformer_arithmetic.md).
+
+# %%
+#| default_exp bench
+#| export
+"""minitorch.bench: honest timing, FLOP/byte counting, rooflines and transformer arithmetic.
+
+Generated from solutions/04_measuring.py (lesson 04).
+"""
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+# %%
+from course.check import check
+import os
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+
+# %% [markdown]
+# ## 1. Timing honestly
+#
+# A single `time.perf_counter()` pair around one call measures much more than the kernel:
+#
+# - **First-call costs.** The first call of a Numba function compiles it (often 0.1-2 s); the
+#   first touch of a fresh array takes page faults; the first BLAS call starts its thread pool.
+#   None of that recurs, so it must be excluded: run the function a few times (*warm-up*)
+#   before timing.
+# - **Asynchronous work.** A GPU launch returns before the kernel has run. Stopping the clock
+#   without a device synchronisation measures the launch, not the kernel. So the timer takes a
+#   `sync` callback that is run before the clock stops (lesson 07/08 pass
+#   `cupy.cuda.Device().synchronize`). The warm-up is synchronised too, or its queued work
+#   leaks into the first timed repeat.
+# - **Timer resolution.** `perf_counter` is good to well under a microsecond, but a call that
+#   takes 2 us is dominated by the Python overhead of the timing loop itself. Time `number`
+#   calls in a row and divide, as `timeit` does.
+# - **Noise.** Other processes, frequency changes, interrupts and the garbage collector only
+#   ever make a run *slower*. On a shared machine (ours: 2 cores, other engineers' tests
+#   running) the noise is large. Repeat and report the **minimum** (the best estimate of the
+#   kernel's cost: noise is additive and positive; Chen & Revels 2016) together with the
+#   **median** (what a user typically sees). Python's `timeit` disables the garbage collector
+#   while timing; so do we.
+#
+# ### Exercise 4.1: `benchmark`
+#
+# The `Timing` record is given. Write `benchmark(fn, *args, warmup, repeat, number, sync, timer)`:
+#
+# 1. call `fn(*args)` `warmup` times; if `sync` is given and `warmup > 0`, call `sync()` once
+#    afterwards (drain the warm-up's queued work before timing starts);
+# 2. then `repeat` times: read `timer()`, call `fn(*args)` `number` times, call `sync()` if
+#    given, read `timer()` again, and record *(elapsed / number)*, the seconds per call;
+# 3. return `Timing(times)`.
+#
+# `timer` defaults to `time.perf_counter`; the tests pass a fake clock so they can check the
+# structure (which calls are timed) without timing anything. Reject `repeat < 1`,
+# `number < 1` and `warmup < 0` with a `ValueError` naming the argument.
+
+# %%
+#| export
+@dataclass
+class Timing:
+    """Seconds per call of `repeat` timed runs; summary statistics as properties."""
+
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+    @property
+    def std(self) -> float:
+        """Sample standard deviation (0.0 for a single run)."""
+        return statistics.stdev(self.times) if len(self.times) > 1 else 0.0
+
+    def __str__(self) -> str:
+        return (f"min {format_seconds(self.min)}  median {format_seconds(self.median)}  "
+                f"std {format_seconds(self.std)}  ({len(self.times)} runs)")
+
+
+def format_seconds(s: float) -> str:
+    """3 significant digits with a unit: '812 us', '1.52 ms', '2.31 s'."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if abs(s) >= scale or unit == "ns":
+            return f"{s / scale:.3g} {unit}"
+    return f"{s} s"
+
+# %%
+#| export
+#| exercise 4.1
+def benchmark(fn: Callable[..., Any], *args: Any, warmup: int = 1, repeat: int = 5, number: int = 1,
+              sync: Callable[[], Any] | None = None,
+              timer: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time `fn(*args)`: `warmup` untimed calls, then `repeat` runs of `number` calls each.
+
+    `sync()` (if given) runs after the warm-up and inside each timed run, before the clock
+    stops. Returns Timing whose `times[i]` is run i's seconds per call (length `repeat`).
+    """
+    ### BEGIN SOLUTION
+    for name, value, low in (("repeat", repeat, 1), ("number", number, 1), ("warmup", warmup, 0)):
+        if int(value) != value or value < low:
+            raise ValueError(f"benchmark: {name} must be an integer >= {low}, got {value!r}")
+    for _ in range(warmup):
+        fn(*args)
+    if sync is not None and warmup > 0:
+        sync()
+    times = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection in the middle of a run is noise, as timeit knows
+    try:
+        for _ in range(repeat):
+            start = timer()
+            for _ in range(number):
+                fn(*args)
+            if sync is not None:
+                sync()
+            times.append((timer() - start) / number)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Timing(times)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.1")
+
+# %% [markdown]
+# **Demo: the first call of a JIT function.** A fresh Numba function, timed with no warm-up:
+# run 0 includes compilation and is orders of magnitude slower than the rest. With one warm-up
+# call it disappears from the record.
+
+# %% tags=["demo"]
+from numba import njit
+
+
+def make_jit_sum():
+    @njit
+    def jit_sum(a):
+        s = 0.0
+        for x in a:
+            s += x
+        return s
+    return jit_sum
+
+
+a = np.random.default_rng(0).random(100_000)
+cold = benchmark(make_jit_sum(), a, warmup=0, repeat=5)
+warm = benchmark(make_jit_sum(), a, warmup=1, repeat=5)
+print("no warm-up :", [format_seconds(t) for t in cold.times])
+print("1 warm-up  :", [format_seconds(t) for t in warm.times])
+
+# %% [markdown]
+# **Demo: noise.** Sorting a million floats many times. Expect a tight cluster near the minimum
+# and a tail to the right (never to the left): that is why the minimum is the stable statistic
+# and the mean is not. On the 2-core dev machine, shared with other test runs, the slowest run
+# was 1.5-3.5x the fastest.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+x = np.random.default_rng(1).random(200_000 if SMALL else 1_000_000)
+t = benchmark(np.sort, x, warmup=2, repeat=30 if SMALL else 100)
+print(t)
+print(f"max / min = {max(t.times) / t.min:.2f}")
+fig, ax = plt.subplots(figsize=(6, 2.5))
+ax.hist(np.array(t.times) * 1e3, bins=30)
+ax.axvline(t.min * 1e3, color="k", ls="--", label="min")
+ax.axvline(t.median * 1e3, color="r", ls=":", label="median")
+ax.set_xlabel("ms per np.sort call"); ax.legend(); plt.show()
+
+# %% [markdown]
+# ## 2. Counting work: FLOPs, MACs, bytes
+#
+# A **FLOP** is one floating-point add or multiply. A **MAC** (multiply-accumulate,
+# `c += a * b`) is two FLOPs; hardware executes it as one fused multiply-add (FMA)
+# instruction, and vendors quote peak FLOP/s counting an FMA as 2. Papers are not consistent:
+# some "FLOPs" tables (many vision papers) actually count MACs. Always check which.
+#
+# `A (m, k) @ B (k, n) -> C (m, n)`: each of the `m*n` outputs is a dot product of length `k`,
+# i.e. `k` MACs, so **`m*n*k` MACs = `2*m*n*k` FLOPs**.
+#
+# **Bytes moved** is what must cross between DRAM and the chip. The minimum for a matmul reads
+# A and B once and writes C once: `(m*k + k*n + m*n) * itemsize`. Real kernels move more when
+# the operands do not fit in cache (lesson 05 is about getting close to this minimum).
+#
+# ### Exercise 4.2: `matmul_flops`, `matmul_macs`, `matmul_bytes`
+#
+# Return Python `int`s (exact for any size). Negative dimensions raise `ValueError` (the
+# given `_check_dims(m=m, ...)` does that with a message naming the argument).
+
+# %%
+#| export
+def _check_dims(**dims: int) -> None:
+    for name, v in dims.items():
+        if int(v) != v or v < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
+
+# %%
+#| export
+#| exercise 4.2
+def matmul_flops(m: int, n: int, k: int) -> int:
+    """FLOPs of (m, k) @ (k, n): one multiply and one add per MAC."""
+    ### BEGIN SOLUTION
+    _check_dims(m=m, n=n, k=k)
+    return 2 * int(m) * int(n) * int(k)
+    ### END SOLUTION
+
+
+def matmul_macs(m: int, n: int, k: int) -> int:
+    """Multiply-accumulates of (m, k) @ (k, n)."""
+    ### BEGIN SOLUTION
+    _check_dims(m=m, n=n, k=k)
+    return int(m) * int(n) * int(k)
+    ### END SOLUTION
+
+
+def matmul_bytes(m: int, n: int, k: int, itemsize: int) -> int:
+    """Minimum DRAM traffic of (m, k) @ (k, n) -> (m, n): read A and B once, write C once."""
+    ### BEGIN SOLUTION
+    _check_dims(m=m, n=n, k=k, itemsize=itemsize)
+    return (int(m) * int(k) + int(k) * int(n) + int(m) * int(n)) * int(itemsize)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.2")
+
+# %% [markdown]
+# Two more counters, given, for the roofline below. An elementwise `a + b` on `n` elements does
+# `n` FLOPs and moves `3n` elements (two reads, one write). A row softmax
+# `exp(x - max) / sum(exp(x - max))` does about 5 operations per element (compare for the max,
+# subtract, exp, add for the sum, divide; an `exp` is really ~10-20 instructions, but by
+# convention counts as one) and must at least read `x` once and write the result once. These
+# conventions are choices; what matters is stating them and using them consistently.
+
+# %%
+#| export
+def elementwise_flops(n: int) -> int:
+    """FLOPs of a binary elementwise op (a + b) on n elements."""
+    _check_dims(n=n)
+    return int(n)
+
+
+def elementwise_bytes(n: int, itemsize: int, n_inputs: int = 2) -> int:
+    """Minimum traffic of an elementwise op: read `n_inputs` arrays, write one."""
+    _check_dims(n=n, itemsize=itemsize, n_inputs=n_inputs)
+    return (int(n_inputs) + 1) * int(n) * int(itemsize)
+
+
+def softmax_flops(rows: int, cols: int) -> int:
+    """FLOPs of a row softmax, counting max, subtract, exp, sum, divide as 1 each per element."""
+    _check_dims(rows=rows, cols=cols)
+    return 5 * int(rows) * int(cols)
+
+
+def softmax_bytes(rows: int, cols: int, itemsize: int) -> int:
+    """Minimum traffic of a row softmax: read x once, write the result once."""
+    _check_dims(rows=rows, cols=cols, itemsize=itemsize)
+    return 2 * int(rows) * int(cols) * int(itemsize)
+
+
+def gflops(flops: float, seconds: float) -> float:
+    """Throughput in GFLOP/s (1e9 FLOP/s)."""
+    if seconds <= 0:
+        raise ValueError(f"seconds must be positive, got {seconds!r}")
+    return flops / seconds / 1e9
+
+
+def arithmetic_intensity(flops: float, bytes: float) -> float:
+    """FLOPs per byte moved."""
+    if bytes <= 0:
+        raise ValueError(f"bytes must be positive, got {bytes!r}")
+    return flops / bytes
+
+# %% [markdown]
+# **Arithmetic intensity** `I = FLOPs / bytes` says how much work a kernel does per byte it
+# moves. It decides which resource limits the kernel:
+#
+# | kernel (float32) | FLOPs | bytes | intensity (FLOP/byte) |
+# |---|---|---|---|
+# | `a + b`, n elements | n | 12 n | 1/12 = 0.083 |
+# | softmax, r x c | 5rc | 8rc | 0.625 |
+# | square matmul, n x n | 2n^3 | 12n^2 | n/6 (171 at n = 1024) |
+#
+# Elementwise ops and softmax have constant, tiny intensity; matmul's grows with `n` because
+# each loaded element is reused `n` times. That reuse is what lessons 05-08 exploit.
+#
+# ## 3. The roofline
+#
+# A machine has a peak compute rate `P` (FLOP/s) and a peak memory bandwidth `B` (bytes/s). A
+# kernel of intensity `I` needs at least `FLOPs / P` seconds of compute and `bytes / B` seconds
+# of memory traffic, so at best it runs at
+#
+# $$\text{attainable}(I) = \min(P,\; I \cdot B)\quad\text{FLOP/s}$$
+#
+# (Williams, Waterman & Patterson 2009). On a log-log plot this is a slanted line (memory-bound)
+# meeting a flat one (compute-bound) at the **ridge point** `I* = P / B`: the intensity a kernel
+# needs before the arithmetic units, not memory, become its limit.
+#
+# ### Exercise 4.3: `attainable_flops`
+#
+# Accept a scalar (return a `float`) or a NumPy array of intensities (return an array, for
+# plotting). Negative intensity and non-positive peaks raise `ValueError`.
+
+# %%
+#| export
+#| exercise 4.3
+def attainable_flops(intensity: float | np.ndarray, peak_flops: float,
+                     peak_bandwidth: float) -> float | np.ndarray:
+    """Roofline bound min(peak_flops, intensity * peak_bandwidth) in FLOP/s.
+
+    intensity: FLOP/byte, scalar or array; peak_flops: FLOP/s; peak_bandwidth: bytes/s.
+    """
+    ### BEGIN SOLUTION
+    if peak_flops <= 0 or peak_bandwidth <= 0:
+        raise ValueError(f"peaks must be positive, got peak_flops={peak_flops!r}, "
+                         f"peak_bandwidth={peak_bandwidth!r}")
+    i = np.asarray(intensity, dtype=np.float64)
+    if np.any(i < 0):
+        raise ValueError(f"arithmetic intensity must be >= 0, got {intensity!r}")
+    out = np.minimum(float(peak_flops), i * float(peak_bandwidth))
+    return float(out) if out.ndim == 0 else out
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.3")
+
+# %% [markdown]
+# ### Measuring this machine's two roofs
+#
+# **Bandwidth.** McCalpin's STREAM benchmark (1995) measures sustainable bandwidth with simple
+# loops over arrays much larger than the last-level cache; its *triad* is `a = b + s*c`. STREAM
+# counts 3 arrays x 8 bytes per element. (A CPU store to a line not in cache first reads the line
+# in, "write-allocate", so the hardware actually moves ~4 words per element; STREAM's number,
+# like ours, understates the raw bus traffic.) NumPy cannot do a triad in one pass:
+# `b + s * c` makes a temporary and walks memory twice. So we compile the loop with Numba, and
+# exclude its compilation with a warm-up, as section 1 taught. The arrays are 3 x 8 x n bytes;
+# at the default n = 10^7 that is 240 MB, far beyond the 32 MiB L3 of our dev machine. Arrays
+# that fit in cache measure the cache instead: on the dev machine `a + b` on 2 million float32
+# (24 MB in all, inside L3) ran at about 48 GB/s, twice the DRAM figure.
+#
+# **Compute.** The best FLOP/s of NumPy's BLAS (OpenBLAS here) on a large float32 matmul, using
+# all cores. This is not the hardware's theoretical peak (cores x GHz x FLOP/cycle) but the
+# highest rate *we can actually get* from Python, which is the useful ceiling for this course.
+# Lesson 06 reports your own kernels as a fraction of it.
+#
+# The two measurements are given: they are instrumentation, not exercises.
+
+# %%
+#| export
+_TRIAD = None
+
+
+def _triad_kernel():
+    global _TRIAD
+    if _TRIAD is None:
+        from numba import njit
+
+        @njit(cache=False)
+        def triad(a, b, c, s):
+            for i in range(a.shape[0]):
+                a[i] = b[i] + s * c[i]
+
+        _TRIAD = triad
+    return _TRIAD
+
+
+def measure_bandwidth(n: int = 10_000_000, repeat: int = 10, dtype=np.float64) -> float:
+    """Sustained memory bandwidth in bytes/s from a STREAM-style triad a = b + s*c on one core.
+
+    Counts 3 * n * itemsize bytes per call (STREAM's convention); returns the best of `repeat`
+    runs, after one warm-up call that also compiles the Numba loop.
+    """
+    if n < 1 or repeat < 1:
+        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
+    triad = _triad_kernel()
+    a = np.zeros(n, dtype=dtype)
+    b = np.ones(n, dtype=dtype)
+    c = np.full(n, 2.0, dtype=dtype)
+    t = benchmark(triad, a, b, c, dtype(3.0), warmup=1, repeat=repeat)
+    if not np.all(a[: min(n, 1000)] == 7.0):
+        raise RuntimeError("triad kernel computed a wrong result")
+    return 3 * n * np.dtype(dtype).itemsize / t.min
+
+
+def measure_peak_matmul(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
+    """Best FLOP/s of NumPy's BLAS on an (n, n) @ (n, n) matmul of `dtype` (all BLAS threads)."""
+    if n < 1 or repeat < 1:
+        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    out = np.empty((n, n), dtype=dtype)
+    t = benchmark(np.matmul, a, b, out, warmup=2, repeat=repeat)
+    return 2.0 * n**3 / t.min
+
+
+def roofline_plot(peak_flops: float, bandwidth: float,
+                  points: dict[str, tuple[float, float]] | None = None, ax=None, title: str | None = None):
+    """Draw the roofline min(peak_flops, I * bandwidth) on log-log axes and place measured kernels.
+
+    points: {label: (intensity FLOP/byte, achieved FLOP/s)}. Returns the matplotlib Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    points = points or {}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    ridge = peak_flops / bandwidth
+    xs = [ridge] + [i for i, _ in points.values()]
+    lo, hi = min(xs) / 8, max(xs) * 8
+    grid = np.geomspace(lo, hi, 200)
+    roof = np.minimum(peak_flops, grid * bandwidth)
+    ax.loglog(grid, roof / 1e9, "k-", lw=2, label="roofline")
+    ax.axvline(ridge, color="0.6", ls=":", lw=1)
+    ax.annotate(f"ridge {ridge:.2g} FLOP/B", (ridge, peak_flops / 1e9), textcoords="offset points",
+                xytext=(5, -14), fontsize=8, color="0.4")
+    ax.text(grid[3], grid[3] * bandwidth / 1e9 * 3, f"{bandwidth / 1e9:.1f} GB/s", fontsize=8)
+    ax.text(ridge * 1.3, peak_flops / 1e9 * 1.25, f"{peak_flops / 1e9:.0f} GFLOP/s", fontsize=8)
+    ax.set_ylim(top=peak_flops / 1e9 * 2.5)
+    for label, (intensity, achieved) in points.items():
+        ax.plot(intensity, achieved / 1e9, "o")
+        frac = achieved / float(np.minimum(peak_flops, intensity * bandwidth))
+        ax.annotate(f"{label} ({frac:.0%})", (intensity, achieved / 1e9), textcoords="offset points",
+                    xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title(title or "roofline")
+    ax.grid(True, which="both", alpha=0.2)
+    return ax
+
+# %% [markdown]
+# **Demo: this machine's roofs.** On the 2-core dev machine (AMD EPYC, AVX2, OpenBLAS 0.3.31,
+# shared with other engineers' test runs) `make bench` measured 20-23 GB/s for the triad and
+# 140-174 GFLOP/s for a float32 matmul (float64: 23-57 GFLOP/s) when the other core was
+# mostly idle; under heavy load the matmul figure fell by 10x or more. The ridge point is
+# therefore about 7-8 FLOP/byte: a kernel must do that much work per byte before memory stops
+# being its limit. Expect your own figures to differ; the ratio is what matters, and a figure
+# far below the ones above on an idle machine means something else was running.
+
+# %% tags=["demo"]
+bw = measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=5 if SMALL else 10)
+peak = max(measure_peak_matmul(n, repeat=3 if SMALL else 5) for n in ((256, 512) if SMALL else (512, 1024, 2048)))
+print(f"triad bandwidth : {bw / 1e9:6.1f} GB/s")
+print(f"BLAS float32    : {peak / 1e9:6.1f} GFLOP/s")
+print(f"ridge point     : {peak / bw:6.1f} FLOP/byte")
+
+# %% [markdown]
+# **Demo: kernels on the roofline.** We time three kinds of kernel and place each at its
+# *minimum-traffic* intensity and its achieved FLOP/s; the label shows the fraction of the
+# roof it reaches. What to expect:
+#
+# - `a + b` sits on the slanted roof: memory-bound, near the measured bandwidth (NumPy's add
+#   is a single pass, close to ideal). It cannot go faster without moving fewer bytes.
+# - NumPy softmax lands far *below* its roof (under 10% on the dev machine): its five steps
+#   (`max`, `-`, `exp`, `sum`, `/`) each read a full array and three of them write a fresh
+#   temporary: 8 array passes instead of 2, about 4x the minimum bytes. It also pays page
+#   faults for the new temporaries, and `exp` costs more than the one FLOP we count. Fusing
+#   the steps into one pass (lesson 09) is what moves it up.
+# - matmul climbs with size: small matrices are limited by overheads, large ones approach the
+#   flat roof (they define it: the roof is BLAS's best).
+
+# %% tags=["demo"]
+rng = np.random.default_rng(0)
+points = {}
+n = 8_000_000 if SMALL else 20_000_000  # 96+ MB: well beyond the L3 cache
+a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
+out = np.empty_like(a)
+t = benchmark(np.add, a, b, out, warmup=2, repeat=5)
+points["add"] = (arithmetic_intensity(elementwise_flops(n), elementwise_bytes(n, 4)), elementwise_flops(n) / t.min)
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+r, c = (512, 1024) if SMALL else (4096, 1024)
+x = rng.standard_normal((r, c), dtype=np.float32)
+t = benchmark(np_softmax, x, warmup=2, repeat=5)
+points["softmax"] = (arithmetic_intensity(softmax_flops(r, c), softmax_bytes(r, c, 4)), softmax_flops(r, c) / t.min)
+
+for m in ((32, 128, 512) if SMALL else (32, 128, 512, 2048)):
+    A, B = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
+    t = benchmark(np.matmul, A, B, warmup=2, repeat=5, number=max(1, 2_000_000 // m**2))
+    points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)),
+                             matmul_flops(m, m, m) / t.min)
+
+# A roof is the best rate observed. If a kernel beats it, the roof's own measurement was
+# unlucky (the other core was busy), so raise the roof rather than report >100%.
+bw = max(bw, points["add"][1] / points["add"][0])
+peak = max(peak, *(f for k, (i, f) in points.items() if k.startswith("matmul")))
+for k, (i, f) in points.items():
+    print(f"{k:12s} intensity {i:8.3f} FLOP/B   {f / 1e9:8.2f} GFLOP/s   "
+          f"{f / attainable_flops(i, peak, bw):6.1%} of roof")
+roofline_plot(peak, bw, points, title="this machine, measured")
+plt.show()
+
+# %% [markdown]
+# ## 4. Transformer arithmetic
+#
+# With the counters above you can predict the cost of a model before running it. For a
+# decoder-only transformer with `n_layers` blocks, width `d = d_model`, MLP width `d_ff`
+# (usually `4d`), vocabulary `V` and context `n_ctx` (Kaplan et al. 2020, Section 2.1, Table 1):
+#
+# **Parameters.** Each block has the attention projections Q, K, V, O (`4 d^2`) and the MLP's
+# two matrices (`2 d d_ff`). Biases and layer norms add `O(d)` per block, under 1%, and are
+# ignored. So the *non-embedding* parameter count is
+#
+# $$N = n_\text{layers}\,(4d^2 + 2 d\, d_\text{ff}) = 12\, n_\text{layers} d^2 \quad (d_\text{ff} = 4d).$$
+#
+# The embeddings add `V d` (token table) and `n_ctx d` (learned positions, GPT-2 style); an
+# output projection that is *not* tied to the token table adds another `V d`.
+#
+# **FLOPs per token, forward.** Every weight is used in one MAC per token: `2N` FLOPs. Attention
+# scores and their weighted sum add, per layer, `q . k` and `p v` over the preceding tokens:
+# `2 d` FLOPs per (query, key) pair each. With a causal mask a query sees on average
+# `n_ctx / 2` keys, giving Kaplan's term `2 n_layers n_ctx d`. The output projection onto the
+# vocabulary (the "de-embedding") adds `2 d V`:
+#
+# $$C_\text{forward} = 2N + 2\, n_\text{layers} n_\text{ctx} d + 2 d V.$$
+#
+# Kaplan's `C_forward = 2N + 2 n_layers n_ctx d` is this with `V = 0` (they exclude embeddings
+# from N and from C). Per layer and token that is `24 d^2 + 2 n_ctx d`: the attention term is
+# negligible while `n_ctx < 12 d`.
+#
+# **Training.** The backward pass costs about twice the forward (one matmul for the gradient
+# with respect to the input, one for the weights), so training costs **~6N FLOPs per token**,
+# and **`C = 6 N D`** for `D` training tokens.
+#
+# ### Exercise 4.4: `transformer_params`, `transformer_flops_per_token`
+
+# %%
+#| export
+#| exercise 4.4
+def transformer_params(n_layers: int, d_model: int, vocab: int, d_ff: int | None = None,
+                       n_ctx: int = 0, embeddings: bool = True, tied: bool = True) -> int:
+    """Parameters of a decoder-only transformer (Kaplan et al. 2020, Table 1).
+
+    Per layer 4*d_model^2 (attention Q, K, V, O) + 2*d_model*d_ff (MLP); d_ff defaults to
+    4*d_model; biases and norms ignored. With `embeddings`, add vocab*d_model (tokens) and
+    n_ctx*d_model (learned positions), plus vocab*d_model if the output head is not `tied`.
+    """
+    ### BEGIN SOLUTION
+    _check_dims(n_layers=n_layers, d_model=d_model, vocab=vocab, n_ctx=n_ctx)
+    d, d_ff = int(d_model), int(4 * d_model if d_ff is None else d_ff)
+    n = int(n_layers) * (4 * d * d + 2 * d * d_ff)
+    if embeddings:
+        n += int(vocab) * d + int(n_ctx) * d
+        if not tied:
+            n += int(vocab) * d
+    return n
+    ### END SOLUTION
+
+
+def transformer_flops_per_token(n_layers: int, d_model: int, n_ctx: int, d_ff: int | None = None,
+                                vocab: int = 0) -> int:
+    """Forward FLOPs per token: 2*N + 2*n_layers*n_ctx*d_model + 2*d_model*vocab.
+
+    N is the non-embedding parameter count. vocab=0 gives Kaplan et al. 2020's C_forward.
+    """
+    ### BEGIN SOLUTION
+    _check_dims(n_layers=n_layers, d_model=d_model, n_ctx=n_ctx, vocab=vocab)
+    n = transformer_params(n_layers, d_model, 0, d_ff=d_ff, embeddings=False)
+    return 2 * n + 2 * int(n_layers) * int(n_ctx) * int(d_model) + 2 * int(d_model) * int(vocab)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.4")
+
+# %% [markdown]
+# **Demo: GPT-2 small.** 12 layers, `d = 768`, `V = 50257`, `n_ctx = 1024`, tied output head.
+# The formula gives 124,318,464 parameters; the released checkpoint has 124,439,808. The
+# difference, 121,344 (0.1%), is exactly the biases and layer norms we ignored. Of the 124M,
+# 39M (32%) are embeddings: at this small size the embedding table is a large share of the
+# model, which is why Kaplan et al. count only non-embedding parameters in their laws.
+
+# %% tags=["demo"]
+gpt2 = dict(n_layers=12, d_model=768, vocab=50257, n_ctx=1024)
+n_all = transformer_params(**gpt2)
+n_body = transformer_params(**gpt2, embeddings=False)
+print(f"GPT-2 small: {n_all:,} parameters, {n_body:,} non-embedding")
+fwd = transformer_flops_per_token(12, 768, 1024, vocab=50257)
+print(f"forward: {fwd / 1e6:.0f} MFLOP/token = {fwd / n_all:.2f} x params")
+for ctx in (1024, 8192, 65536):
+    f = transformer_flops_per_token(12, 768, ctx)
+    print(f"  n_ctx {ctx:6d}: attention share of non-embedding forward FLOPs "
+          f"{2 * 12 * ctx * 768 / f:.0%}")
+
+# %% [markdown]
+# ### Training memory
+#
+# Training with Adam keeps, per parameter (Rajbhandari et al. 2019, "ZeRO", Section 3.1):
+#
+# | precision | weights | gradients | optimizer state | total |
+# |---|---|---|---|---|
+# | fp32 | 4 | 4 | 8 (Adam m, v) | 16 bytes |
+# | mixed (fp16/bf16 + fp32 master) | 2 | 2 | 12 (fp32 master copy, m, v) | 16 bytes |
+#
+# Mixed precision (Micikevicius et al. 2017) does *not* shrink this: the fp32 master copy of the
+# weights is needed so small updates are not lost to rounding. What it saves is activation
+# memory and, on tensor-core hardware, time. SGD with momentum keeps one state (4 bytes), plain
+# SGD none (mixed SGD still keeps the 4-byte master copy). Activations are extra and depend on
+# batch size and sequence length (lesson 12 trades them for compute). A 7B-parameter model thus
+# needs 112 GB for weights, gradients and Adam state before any activation: more than one
+# 80 GB GPU, which is the problem ZeRO (lesson 12) solves by sharding the three terms.
+#
+# ### Exercise 4.5: `training_flops`, `training_memory_breakdown`
+
+# %%
+#| export
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}  # fp32 tensors per parameter
+PRECISIONS = ("fp32", "mixed")
+
+# %%
+#| export
+#| exercise 4.5
+def training_flops(n_params: float, n_tokens: float) -> float:
+    """Total training FLOPs C = 6 * N * D (forward 2N + backward 4N per token)."""
+    ### BEGIN SOLUTION
+    if n_params < 0 or n_tokens < 0:
+        raise ValueError(f"n_params and n_tokens must be >= 0, got {n_params!r}, {n_tokens!r}")
+    return 6.0 * n_params * n_tokens
+    ### END SOLUTION
+
+
+def training_memory_breakdown(n_params: int, optimizer: str = "adam", precision: str = "mixed") -> dict[str, int]:
+    """Bytes for {"weights", "gradients", "optimizer"} when training `n_params` parameters.
+
+    fp32: 4-byte weights and gradients; optimizer state 4 bytes per state tensor
+    (OPTIMIZER_STATES). mixed: 2-byte weights and gradients; optimizer holds a 4-byte fp32
+    master copy plus the fp32 states (ZeRO, Rajbhandari et al. 2019). Activations excluded.
+    """
+    ### BEGIN SOLUTION
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZER_STATES)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)}")
+    _check_dims(n_params=n_params)
+    n = int(n_params)
+    states = 4 * OPTIMIZER_STATES[optimizer]
+    if precision == "fp32":
+        return {"weights": 4 * n, "gradients": 4 * n, "optimizer": states * n}
+    return {"weights": 2 * n, "gradients": 2 * n, "optimizer": (4 + states) * n}
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.5")
+
+# %%
+#| export
+def training_memory_bytes(n_params: int, optimizer: str = "adam", precision: str = "mixed") -> int:
+    """Total bytes of weights + gradients + optimizer state (16 * n_params for Adam)."""
+    return sum(training_memory_breakdown(n_params, optimizer, precision).values())
+
+# %% [markdown]
+# ## 5. Compute-optimal scaling
+#
+# Given a compute budget `C`, how large a model, trained on how many tokens? Kaplan et al.
+# (2020) concluded that model size should grow much faster than data. Hoffmann et al. (2022,
+# "Chinchilla") re-ran the study with learning-rate schedules matched to each run's length and
+# found parameters and tokens should grow *equally*: `N_opt ~ C^0.5`, `D_opt ~ C^0.5`, about
+# **20 tokens per parameter**. Their 70B-parameter Chinchilla, trained on 1.4T tokens, beat the
+# 280B Gopher trained with the same compute on 300B tokens.
+#
+# With `C = 6 N D` and `D = 20 N`: `C = 120 N^2`, so `N = sqrt(C / 120)` and `D = 20 N`.
+#
+# ### Exercise 4.6: `chinchilla_optimal`
+
+# %%
+#| export
+#| exercise 4.6
+def chinchilla_optimal(compute_flops: float, tokens_per_param: float = 20.0) -> tuple[float, float]:
+    """(N params, D tokens) with 6*N*D = compute_flops and D = tokens_per_param * N."""
+    ### BEGIN SOLUTION
+    if compute_flops <= 0 or tokens_per_param <= 0:
+        raise ValueError(f"compute_flops and tokens_per_param must be positive, got "
+                         f"{compute_flops!r}, {tokens_per_param!r}")
+    n = math.sqrt(compute_flops / (6.0 * tokens_per_param))
+    return n, tokens_per_param * n
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("4.6")
+
+# %% [markdown]
+# **Demo: what would this machine train?** Take the float32 BLAS rate measured above, assume a
+# (generous) 50% of it is sustained through a whole training run, and ask what a day of compute
+# buys. The answer is humbling: a Chinchilla-optimal model of a few million parameters. The same
+# arithmetic for a server of 8 H100 GPUs (989 TFLOP/s dense bf16 each, NVIDIA's datasheet) at
+# 40% utilisation gives a model of about 1.5 billion parameters in a day.
+
+# %% tags=["demo"]
+day = 24 * 3600
+for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * peak),
+                          ("8 x H100 bf16 at 40%", 8 * 989e12 * 0.4)):
+    c = flops_per_s * day
+    n_opt, d_opt = chinchilla_optimal(c)
+    mem = training_memory_bytes(int(n_opt))
+    print(f"{name:32s}: C = {c:.2e} FLOP/day -> N = {n_opt:.3g} params, D = {d_opt:.3g} tokens, "
+          f"Adam state {mem / 2**30:.2f} GiB")
+
+# %% [markdown]
+# ## What you measured / what to remember
+#
+# - Time with warm-up (JIT compile, page faults, thread start excluded), repeats, a `sync` for
+#   asynchronous devices, and report min and median. Noise only adds time; the minimum is the
+#   stable estimate. `minitorch.bench.benchmark` is what every later lesson uses.
+# - 1 MAC = 2 FLOPs. `(m,k) @ (k,n)`: `2mnk` FLOPs, at least `(mk + kn + mn) * itemsize` bytes.
+# - Arithmetic intensity decides the bound: attainable = `min(P, I * B)`. On the 2-core dev
+#   machine the triad gave 20-23 GB/s and BLAS float32 140-174 GFLOP/s (best runs on a shared
+#   machine), a ridge of about 7-8 FLOP/byte: elementwise ops and softmax (I < 1) are
+#   memory-bound by a wide margin, large matmuls compute-bound.
+# - A kernel far below its roof wastes either traffic (NumPy softmax: several passes) or
+#   compute (small matmul: overheads). Lessons 05-09 close these gaps.
+# - Transformers: `N ~ 12 n_layers d^2`, forward `~2N` FLOPs per token (+ `2 n_layers n_ctx d`
+#   for attention), training `~6N` per token, `C = 6ND`; Adam training state 16 bytes per
+#   parameter in fp32 or mixed precision; compute-optimal `D ~ 20 N`.
+#
+# ## Sources
+#
+# - J. Chen, J. Revels, "Robust benchmarking in noisy environments", 2016. https://arxiv.org/abs/1608.04295
+# - Python documentation, `timeit` (notes on min, gc, number/repeat). https://docs.python.org/3/library/timeit.html
+# - J. D. McCalpin, "Memory Bandwidth and Machine Balance in Current High Performance Computers",
+#   IEEE TCCA Newsletter, 1995; STREAM benchmark. https://www.cs.virginia.edu/stream/
+# - S. Williams, A. Waterman, D. Patterson, "Roofline: An Insightful Visual Performance Model for
+#   Multicore Architectures", Communications of the ACM 52(4), 2009. https://doi.org/10.1145/1498765.1498785
+# - H. He, "Making Deep Learning Go Brrrr From First Principles", 2022. https://horace.io/brrr_intro.html
+# - J. Kaplan et al., "Scaling Laws for Neural Language Models", 2020 (Section 2.1, Table 1). https://arxiv.org/abs/2001.08361
+# - J. Hoffmann et al., "Training Compute-Optimal Large Language Models", 2022. https://arxiv.org/abs/2203.15556
+# - S. Rajbhandari, J. Rasley, O. Ruwase, Y. He, "ZeRO: Memory Optimizations Toward Training
+#   Trillion Parameter Models", 2019 (Section 3.1). https://arxiv.org/abs/1910.02054
+# - P. Micikevicius et al., "Mixed Precision Training", 2017. https://arxiv.org/abs/1710.03740
+# - Q. Anthony, S. Biderman, H. Schoelkopf, "Transformer Math 101", EleutherAI blog, 2023. https://blog.eleuther.ai/transformer-math/
+# - A. Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2), 2019. https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf
