@@ -88,7 +88,10 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
         cmd = [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl={impl}", "-q", "-rN",
                "--no-header", "-p", "no:cacheprovider", "--timeout-method=thread", *extra]
         cmd += [f"--deselect={nodeid}" for nodeid in done]
-        child_env = {**os.environ, **(env or {}), "MT_RESULTS": results_path, "PYTHONDONTWRITEBYTECODE": "1"}
+        # One BLAS thread: tests check correctness, and on a busy 2-core machine OpenBLAS's
+        # threads can make small matmuls 100x slower. Speed is measured by `make bench`.
+        child_env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, **(env or {}),
+                     "MT_RESULTS": results_path, "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=child_env, capture_output=True, text=True,
                                   timeout=LESSON_TIME_LIMIT, stdin=subprocess.DEVNULL)

@@ -43,6 +43,8 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool) -> tuple[bool, 
         if cell.cell_type == "code" and "gpu" in tags(cell) and not ok:
             cell.source = f'print("skipped: this cell needs a CUDA GPU ({reason})")'
     os.environ["MINITORCH_SMALL"] = "1" if small else "0"
+    if small:  # a correctness run on a shared machine: see course.grade
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{lesson.stem}.ipynb"
     client = NotebookClient(nb, timeout=900, kernel_name="python3",
