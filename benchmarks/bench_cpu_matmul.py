@@ -1,0 +1,158 @@
+"""Lessons 05-06: GFLOP/s of every CPU matmul version against NumPy's BLAS.
+
+For n = 256, 512, 1024 (float32, square): lesson 05's matmul_ijk, matmul_ikj, matmul_tiled and
+lesson 06's matmul_simd (1 thread and all Numba threads), each also as a fraction of NumPy's
+matmul measured in the same run, plus two peaks measured on this machine: the FMA throughput of
+lesson 06's micro-kernel running from L1 on every core (what the arithmetic units can do), and
+the best NumPy BLAS rate at n = 2048. Prints a table and saves cpu_matmul.png and
+cpu_matmul.json. Run through `make bench` (or `make bench L=cpu_matmul`).
+
+Every figure is the best of several runs: on a shared machine noise only ever adds time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from pathlib import Path
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from minitorch.bench import benchmark, matmul_flops
+from minitorch.cpu_matmul import matmul_ijk, matmul_ikj, matmul_tiled
+from minitorch.simd_matmul import MR, NR, matmul_simd, micro_kernel
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+SIZES = (128, 256) if SMALL else (256, 512, 1024)
+ROUNDS = 1 if SMALL else 4
+LIMITS = {"ijk (05)": 512}  # matmul_ijk takes seconds per call beyond this
+
+
+@njit(parallel=True)
+def _fma_peak_kernel(a, bt, c, calls):
+    """Each thread runs the micro-kernel `calls` times on its own L1-resident block."""
+    for t in prange(c.shape[0]):
+        for _ in range(calls):
+            micro_kernel(a[t], bt[t], c[t], 0, 0, 0, a.shape[2])
+
+
+def fma_peak(threads: int, kc: int = 256, calls: int = 4000) -> float:
+    """FLOP/s of the micro-kernel with its operands in L1, on `threads` threads at once."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((threads, MR, kc)).astype(np.float32)
+    bt = rng.standard_normal((threads, NR, kc)).astype(np.float32)
+    c = np.zeros((threads, MR, 16), np.float32)  # 256 bytes per thread: no false sharing of C
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        t = benchmark(_fma_peak_kernel, a, bt, c, calls, warmup=1, repeat=5).min
+    finally:
+        numba.set_num_threads(before)
+    return 2 * MR * NR * kc * calls * threads / t
+
+
+def _simd_1thread(a, b):
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        return matmul_simd(a, b)
+    finally:
+        numba.set_num_threads(before)
+
+
+def main(out_dir: Path) -> None:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    threads = numba.get_num_threads()
+    versions = {
+        "ijk (05)": matmul_ijk,
+        "ikj (05)": matmul_ikj,
+        "tiled (05)": matmul_tiled,
+        "simd 1 thread (06)": _simd_1thread,
+        f"simd {threads} threads (06)": matmul_simd,
+        "numpy (BLAS)": np.matmul,
+    }
+    rng = np.random.default_rng(0)
+    operands = {}
+    for n in SIZES:
+        a = rng.standard_normal((n, n)).astype(np.float32)
+        b = rng.standard_normal((n, n)).astype(np.float32)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        for name, fn in versions.items():
+            if n <= LIMITS.get(name, n):
+                err = np.abs(fn(a, b) - ref).max() / np.abs(ref).max()  # also compiles
+                if err > 1e-4:
+                    raise AssertionError(f"{name} is wrong at n={n}: relative error {err:.2e}")
+        operands[n] = (a, b)
+
+    # Interleaved rounds, best time per entry: a burst of load from another process then hurts
+    # one round of one entry, not a whole column.
+    best: dict[str, dict[int, float]] = {v: {} for v in versions}
+    peaks = {1: 0.0, threads: 0.0}
+    for _ in range(ROUNDS):
+        for n, (a, b) in operands.items():
+            for name, fn in versions.items():
+                if n > LIMITS.get(name, n):
+                    continue
+                repeat = 1 if name.startswith(("ijk", "ikj", "tiled")) else 5
+                t = benchmark(fn, a, b, warmup=1, repeat=repeat).min
+                best[name][n] = min(best[name].get(n, float("inf")), t)
+        for th in peaks:
+            peaks[th] = max(peaks[th], fma_peak(th) / 1e9)
+    table = {name: {n: matmul_flops(n, n, n) / t / 1e9 for n, t in row.items()} for name, row in best.items()}
+    peak_1, peak_all = peaks[1], peaks[threads]
+    from minitorch.bench import measure_peak_matmul
+
+    blas_peak = measure_peak_matmul(512 if SMALL else 2048, np.float32, repeat=5) / 1e9
+
+    print(f"CPU matmul, float32, square n x n; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} CPUs, {threads} Numba threads ({numba.threading_layer()} layer)")
+    print(f"measured peaks: micro-kernel from L1 {peak_1:.1f} GFLOP/s on 1 thread, {peak_all:.1f} on "
+          f"{threads}; NumPy BLAS best (n={512 if SMALL else 2048}) {blas_peak:.1f} GFLOP/s")
+    print("GFLOP/s (fraction of NumPy in the same run)")
+    print(f"{'version':22s}" + "".join(f"{'n=' + str(n):>18s}" for n in SIZES))
+    for name in versions:
+        cells = []
+        for n in SIZES:
+            if n in table[name]:
+                cells.append(f"{table[name][n]:8.1f} ({table[name][n] / table['numpy (BLAS)'][n]:5.0%})")
+            else:
+                cells.append("-")
+        print(f"{name:22s}" + "".join(f"{c:>18s}" for c in cells))
+
+    (out_dir / "cpu_matmul.json").write_text(json.dumps({
+        "dtype": "float32", "sizes": list(SIZES), "threads": threads,
+        "gflops": {k: {str(n): g for n, g in v.items()} for k, v in table.items()},
+        "peak_microkernel_l1_gflops": {"1": peak_1, str(threads): peak_all},
+        "peak_numpy_blas_gflops": blas_peak,
+    }, indent=2))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for name in versions:
+        ns = sorted(table[name])
+        ax.plot(ns, [table[name][n] for n in ns], marker="o", label=name)
+    ax.axhline(peak_all, color="k", ls="--", lw=1, label=f"micro-kernel from L1, {threads} threads")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(SIZES), [str(n) for n in SIZES])
+    ax.set_xlabel("n (square, float32)")
+    ax.set_ylabel("GFLOP/s")
+    ax.set_title("CPU matmul: lessons 05-06 vs NumPy's BLAS")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "cpu_matmul.png", dpi=120)
+    plt.close(fig)
+    print(f"saved {out_dir / 'cpu_matmul.png'} and cpu_matmul.json")
+
+
+if __name__ == "__main__":
+    main(Path(__file__).resolve().parent.parent / "build" / "bench")
