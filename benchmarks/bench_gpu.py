@@ -1,0 +1,84 @@
+"""Lesson 08 on a GPU: SGEMM kernels against cuBLAS, fused kernels against unfused CuPy.
+
+SGEMM float32, square n = 1024, 2048, 4096: TFLOP/s of lesson 08's naive, tiled and
+register-tiled kernels and of cuBLAS (`cp.matmul`, FP32 without tensor cores), each kernel as a
+fraction of cuBLAS in the same run. Then the fused row softmax and the fused bias+GELU against
+the unfused CuPy expressions at 4096x4096 float32. Times are medians of CUDA-event measurements
+after a warm-up. Targets (issue 4): regtile >= 50 % of cuBLAS at n = 4096 on an H100; fused
+softmax >= 2x the unfused expression. Saves gpu.json and gpu.png into build/bench/.
+
+Without a CUDA GPU this benchmark prints why and does nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from course.gpu import gpu_status
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+SIZES = (512, 1024) if SMALL else (1024, 2048, 4096)
+KERNELS = ("naive", "tiled", "regtile")
+
+
+def main(out_dir: Path) -> None:
+    ok, reason = gpu_status()
+    if not ok:
+        print(f"skipped: needs a CUDA GPU ({reason})")
+        return
+    import cupy as cp
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from minitorch.cupy_kernels import bias_gelu, cuda_time_ms, sgemm, softmax
+
+    print(f"device: {reason}")
+    results: dict = {"device": reason, "sgemm": {}, "fusion": {}}
+    print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} " + " ".join(f"{k + ' TFLOP/s (of cuBLAS)':>28}" for k in KERNELS))
+    for n in SIZES:
+        a = cp.random.standard_normal((n, n), dtype=cp.float32)
+        b = cp.random.standard_normal((n, n), dtype=cp.float32)
+        ref = a @ b
+        flops = 2 * n**3
+        row = {"cublas": flops / cuda_time_ms(lambda: cp.matmul(a, b)) / 1e9}
+        for k in KERNELS:
+            if not cp.allclose(sgemm(a, b, k), ref, rtol=1e-3, atol=1e-2):
+                raise AssertionError(f"sgemm {k} gives wrong results at n={n}")
+            row[k] = flops / cuda_time_ms(lambda: sgemm(a, b, k), repeat=5 if k == "naive" else 20) / 1e9
+        results["sgemm"][n] = row
+        print(f"{n:>6} {row['cublas']:>15.2f} " + " ".join(
+            f"{row[k]:>18.2f} ({row[k] / row['cublas']:>6.1%})" for k in KERNELS))
+
+    x = cp.random.standard_normal((4096, 4096), dtype=cp.float32) * 10
+    bias = cp.random.standard_normal(4096, dtype=cp.float32)
+
+    def softmax_unfused():
+        e = cp.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def gelu_unfused():
+        v = x + bias
+        return 0.5 * v * (1 + cp.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+
+    for name, fused, unfused in [("softmax", lambda: softmax(x), softmax_unfused),
+                                 ("bias_gelu", lambda: bias_gelu(x, bias), gelu_unfused)]:
+        tf, tu = cuda_time_ms(fused), cuda_time_ms(unfused)
+        results["fusion"][name] = {"fused_ms": tf, "unfused_ms": tu, "speedup": tu / tf,
+                                   "fused_GBps": 2 * x.nbytes / tf / 1e6}
+        print(f"{name} 4096x4096: fused {tf:.3f} ms ({2 * x.nbytes / tf / 1e6:.0f} GB/s), "
+              f"unfused {tu:.3f} ms -> {tu / tf:.1f}x")
+
+    (out_dir / "gpu.json").write_text(json.dumps(results, indent=1))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for k in ("cublas",) + KERNELS:
+        ax.plot(SIZES, [results["sgemm"][n][k] for n in SIZES], "o-", label=k)
+    ax.set(xscale="log", xlabel="n", ylabel="TFLOP/s", title=f"SGEMM float32 on {reason}")
+    ax.set_xticks(SIZES, [str(n) for n in SIZES])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "gpu.png", dpi=120)
+    print(f"saved {out_dir / 'gpu.json'} and gpu.png")
