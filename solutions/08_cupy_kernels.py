@@ -93,10 +93,11 @@ def cuda_time_ms(fn: Callable[[], Any], repeat: int = 20, warmup: int = 3) -> fl
 #
 # $$\mathrm{gelu}(v) = \tfrac12 v \left(1 + \tanh\left(\sqrt{2/\pi}\,(v + 0.044715\,v^3)\right)\right),$$
 #
-# CuPy would launch about eight kernels (add, cube, multiply, add, multiply, tanh, add,
-# multiply), each a full pass over memory. These operations do a few FLOPs per 8 bytes moved,
-# so they sit far left on the roofline: time is bytes, and fusing them into one kernel that
-# reads `x` and `b` once and writes `y` once is up to eight times less traffic.
+# CuPy launches one kernel per operator: ten for the expression in the `gpu` cell below (the add,
+# two multiplies for the cube, four more multiplies and adds, the tanh, the final two
+# multiplies), each a full pass over memory. These operations do a few FLOPs per 8 bytes moved,
+# so they sit far left on the roofline: time is bytes, and one kernel that reads `x` and `b`
+# once and writes `y` once moves several times less.
 #
 # `cp.ElementwiseKernel(in_params, out_params, operation, name)` generates that kernel. The
 # parameters are typed (`T x` makes `T` a type placeholder bound at call time, so one kernel
@@ -588,8 +589,8 @@ for n in sizes:
 # softmax(x)_j = exp(x_j - m) / sum_k exp(x_k - m) with m = max_k x_k: subtracting the row max
 # makes every exponent <= 0, so nothing overflows (lesson 02), and the result is unchanged. The
 # unfused CuPy expression `e = cp.exp(x - x.max(1, keepdims=True)); e / e.sum(1, keepdims=True)`
-# launches five kernels and moves the matrix through DRAM about nine times (each op reads its
-# inputs and writes its output). A fused kernel reads each row and writes the result: one block
+# launches five kernels (max, subtract, exp, sum, divide) that together read the matrix five
+# times and write it three times. A fused kernel reads each row and writes the result: one block
 # per row, and the row's later passes hit the L1/L2 caches.
 #
 # Inside the block, the max and the sum are block reductions. Use the warp-shuffle pattern: a
