@@ -252,6 +252,7 @@ print(f"row norms of 4096x4096: ReductionKernel {t_red:.3f} ms ({xr.nbytes / t_r
 # by `sgemm_naive_launch` below: `threadIdx.x` and `blockIdx.x` run along the **columns** of C
 # (consecutive threads of a warp then read consecutive elements of B and write consecutive
 # elements of C: coalesced, lesson 07 section 7), `.y` along the rows; guard both.
+# Return the source as a raw string (`r"""..."""`), so backslashes reach the compiler unchanged.
 
 # %%
 #| export
@@ -414,7 +415,29 @@ for label, src in [("both barriers", sgemm_tiled_source()),
 # buffering and vector loads.
 #
 # **Exercise 8.5.** Write `sgemm_regtile` (same signature) for the launch `sgemm_regtile_launch`:
-# BM = BN = 128, BK = 8, 8x8 outputs per thread, 256 threads (1-D block), any M, N, K.
+# BM = BN = 128, BK = 8, 8x8 outputs per thread, 256 threads (1-D block), any M, N, K. A
+# skeleton to start from:
+#
+# ```c
+# #define BM 128
+# #define BN 128
+# #define BK 8
+# extern "C" __global__ void __launch_bounds__(256)
+# sgemm_regtile(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+#               int M, int N, int K) {
+#     __shared__ float As[BK][BM + 4];   // As[k][m] = A[row0 + m][k0 + k]
+#     __shared__ float Bs[BK][BN];       // Bs[k][n] = B[k0 + k][col0 + n]
+#     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+#     float acc[8][8] = {};              // acc[i][j] is C[row0 + ty + 16 i][col0 + tx + 16 j]
+#     for (int k0 = 0; k0 < K; k0 += BK) {
+#         // 1. each thread loads elements tid, tid + 256, tid + 512, tid + 768 of each slice
+#         __syncthreads();
+#         // 2. for k < BK: a[8] and b[8] from shared memory, then 64 FMAs
+#         __syncthreads();
+#     }
+#     // 3. guarded stores
+# }
+# ```
 
 # %%
 #| export
