@@ -271,6 +271,9 @@ def emulate(source: str, name: str, grid: int | Sequence[int], block: int | Sequ
                 what = f"signal {-code}" if code < 0 else f"exit status {code}"
                 msg = [f"the kernel process died ({what}): {out.stderr.strip()[-500:]}"]
             raise KernelError(f"kernel {name}<<<{g}, {b}>>>: " + " ".join(msg))
+        if not fout.exists():
+            raise KernelError(f"kernel {name}<<<{g}, {b}>>>: the emulator process ended before the launch "
+                              "finished (does the kernel call exit()?)")
         data = fout.read_bytes()
         pos = 0
         for p, a in zip(params, args):

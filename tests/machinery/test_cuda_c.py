@@ -94,6 +94,8 @@ extern "C" __global__ void dl(int* x) {
 }"""
     with pytest.raises(KernelError, match="deadlock"):
         emulate(deadlock, "dl", 1, 64, [np.zeros(1, np.int32)])
+    with pytest.raises(KernelError, match="ended before the launch finished"):
+        emulate('extern "C" __global__ void quit(int* x) { exit(0); }', "quit", 1, 1, [np.zeros(1, np.int32)])
 
 
 @needs_cxx
