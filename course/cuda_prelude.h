@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <cstdarg>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -86,10 +87,14 @@ static int current = -1;
 static std::function<void()> body;
 static unsigned long long exchange[1024];
 
-static void fail(const char* fmt, const char* a = "", long long b = 0) {
+// Report an error on one "MT-ERROR: ..." line (Python shows it) and end the process.
+__attribute__((format(printf, 1, 2))) static void fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
     fprintf(stderr, "MT-ERROR: ");
-    fprintf(stderr, fmt, a, b);
+    vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
+    va_end(ap);
     fflush(stdout);
     _exit(3);
 }
@@ -158,15 +163,11 @@ static void check_guards() {
     for (auto& a : arrays) {
         for (char* p = a.map; p < a.data; ++p)
             if ((unsigned char)*p != 0xFF) {
-                fprintf(stderr, "MT-ERROR: the kernel wrote %lld bytes before the start of argument '%s'\n",
-                        (long long)(a.data - p), a.name);
-                _exit(5);
+                fail("the kernel wrote %lld bytes before the start of argument '%s'", (long long)(a.data - p), a.name);
             }
         for (size_t i = 0; i < a.slack; ++i)
             if ((unsigned char)a.data[a.nbytes + i] != 0xFF) {
-                fprintf(stderr, "MT-ERROR: the kernel wrote past the end of argument '%s' (byte %zu after it)\n",
-                        a.name, i);
-                _exit(5);
+                fail("the kernel wrote past the end of argument '%s' (byte %zu after it)", a.name, i);
             }
     }
 }
@@ -175,9 +176,9 @@ static void check_guards() {
 static void launch(dim3 grid, dim3 block, std::function<void()> kernel) {
     size_t n = (size_t)block.x * block.y * block.z;
     if (n == 0 || n > 1024 || block.z > 64)
-        fail("invalid block size: %s%lld threads (CUDA allows 1..1024, z <= 64)", "", (long long)n);
+        fail("invalid block size: %zu threads, z = %u (CUDA allows 1..1024 threads, z <= 64)", n, block.z);
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535)
-        fail("invalid grid size%s (each dimension must be >= 1; y and z <= 65535) %lld", "", 0);
+        fail("invalid grid (%u, %u, %u): each dimension must be >= 1, y and z <= 65535", grid.x, grid.y, grid.z);
     static char altstack[1 << 16];
     stack_t ss{};
     ss.ss_sp = altstack; ss.ss_size = sizeof altstack;
@@ -234,12 +235,9 @@ static void launch(dim3 grid, dim3 block, std::function<void()> kernel) {
                     if (f.state == AT_SYNCTHREADS) f.state = RUNNING;
                 continue;
             }
-            fprintf(stderr,
-                    "MT-ERROR: deadlock in block (%u,%u,%u): %zu threads wait at __syncthreads() while %zu wait at a "
-                    "warp operation (__shfl_*_sync/__syncwarp) whose warp cannot complete it; every thread of a block "
-                    "must reach the same barriers\n",
-                    bx, by, bz, at_sync, at_warp);
-            _exit(6);
+            fail("deadlock in block (%u,%u,%u): %zu threads wait at __syncthreads() while %zu wait at a warp "
+                 "operation (__shfl_*_sync/__syncwarp) whose warp cannot complete it; every thread of a block must "
+                 "reach the same barriers", bx, by, bz, at_sync, at_warp);
         }
     }
     check_guards();
@@ -286,7 +284,7 @@ template <class T> static inline T __shfl_up_sync(unsigned, T v, unsigned delta,
 namespace mt {
 static FILE* in;
 static void read_exact(void* p, size_t n) {
-    if (fread(p, 1, n, in) != n) fail("truncated argument file%s %lld", "", (long long)n);
+    if (fread(p, 1, n, in) != n) fail("truncated argument file (wanted %zu more bytes)", n);
 }
 static dim3 read_dim3() { unsigned v[3]; read_exact(v, sizeof v); return dim3(v[0], v[1], v[2]); }
 template <class T> static T read_scalar() { T v; read_exact(&v, sizeof v); return v; }

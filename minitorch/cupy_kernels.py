@@ -70,9 +70,11 @@ def bias_gelu(x: Any, bias: Any) -> Any:
     return _KERNELS[key](x, bias)
 
 
-def gelu_reference(v: np.ndarray) -> np.ndarray:
-    """The tanh form of GELU in NumPy (the oracle)."""
-    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+def gelu_unfused(x: Any, bias: Any) -> Any:
+    """gelu(x + bias) as CuPy expressions: one kernel and one pass over memory per operator."""
+    cp = _cupy()
+    v = x + bias
+    return 0.5 * v * (1 + cp.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
 
 
 def l2norm_spec() -> dict[str, str]:
@@ -318,13 +320,17 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
 """
 
 
-def softmax(x: Any) -> Any:
-    """Row softmax of a 2-D float32 CuPy array with the fused kernel."""
-    cp = _cupy()
+def _softmax_operand(x: Any, xp: Any) -> Any:
     if x.ndim != 2:
         raise ValueError(f"softmax: expected a 2-D array (rows, cols), got shape {x.shape}")
     _check_float(x, "softmax x", (np.float32,))
-    x = cp.ascontiguousarray(x)
+    return xp.ascontiguousarray(x)
+
+
+def softmax(x: Any) -> Any:
+    """Row softmax of a 2-D float32 CuPy array with the fused kernel."""
+    cp = _cupy()
+    x = _softmax_operand(x, cp)
     y = cp.empty_like(x)
     if x.size:
         args = (x, y, np.int32(x.shape[0]), np.int32(x.shape[1]))
@@ -336,15 +342,18 @@ def softmax(x: Any) -> Any:
 
 def softmax_emulated(x: np.ndarray) -> np.ndarray:
     """Row softmax of a 2-D float32 NumPy array by softmax_rows on the CPU emulator."""
-    x = np.ascontiguousarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"softmax: expected a 2-D array (rows, cols), got shape {x.shape}")
-    _check_float(x, "softmax x", (np.float32,))
+    x = _softmax_operand(np.asarray(x), np)
     y = np.zeros_like(x)
     if x.size:
         emulate(softmax_source(), "softmax_rows", *softmax_launch(*x.shape),
                 [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])])
     return y
+
+
+def softmax_unfused(x: Any) -> Any:
+    """Row softmax as CuPy expressions: five kernels (max, subtract, exp, sum, divide)."""
+    e = _cupy().exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 class CupyBackend(Backend):

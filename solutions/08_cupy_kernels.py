@@ -93,7 +93,7 @@ def cuda_time_ms(fn: Callable[[], Any], repeat: int = 20, warmup: int = 3) -> fl
 #
 # $$\mathrm{gelu}(v) = \tfrac12 v \left(1 + \tanh\left(\sqrt{2/\pi}\,(v + 0.044715\,v^3)\right)\right),$$
 #
-# CuPy launches one kernel per operator: ten for the expression in the `gpu` cell below (the add,
+# CuPy launches one kernel per operator: ten for `gelu_unfused` below (the add,
 # two multiplies for the cube, four more multiplies and adds, the tanh, the final two
 # multiplies), each a full pass over memory. These operations do a few FLOPs per 8 bytes moved,
 # so they sit far left on the roofline: time is bytes, and one kernel that reads `x` and `b`
@@ -155,22 +155,19 @@ def bias_gelu(x: Any, bias: Any) -> Any:
     return _KERNELS[key](x, bias)
 
 
-def gelu_reference(v: np.ndarray) -> np.ndarray:
-    """The tanh form of GELU in NumPy (the oracle)."""
-    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v**3)))
+def gelu_unfused(x: Any, bias: Any) -> Any:
+    """gelu(x + bias) as CuPy expressions: one kernel and one pass over memory per operator."""
+    cp = _cupy()
+    v = x + bias
+    return 0.5 * v * (1 + cp.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
 
 # %% [markdown]
-# On a GPU: the fused kernel against the same formula as CuPy expressions. Each CuPy expression
-# is its own kernel and its own pass over 4 bytes x 3 (two reads and a write for a binary op).
+# On a GPU: the fused kernel against the same formula as CuPy expressions (`gelu_unfused`).
+# Each CuPy expression is its own kernel and its own pass over 4 bytes x 3 (two reads and a
+# write for a binary op).
 
 # %% tags=["gpu"]
 import cupy as cp
-
-
-def gelu_unfused(x, b):
-    v = x + b
-    return 0.5 * v * (1 + cp.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
-
 
 xg = cp.random.standard_normal((4096, 4096), dtype=cp.float32)
 bg = cp.random.standard_normal(4096, dtype=cp.float32)
@@ -693,13 +690,17 @@ check("8.6")
 
 # %%
 #| export
-def softmax(x: Any) -> Any:
-    """Row softmax of a 2-D float32 CuPy array with the fused kernel."""
-    cp = _cupy()
+def _softmax_operand(x: Any, xp: Any) -> Any:
     if x.ndim != 2:
         raise ValueError(f"softmax: expected a 2-D array (rows, cols), got shape {x.shape}")
     _check_float(x, "softmax x", (np.float32,))
-    x = cp.ascontiguousarray(x)
+    return xp.ascontiguousarray(x)
+
+
+def softmax(x: Any) -> Any:
+    """Row softmax of a 2-D float32 CuPy array with the fused kernel."""
+    cp = _cupy()
+    x = _softmax_operand(x, cp)
     y = cp.empty_like(x)
     if x.size:
         args = (x, y, np.int32(x.shape[0]), np.int32(x.shape[1]))
@@ -711,26 +712,24 @@ def softmax(x: Any) -> Any:
 
 def softmax_emulated(x: np.ndarray) -> np.ndarray:
     """Row softmax of a 2-D float32 NumPy array by softmax_rows on the CPU emulator."""
-    x = np.ascontiguousarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"softmax: expected a 2-D array (rows, cols), got shape {x.shape}")
-    _check_float(x, "softmax x", (np.float32,))
+    x = _softmax_operand(np.asarray(x), np)
     y = np.zeros_like(x)
     if x.size:
         emulate(softmax_source(), "softmax_rows", *softmax_launch(*x.shape),
                 [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])])
     return y
 
+
+def softmax_unfused(x: Any) -> Any:
+    """Row softmax as CuPy expressions: five kernels (max, subtract, exp, sum, divide)."""
+    e = _cupy().exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
 # %% tags=["demo"]
 xs = np.array([[1.0, 2.0, 3.0], [1e4, 1e4, -np.inf]], dtype=np.float32)
 print(softmax_emulated(xs))
 
 # %% tags=["gpu"]
-def softmax_unfused(x):
-    e = cp.exp(x - x.max(axis=1, keepdims=True))
-    return e / e.sum(axis=1, keepdims=True)
-
-
 xs = cp.random.standard_normal((4096, 4096), dtype=cp.float32) * 10
 assert cp.allclose(softmax(xs), softmax_unfused(xs), rtol=1e-5, atol=1e-7)
 t_f, t_u = cuda_time_ms(lambda: softmax(xs)), cuda_time_ms(lambda: softmax_unfused(xs))

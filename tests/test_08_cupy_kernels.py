@@ -189,7 +189,7 @@ def run_sgemm(source, name, launch, A, B):
     return C
 
 
-def check_sgemm(lesson, source, name, launch, shapes):
+def check_sgemm(source, name, launch, shapes):
     need_compiler()
     rng = np.random.default_rng(3)
     for M, K, N in shapes:
@@ -210,7 +210,7 @@ def test_sgemm_naive_compiles_with_the_right_signature(lesson):
 @pytest.mark.exercise("8.3")
 def test_sgemm_naive_correct_on_odd_shapes(lesson):
     src = lesson.sgemm_naive_source()
-    check_sgemm(lesson, src, "sgemm_naive", lesson.sgemm_naive_launch,
+    check_sgemm(src, "sgemm_naive", lesson.sgemm_naive_launch,
                 [(1, 1, 1), (37, 29, 45), (8, 64, 32), (70, 3, 9), (2, 130, 71)])
 
 
@@ -230,7 +230,7 @@ def test_sgemm_tiled_uses_shared_tiles_and_barriers(lesson):
 @pytest.mark.exercise("8.4")
 def test_sgemm_tiled_correct_on_odd_shapes(lesson):
     src = lesson.sgemm_tiled_source()
-    check_sgemm(lesson, src, "sgemm_tiled", lesson.sgemm_tiled_launch,
+    check_sgemm(src, "sgemm_tiled", lesson.sgemm_tiled_launch,
                 [(1, 1, 1), (16, 16, 16), (37, 29, 45), (33, 50, 17), (5, 70, 40)])
 
 
@@ -256,7 +256,7 @@ def test_sgemm_regtile_blocks_in_registers(lesson):
 @pytest.mark.exercise("8.5")
 def test_sgemm_regtile_correct_on_odd_shapes(lesson):
     src = lesson.sgemm_regtile_source()
-    check_sgemm(lesson, src, "sgemm_regtile", lesson.sgemm_regtile_launch,
+    check_sgemm(src, "sgemm_regtile", lesson.sgemm_regtile_launch,
                 [(1, 1, 1), (128, 8, 128), (200, 21, 136), (129, 9, 257), (7, 300, 5)])
 
 
