@@ -240,15 +240,15 @@ def _new_stats() -> dict:
             "sent_to": defaultdict(int), "recv_from": defaultdict(int), "busy": defaultdict(float)}
 
 
-def _message_array(array: Any, rank: int) -> np.ndarray:
-    """A private C-contiguous copy of `array` (what send transmits), or a clear TypeError."""
+def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
+    """`array` as a C-contiguous array (a private copy unless copy=False), or a clear TypeError."""
     if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
         raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
                         "send t.numpy() for a Tensor")
     a = np.asarray(array)
     if a.dtype.kind not in "biufc":
         raise TypeError(f"rank {rank}: send() takes numeric NumPy arrays, got dtype {a.dtype}")
-    return np.array(a, copy=True, order="C")
+    return np.array(a, copy=True, order="C") if copy else np.ascontiguousarray(a)
 
 
 class Work:
@@ -724,9 +724,9 @@ class MPIComm(Communicator):
 
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
         dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
-        data = _message_array(array, self.rank)
+        data = _message_array(array, self.rank, copy=False)
         t = self.time
-        buf = _pack(data)
+        buf = _pack(data)  # the one copy: the caller may reuse `array` at once
         self._pending.append((self._c.Isend([buf, self._MPI.BYTE], dst, tag), buf))
         if len(self._pending) > 64:
             self._pending = [(r, b) for r, b in self._pending if not r.Test()]
