@@ -637,7 +637,7 @@ def test_checkpointing_stores_fewer_activations_and_lowers_peak(lesson):
         f"{results[4][0] / act:.1f} activations of {act} bytes kept"
     assert results[4][1] < 0.6 * results[0][1], \
         f"peak memory with 4 = sqrt(16) segments {results[4][1]} bytes, without checkpointing {results[0][1]} bytes: " \
-        "expected less than 60% (run each segment under no_grad in the forward pass, and free the recomputed "
+        "expected less than 60% (run each segment under no_grad in the forward pass, and free the recomputed " \
         "graph as soon as its backward is done)"
     with pytest.raises(ValueError):
         lesson.checkpointed_forward(layers, x, 0)
