@@ -1,12 +1,13 @@
 # %% [markdown]
 # # Lesson 12: data parallelism
 #
-# One computer is not enough to train a large model: the model, its gradients and its optimizer
-# state do not fit, and one chip takes too long. *Data parallelism* is the first answer and still
-# the backbone of every large run: each of N workers (*ranks*) holds the model, takes 1/N of the
-# batch, computes its gradient, and the ranks average their gradients before every step. The
-# arithmetic is exactly that of one big batch; what is new is *communication*, and this lesson
-# is about doing it well and measuring it.
+# Training a large model on one chip takes too long, and its weights, gradients and optimizer
+# state may not even fit in the chip's memory. *Data parallelism* answers the first problem and
+# is still the backbone of every large run: each of N workers (*ranks*) holds the model, takes
+# 1/N of the batch and computes its gradient, and the ranks sum their gradients before every
+# step. The arithmetic is that of one big batch; what is new is *communication*, and this
+# lesson is about doing it well and measuring it. Sharding the model states over the ranks
+# (ZeRO) and recomputing activations (checkpointing) then attack the second problem.
 #
 # You build, on top of two primitives (`send` and `recv`):
 #
@@ -1352,7 +1353,7 @@ from minitorch.nn import MLP
 from minitorch.optim import SGD
 
 X_spiral, y_spiral = make_spirals(600, 0.1, np.random.default_rng(0))
-STEPS, BATCH = (40 if SMALL else 300), 90
+STEPS, BATCH = (20 if SMALL else 300), 90
 
 
 def new_mlp(sizes=(2, 64, 64, 3), seed=0):

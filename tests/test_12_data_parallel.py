@@ -786,7 +786,7 @@ def test_mpi_deadlock_is_killed_with_all_its_processes(lesson):
     if not ok:
         pytest.skip(f"MPI cannot start here: {why}")
     with pytest.raises(TimeoutError, match="killed with all its processes") as info:
-        lesson.run(hang_on_mpi, 2, lesson.naive_allreduce, engine="mpi", timeout=4)
+        lesson.run(hang_on_mpi, 2, lesson.naive_allreduce, engine="mpi", timeout=2.5)
     job = re.search(r"(\S*minitorch-mpi-\S+)`", str(info.value)).group(1)
     alive = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
