@@ -819,6 +819,7 @@ def _mpi_worker(job_dir: str) -> None:
         fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
         comm = MPIComm(world)
         record["result"] = fn(comm, *args, **kwargs)
+        record["time"] = comm.time  # when fn returned (before the end-of-run checks)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then the run is aborted
         record["error"], record["traceback"] = exc, traceback.format_exc()
     if record["error"] is None:
@@ -828,7 +829,7 @@ def _mpi_worker(job_dir: str) -> None:
                 "messages sent but never received (wrong peer or tag?):\n  " + unreceived)
     if comm is not None:
         record["stats"] = _plain_stats(comm.stats)
-        record["stats"]["time"] = comm.time
+        record["stats"]["time"] = record.get("time", comm.time)
         record["events"] = comm.events
     try:
         blob = cloudpickle.dumps(record)
