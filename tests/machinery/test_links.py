@@ -85,14 +85,32 @@ def anchors(path: Path) -> set[str]:
 
 
 def links(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """(line number, target) of every inline link, image and reference definition."""
-    out = []
+    """(line number, target) of every inline link, image and reference definition.
+
+    A link's text may wrap onto the next line, so links are searched paragraph by paragraph
+    (runs of consecutive non-blank lines); the line reported is where the link starts.
+    """
+    out, block = [], []
+
+    def flush():
+        if block:
+            text = "\n".join(line for _, line in block)
+            for m in _INLINE.finditer(text):
+                out.append((block[0][0] + text.count("\n", 0, m.start()), m.group(1)))
+            block.clear()
+
     for no, line in lines:
         m = _REFDEF.match(line)
         if m:
+            flush()
             out.append((no, m.group(1)))
-            continue
-        out.extend((no, m.group(1)) for m in _INLINE.finditer(line))
+        elif not line.strip() or (block and no != block[-1][0] + 1):
+            flush()
+            if line.strip():
+                block.append((no, line))
+        else:
+            block.append((no, line))
+    flush()
     return out
 
 
@@ -143,12 +161,15 @@ def test_the_checker_finds_missing_files_and_anchors(tmp_path):
         "[bad anchor](notes/b.md#alpha-beta)\n"
         "[bad local anchor](#there)\n"
         "![missing image](img/x.png)\n"
+        "a link whose text [wraps onto\nthe next line](notes/wrapped.md)\n\n"
         "[ref]: notes/gone.md\n"
         "`[not a link](nowhere.md)`\n"
         "```\n[not a link](nowhere.md)\n```\n")
     found = problems(page)
-    assert len(found) == 5, "\n".join(found)
-    for expected in ("notes/c.md", "#alpha-beta", "#there", "img/x.png", "notes/gone.md"):
+    assert len(found) == 6, "\n".join(found)
+    expected_all = ("notes/c.md", "#alpha-beta", "#there", "img/x.png",
+                    "a.md:8: link to 'notes/wrapped.md'", "notes/gone.md")
+    for expected in expected_all:
         assert any(expected in msg for msg in found), f"{expected} not reported in:\n" + "\n".join(found)
 
 
