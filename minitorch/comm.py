@@ -22,6 +22,7 @@ The communicator (`Communicator`, what `fn` receives):
                                         Work.wait() returns its result (overlap, lesson 12.5)
     comm.time                           this rank's clock (simulated seconds or wall seconds)
     comm.stats                          this rank's counters so far (bytes_sent, msgs_sent, sent_to...)
+    comm.group(ranks) -> SubComm        the ranks `ranks` as a communicator of their own
 
 Messages are matched by (source, tag) in the order they were sent (MPI's non-overtaking rule);
 there is no wildcard source, so every run is deterministic.
@@ -185,8 +186,66 @@ class Communicator:
             raise ValueError(f"rank {self.rank}: tag must be an int in [0, 2**20), got {tag!r}")
         return int(tag)
 
+    def group(self, ranks: list[int]) -> SubComm:
+        """The ranks `ranks` (of this communicator) as a communicator of their own, numbered
+        0..len(ranks)-1 in the order given (a process group: tensor-parallel ranks, a pipeline
+        stage's neighbours...). Call it on the member ranks only."""
+        return SubComm(self, ranks)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
+
+
+class SubComm(Communicator):
+    """A group of a parent communicator's ranks: rank i of the group is parent rank ranks[i].
+
+    Messages travel through the parent with the same tags, so two groups that share a pair of
+    ranks and are used at the same time must use different tags. Clock, timeline, streams and
+    counters are the parent's (counters keep the parent's rank numbers)."""
+
+    def __init__(self, parent: Communicator, ranks: list[int]):
+        ranks = [parent._check_rank(r, "group member") for r in ranks]
+        if len(set(ranks)) != len(ranks) or parent.rank not in ranks:
+            raise ValueError(f"rank {parent.rank}: group({ranks}) needs distinct ranks including this one")
+        self.parent, self.ranks = parent, ranks
+        self.rank, self.size, self.engine = ranks.index(parent.rank), len(ranks), parent.engine
+
+    @property
+    def stats(self) -> dict:
+        return self.parent.stats
+
+    @property
+    def time(self) -> float:
+        return self.parent.time
+
+    def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        self.parent.send(array, self.ranks[self._check_rank(dst, "dst")], tag)
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        return self.parent.recv(self.ranks[self._check_rank(src, "src")], tag)
+
+    def barrier(self) -> None:
+        """Every member sends an empty message to member 0, which answers each of them."""
+        token = np.zeros(0, np.uint8)
+        if self.rank == 0:
+            for r in range(1, self.size):
+                self.recv(r, tag=2**20 - 1)
+            for r in range(1, self.size):
+                self.send(token, r, tag=2**20 - 1)
+        else:
+            self.send(token, 0, tag=2**20 - 1)
+            self.recv(0, tag=2**20 - 1)
+
+    def compute(self, seconds: float | None = None, *, flops: float | None = None, kind: str = "compute",
+                label: str = "") -> None:
+        self.parent.compute(seconds, flops=flops, kind=kind, label=label)
+
+    def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
+        work = self.parent.launch(lambda _parent: fn(self, *args, **kwargs))
+        return Work(self, work.result, work.done)
+
+    def _join_stream(self, done: float) -> None:
+        self.parent._join_stream(done)
 
 
 @dataclass

@@ -4,8 +4,8 @@ the simulator's counters (bytes and messages per rank and peer) and clock. Train
 against single-process training with lesson 03's reference modules in float64. Exercises are
 graded on their own: where one needs a collective, the test brings its own (the oracles below,
 written with send/recv on the lesson's communicator). Key cases also run under
-`mpiexec -n 2` and `-n 4` (one launch per size for the whole file) and must agree with the
-simulator bit for bit."""
+`mpiexec -n 4` (one launch for the whole file: on 4 ranks, then on 2 of them as a group) and
+must agree with the simulator bit for bit."""
 
 from __future__ import annotations
 
@@ -646,8 +646,9 @@ def test_checkpointing_stores_fewer_activations_and_lowers_peak(lesson):
 
 
 # ---------------------------------------------------------------- MPI: the same cases on real processes
-# One `mpiexec -n 2` and one `mpiexec -n 4` run every case the selected tests need, after the
-# simulator has run them (a case that fails there is not sent to MPI: it would hang).
+# One `mpiexec -n 4` runs every case the selected tests need, on the 4 ranks and then on ranks 0
+# and 1 as a group of 2 (comm.group), after the simulator has run them on 4 and 2 ranks (a case
+# that fails there is not sent to MPI: it would hang).
 
 
 def case_collectives(lesson):
@@ -695,7 +696,12 @@ def with_bytes(comm, job, args):
 
 
 def batch_job(comm, cases):
-    return {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}
+    """Every case on 4 ranks, then on ranks 0 and 1 as a group of 2 (one launch for both sizes)."""
+    out = {4: {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}}
+    if comm.rank < 2:
+        pair = comm.group([0, 1])
+        out[2] = {name: with_bytes(pair, job, args) for name, (job, args) in cases.items()}
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -709,13 +715,12 @@ def mpi_runs(lesson, request):
             ready[name] = (job, args)
         except Exception as exc:  # noqa: BLE001 - reported by the case's own test
             sim_out[name] = exc
-    mpi_out = {}
+    mpi_out = None
     if ready:
-        for n in (2, 4):
-            try:
-                mpi_out[n] = lesson.run(batch_job, n, ready, engine="mpi", timeout=240).results
-            except Exception as exc:  # noqa: BLE001
-                mpi_out[n] = exc
+        try:
+            mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=240).results
+        except Exception as exc:  # noqa: BLE001
+            mpi_out = exc
     return sim_out, mpi_out
 
 
@@ -742,11 +747,12 @@ def check_mpi_case(lesson, mpi_runs, name):
     ok, why = lesson.mpi_status()
     if not ok:
         pytest.skip(f"MPI cannot start here: {why}")
+    if isinstance(mpi_out, Exception):
+        raise mpi_out
     for n in (2, 4):
-        if isinstance(mpi_out[n], Exception):
-            raise mpi_out[n]
         for r in range(n):
-            assert_same(sim_out[name][n][r], mpi_out[n][r][name], f"{name}, mpiexec -n {n}, rank {r}")
+            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
+            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)
 
 
 @pytest.mark.exercise("12.1")
