@@ -1,0 +1,554 @@
+# Generated from solutions/13_model_parallel.py by `make build`. Do not edit.
+"""minitorch.model_parallel: pipeline schedules and their simulator, pipeline execution on a
+communicator, Megatron-style tensor parallelism, ring attention, and a parallelism planner.
+
+Generated from solutions/13_model_parallel.py (lesson 13). Runs on any `minitorch.comm`
+communicator (simulated or MPI).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from minitorch.autograd import Tensor, topo_order
+from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
+from minitorch.nn import Module, Parameter
+from minitorch.parallel import free_graph, op_flops, ring_allreduce
+
+
+class Step(NamedTuple):
+    """One step of a pipeline schedule: kind "F" (forward) or "B" (backward) of micro-batch `mb`
+    on model chunk `chunk` of this stage (0 unless the schedule is interleaved, section 3)."""
+    kind: str
+    mb: int
+    chunk: int = 0
+
+    def __repr__(self) -> str:
+        return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+
+
+Schedule = list  # list[list[Step]]: schedule[s] is stage s's steps, in the order it runs them
+
+
+def _check_pm(p: int, m: int) -> None:
+    for name, value in (("p (stages)", p), ("m (micro-batches)", m)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def gpipe_schedule(p: int, m: int) -> Schedule:
+    """GPipe: on every one of the p stages, F of micro-batches 0..m-1, then B of 0..m-1.
+    Returns a list of p lists of Steps. ValueError unless p >= 1 and m >= 1."""
+    _check_pm(p, m)
+    return [[Step("F", i) for i in range(m)] + [Step("B", i) for i in range(m)] for _ in range(p)]
+
+
+def one_f_one_b_schedule(p: int, m: int) -> Schedule:
+    """1F1B (PipeDream-Flush): stage s runs w = min(p - s - 1, m) forwards (warm-up), then
+    alternates F(w + i), B(i) for i = 0..m-w-1 (steady state), then the remaining backwards
+    B(m-w)..B(m-1) (cool-down). ValueError unless p >= 1 and m >= 1."""
+    _check_pm(p, m)
+    schedule = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        steps = [Step("F", i) for i in range(w)]
+        for i in range(m - w):
+            steps += [Step("F", w + i), Step("B", i)]
+        steps += [Step("B", i) for i in range(m - w, m)]
+        schedule.append(steps)
+    return schedule
+
+
+class Interval(NamedTuple):
+    """One step of a simulated or measured pipeline: `stage` ran `step` from `start` to `end`."""
+    stage: int
+    step: Step
+    start: float
+    end: float
+
+
+@dataclass
+class PipelineTimeline:
+    """What simulate_schedule returns. intervals: every step's Interval, stage by stage in the
+    order each stage ran them; makespan: when the last step ends; bubble: idle / (p * makespan);
+    peak_in_flight[s]: the most forwards stage s has run whose backward it has not yet run
+    (counting (micro-batch, chunk) pairs)."""
+    p: int
+    m: int
+    v: int
+    intervals: list
+    makespan: Any
+    bubble: Any
+    peak_in_flight: list
+
+    def plot(self, ax: Any = None, title: str | None = None) -> Any:
+        return plot_pipeline(self.intervals, self.p, ax=ax, title=title, unit="time units")
+
+
+def schedule_shape(schedule: Schedule) -> tuple[int, int, int]:
+    """(p, m, v) of a schedule: stages, micro-batches, chunks per stage (from the largest mb and chunk)."""
+    p = len(schedule)
+    steps = [st for row in schedule for st in row]
+    if p == 0 or not steps:
+        raise ValueError("a schedule needs at least one stage and one step")
+    return p, 1 + max(st.mb for st in steps), 1 + max(st.chunk for st in steps)
+
+
+def simulate_schedule(schedule: Schedule, t_f: Any = 1, t_b: Any = 2, t_comm: Any = 0) -> PipelineTimeline:
+    """Run `schedule` (p lists of Steps) with forward cost t_f, backward cost t_b (per step) and
+    t_comm per activation or gradient passed between consecutive virtual stages (c * p + s) on
+    different ranks. Returns a PipelineTimeline. ValueError for a malformed schedule (a pair
+    missing, repeated, or B before F on a stage); DeadlockError when no stage can progress."""
+    p, m, v = schedule_shape(schedule)
+    pairs = {(i, c) for i in range(m) for c in range(v)}
+    for s, row in enumerate(schedule):
+        seen = {"F": set(), "B": set()}
+        for st in row:
+            if st.kind not in seen:
+                raise ValueError(f"stage {s}: step {st!r} has kind {st.kind!r}, not 'F' or 'B'")
+            key = (st.mb, st.chunk)
+            if key not in pairs:
+                raise ValueError(f"stage {s}: step {st!r} is outside micro-batches 0..{m - 1}, chunks 0..{v - 1}")
+            if key in seen[st.kind]:
+                raise ValueError(f"stage {s}: step {st!r} appears twice")
+            if st.kind == "B" and key not in seen["F"]:
+                raise ValueError(f"stage {s}: {st!r} comes before its forward")
+            seen[st.kind].add(key)
+        for kind in "FB":
+            if seen[kind] != pairs:
+                missing = sorted(pairs - seen[kind])[0]
+                raise ValueError(f"stage {s}: no {Step(kind, *missing)!r}: every stage must run the F and the B "
+                                 f"of every micro-batch 0..{m - 1} (and chunk 0..{v - 1})")
+    last = p * v - 1
+    comm = t_comm if p > 1 else 0
+    end: dict[tuple[str, int, int], Any] = {}  # (kind, virtual stage, mb) -> end time
+    free = [0] * p
+    pos = [0] * p
+    done: list[list[Interval]] = [[] for _ in range(p)]
+    while any(pos[s] < len(schedule[s]) for s in range(p)):
+        progress = False
+        for s in range(p):
+            while pos[s] < len(schedule[s]):
+                st = schedule[s][pos[s]]
+                vs = st.chunk * p + s
+                if st.kind == "F":
+                    deps = [(("F", vs - 1, st.mb), comm)] if vs > 0 else []
+                else:
+                    deps = [(("F", vs, st.mb), 0)] + ([(("B", vs + 1, st.mb), comm)] if vs < last else [])
+                if any(d not in end for d, _ in deps):
+                    break
+                start = max([free[s]] + [end[d] + c for d, c in deps])
+                stop = start + (t_f if st.kind == "F" else t_b)
+                end[(st.kind, vs, st.mb)] = free[s] = stop
+                done[s].append(Interval(s, st, start, stop))
+                pos[s] += 1
+                progress = True
+        if not progress:
+            stuck = [f"stage {s} waits to run {schedule[s][pos[s]]!r}" for s in range(p) if pos[s] < len(schedule[s])]
+            raise DeadlockError("the schedule deadlocks: no stage can run its next step\n  " + "\n  ".join(stuck))
+    makespan = max(free)
+    busy = sum(iv.end - iv.start for row in done for iv in row)
+    total = p * makespan
+    bubble = (total - busy) / total if total else 0
+    peaks = []
+    for row in schedule:
+        held = peak = 0
+        for st in row:
+            held += 1 if st.kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return PipelineTimeline(p, m, v, [iv for row in done for iv in row], makespan, bubble, peaks)
+
+
+def plot_pipeline(intervals: list, p: int, ax: Any = None, title: str | None = None, unit: str = "s") -> Any:
+    """Gantt chart of Intervals: one row per stage, F blue and B orange (lighter for odd chunks),
+    each bar labelled with its micro-batch (and .chunk)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.5 * max(p, 2) + 1))
+    end = max((iv.end for iv in intervals), default=1)
+    colors = {("F", 0): "#4c72b0", ("F", 1): "#8fb0de", ("B", 0): "#dd8452", ("B", 1): "#f0b58f"}
+    for iv in intervals:
+        start, width = float(iv.start), float(iv.end - iv.start)
+        ax.broken_barh([(start, width)], (iv.stage - 0.4, 0.8),
+                       facecolors=colors[(iv.step.kind, iv.step.chunk % 2)], edgecolors="white", linewidth=0.5)
+        if width > float(end) / 60:
+            ax.text(start + width / 2, iv.stage, repr(iv.step)[1:], ha="center", va="center", fontsize=7,
+                    color="white" if iv.step.chunk % 2 == 0 else "black")
+    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xlim(0, float(end))
+    ax.set_xlabel(unit)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def interleaved_schedule(p: int, m: int, v: int) -> Schedule:
+    """Megatron's interleaved 1F1B with v chunks per stage (virtual stage c * p + s on stage s).
+    The k-th forward of stage s is Step("F", (k // (p*v)) * p + k % p, (k % (p*v)) // p); its k-th
+    backward has the same mb and chunk v - 1 - (k % (p*v)) // p. Warm-up: min((p-s-1)*2 + (v-1)*p,
+    m*v) forwards; then F(w+i), B(i) pairs; then the remaining B.
+    ValueError unless p, m, v >= 1 and m % p == 0."""
+    _check_pm(p, m)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"v (chunks per stage) must be a positive int, got {v!r}")
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs m a multiple of p, got m={m}, p={p}")
+    total = m * v
+
+    def step(kind: str, k: int) -> Step:
+        chunk = (k % (p * v)) // p
+        return Step(kind, (k // (p * v)) * p + k % p, chunk if kind == "F" else v - 1 - chunk)
+
+    schedule = []
+    for s in range(p):
+        w = min((p - s - 1) * 2 + (v - 1) * p, total)
+        steps = [step("F", k) for k in range(w)]
+        for i in range(total - w):
+            steps += [step("F", w + i), step("B", i)]
+        steps += [step("B", k) for k in range(total - w, total)]
+        schedule.append(steps)
+    return schedule
+
+
+def graph_flops(out: Tensor) -> float:
+    """Forward FLOPs of the graph that produced `out` (lesson 12's op_flops, summed over its ops)."""
+    return float(sum(op_flops(node) for node in topo_order(out) if node._parents))
+
+
+def _root(comm: Communicator) -> Communicator:
+    while hasattr(comm, "parent"):
+        comm = comm.parent
+    return comm
+
+
+def _record(comm: Communicator, kind: str, t0: float, flops: float, label: str) -> None:
+    """Put one F/B interval on the timeline: charged by FLOPs on the simulator, measured under MPI."""
+    if comm.engine == "sim":
+        comm.compute(flops=flops, kind=kind, label=label)
+    else:
+        root = _root(comm)
+        root.events.append(Event(root.rank, kind, t0, comm.time, label=label))
+
+
+def stage_forward(comm: Communicator, fn: Callable[[Any], Tensor], x: Any, label: str = "") -> Tensor:
+    """fn(x), recorded on comm's timeline as one "F" interval labelled `label`."""
+    t0 = comm.time
+    out = fn(x)
+    _record(comm, "F", t0, graph_flops(out) if isinstance(out, Tensor) else 0.0, label)
+    return out
+
+
+def stage_backward(comm: Communicator, out: Tensor, grad: Any = None, label: str = "") -> None:
+    """out.backward(grad) (grad None: out is a one-element loss), then forget out's graph;
+    recorded as one "B" interval (twice the forward FLOPs)."""
+    t0 = comm.time
+    flops = 2 * graph_flops(out)
+    out.backward(grad)
+    free_graph(out)
+    _record(comm, "B", t0, flops, label)
+
+
+class Stack(Module):
+    """Layers applied in order: one pipeline chunk."""
+
+    def __init__(self, layers: list):
+        self.layers = list(layers)
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def split_layers(layers: list, p: int, rank: int, v: int = 1) -> list[Stack]:
+    """The chunks of `rank` when `layers` are cut into p * v consecutive groups
+    (chunk_bounds(len(layers), p * v)): chunk c is virtual stage c * p + rank."""
+    if len(layers) < p * v:
+        raise ValueError(f"cannot cut {len(layers)} layers into {p} x {v} = {p * v} pipeline chunks")
+    bounds = chunk_bounds(len(layers), p * v)
+    return [Stack(layers[slice(*bounds[c * p + rank])]) for c in range(v)]
+
+
+def pipeline_step(comm: Communicator, chunks: list, steps: list, inputs: list, targets: list,
+                  loss_fn: Callable[[Tensor, Any], Tensor]) -> float:
+    """Run this rank's `steps` (one stage of a schedule) of a pipeline over comm's p ranks.
+
+    chunks[c]: a callable (Module) for virtual stage c * p + rank. inputs[i], targets[i]:
+    micro-batch i (read by the first and the last virtual stage); m = len(inputs).
+    loss_fn(output, targets[i]) -> one-element Tensor: micro-batch i's share of the batch loss.
+    Forwards and backwards run through stage_forward / stage_backward (labels "i" or "i.c").
+    Gradients accumulate in the parameters' .grad over the micro-batches (never zeroed here).
+    Returns the sum of the loss values computed on this rank (0.0 if it holds no last stage).
+    ValueError if the steps use a chunk this rank does not have."""
+    p, r, v, m = comm.size, comm.rank, len(chunks), len(inputs)
+    last = p * v - 1
+    if any(st.chunk >= v for st in steps):
+        raise ValueError(f"rank {r}: the steps use chunk {max(st.chunk for st in steps)}, but it holds {v} chunk(s)")
+    prev, nxt = (r - 1) % p, (r + 1) % p
+
+    def tag(kind: str, mb: int, k: int) -> int:  # k: the virtual stage that receives
+        return 2 * (k * m + mb) + (kind == "B")
+
+    kept: dict[tuple[int, int], tuple[Any, Tensor]] = {}
+    total = 0.0
+    for st in steps:
+        k = st.chunk * p + r
+        label = repr(st)[1:]
+        chunk = chunks[st.chunk]
+        if st.kind == "F":
+            x = inputs[st.mb] if k == 0 else Tensor(comm.recv(prev, tag("F", st.mb, k)), requires_grad=True)
+            if k == last:
+                out = stage_forward(comm, lambda h, c=chunk, y=targets[st.mb]: loss_fn(c(h), y), x, label)
+                total += out.item()
+            else:
+                out = stage_forward(comm, chunk, x, label)
+                comm.send(out.data, nxt, tag("F", st.mb, k + 1))
+            kept[(st.mb, st.chunk)] = (x, out)
+        else:
+            x, out = kept.pop((st.mb, st.chunk))
+            grad = None if k == last else comm.recv(nxt, tag("B", st.mb, k))
+            stage_backward(comm, out, grad, label)
+            if k > 0:
+                comm.send(x.grad.data, prev, tag("B", st.mb, k - 1))
+    return total
+
+
+def pipeline_intervals(result: RunResult) -> list[Interval]:
+    """The F and B intervals of a run of pipeline_step, as Intervals (stage = rank), time from 0."""
+    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main"]
+    t0 = min((e.start for e in events), default=0.0)
+    out = []
+    for e in events:
+        mb, _, chunk = e.label.partition(".")
+        out.append(Interval(e.rank, Step(e.kind, int(mb), int(chunk or 0)), e.start - t0, e.end - t0))
+    return out
+
+
+def measured_bubble(intervals: list[Interval], p: int) -> float:
+    """1 - (time spent in F and B) / (p * span), span from the first start to the last end."""
+    span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
+    return 1.0 - sum(iv.end - iv.start for iv in intervals) / (p * span)
+
+
+def copy_to_tp(comm: Communicator, x: Tensor, allreduce: Callable = ring_allreduce) -> Tensor:
+    """Megatron's f: forward the identity (a new node), backward all-reduce (sum) the gradient
+    over comm's ranks with allreduce(comm, array)."""
+    return x._record(Tensor(x.data), (x,), lambda g: (allreduce(comm, g),), "tp_copy")
+
+
+def reduce_from_tp(comm: Communicator, x: Tensor, allreduce: Callable = ring_allreduce) -> Tensor:
+    """Megatron's g: forward all-reduce (sum) x over comm's ranks, backward the identity."""
+    return x._record(Tensor(allreduce(comm, x.data)), (x,), lambda g: (g,), "tp_reduce")
+
+
+class TensorParallelMLP(Module):
+    """Rank comm.rank's share of y = act(x @ A + a) @ B + b, Megatron-style.
+
+    fc (Linear C -> H: A, a) and proj (Linear H -> C: B, b) are the full layers; this rank keeps
+    the columns cols = chunk_bounds(H, N)[rank] of A and a (fc_weight (C, H/N), fc_bias (H/N,)),
+    the same rows of B (proj_weight (H/N, C)) and all of b (proj_bias (C,)), as new Parameters.
+    forward(x (..., C)) -> (..., C): g(act(f(x) @ fc_weight + fc_bias) @ proj_weight) + proj_bias.
+    ValueError naming H and N unless N divides H."""
+
+    def __init__(self, comm: Communicator, fc: Any, proj: Any, activation: Callable[[Tensor], Tensor],
+                 allreduce: Callable = ring_allreduce):
+        self.comm, self.activation, self.allreduce = comm, activation, allreduce
+        hidden, n = fc.weight.shape[1], comm.size
+        if hidden % n:
+            raise ValueError(f"tensor parallelism: the hidden width {hidden} is not divisible by the "
+                             f"{n} ranks (pad it, or use a rank count that divides it)")
+        lo, hi = chunk_bounds(hidden, n)[comm.rank]
+        self.fc_weight = Parameter(fc.weight.data[:, lo:hi])
+        self.fc_bias = Parameter(fc.bias.data[lo:hi])
+        self.proj_weight = Parameter(proj.weight.data[lo:hi, :])
+        self.proj_bias = Parameter(proj.bias.data)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.activation(copy_to_tp(self.comm, x, self.allreduce) @ self.fc_weight + self.fc_bias)
+        return reduce_from_tp(self.comm, h @ self.proj_weight, self.allreduce) + self.proj_bias
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT for planning: n_layer layers of width d_model with n_head heads, sequences of seq_len
+    tokens, a global batch of `batch` sequences; 16-bit activations, 16 bytes of state per parameter."""
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    batch: int
+
+    @property
+    def params_per_layer(self) -> int:
+        return 12 * self.d_model ** 2 + 13 * self.d_model
+
+    def layer_flops(self, b: int) -> float:
+        """Forward FLOPs of one layer on b sequences: 24 b s d^2 + 4 b s^2 d."""
+        s, d = self.seq_len, self.d_model
+        return 24.0 * b * s * d * d + 4.0 * b * s * s * d
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """n_ranks accelerators of `memory` bytes and `flop_rate` FLOP/s each. alpha, beta: the network
+    between nodes; node_size ranks per node, linked by (alpha_node, beta_node) (default: the network's)."""
+    n_ranks: int
+    memory: float
+    flop_rate: float
+    alpha: float
+    beta: float
+    node_size: int = 1
+    alpha_node: float | None = None
+    beta_node: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """dp * tp * pp ranks; m micro-batches per step (per data-parallel replica)."""
+    dp: int
+    tp: int
+    pp: int
+    m: int
+
+
+class Estimate(NamedTuple):
+    memory: float  # bytes per rank (the most loaded: pipeline stage 0)
+    time: float    # seconds per training step
+
+
+def link_for(cluster: ClusterSpec, span: int) -> tuple[float, float]:
+    """(alpha, beta) of a group spanning `span` consecutive ranks (aligned): the node's link when
+    those ranks all sit in one node (span divides node_size), else the network's."""
+    if span <= cluster.node_size and cluster.node_size % span == 0:
+        return (cluster.alpha if cluster.alpha_node is None else cluster.alpha_node,
+                cluster.beta if cluster.beta_node is None else cluster.beta_node)
+    return cluster.alpha, cluster.beta
+
+
+def ring_allreduce_time(n: int, nbytes: float, alpha: float, beta: float) -> float:
+    """Lesson 12's ring all-reduce: 2 (n-1) (alpha + nbytes/n beta); 0 on one rank."""
+    return 2 * (n - 1) * (alpha + nbytes / n * beta) if n > 1 else 0.0
+
+
+def _plan_job(comm: Communicator, model: ModelSpec, plan: Plan, steps_by_stage: list) -> None:
+    """One rank of simulate_plan's skeleton: FLOPs charged, messages of the right sizes, no arithmetic."""
+    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.m
+    r = comm.rank
+    d_i, rest = divmod(r, pp * tp)
+    s_i, t_i = divmod(rest, tp)
+    tp_group = comm.group([(d_i * pp + s_i) * tp + t for t in range(tp)]) if tp > 1 else None
+    dp_group = comm.group([(x * pp + s_i) * tp + t_i for x in range(dp)]) if dp > 1 else None
+    b, ls = model.batch // (dp * m), model.n_layer // pp
+    activation = np.zeros(2 * b * model.seq_len * model.d_model, np.uint8)
+    flops = model.layer_flops(b) / tp
+    for st in steps_by_stage[s_i]:
+        forward = st.kind == "F"
+        if forward and s_i > 0:
+            comm.recv(r - tp, tag=2 * st.mb)
+        if not forward and s_i < pp - 1:
+            comm.recv(r + tp, tag=2 * st.mb + 1)
+        for _ in range(ls):
+            comm.compute(flops=flops if forward else 2 * flops, kind=st.kind, label=repr(st)[1:])
+            if tp_group is not None:
+                ring_allreduce(tp_group, activation)
+                ring_allreduce(tp_group, activation)
+        if forward and s_i < pp - 1:
+            comm.send(activation, r + tp, tag=2 * st.mb)
+        if not forward and s_i > 0:
+            comm.send(activation, r - tp, tag=2 * st.mb + 1)
+    if dp_group is not None:
+        ring_allreduce(dp_group, np.zeros(round(2 * ls * model.params_per_layer / tp), np.uint8))
+
+
+def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                  schedule_fn: Callable[[int, int], Schedule]) -> RunResult:
+    """Run `plan` as a skeleton on the communicator's simulator (alpha, beta, flop_rate of the
+    cluster): every rank follows schedule_fn(pp, m)'s steps for its stage, charges each layer's
+    FLOPs / tp to its clock, runs two ring all-reduces of the activations per layer in its tp group,
+    passes activations and gradients to the neighbouring stages, then ring all-reduces its 16-bit
+    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. The
+    simulator has one kind of link: clusters whose node link differs from the network are refused."""
+    node = link_for(cluster, 1)
+    if cluster.node_size > 1 and node != (cluster.alpha, cluster.beta):
+        raise ValueError("simulate_plan has one kind of link: give a cluster whose node link equals its network")
+    estimate_checks = (plan.dp * plan.tp * plan.pp == cluster.n_ranks, model.n_head % plan.tp == 0,
+                       model.n_layer % plan.pp == 0, model.batch % (plan.dp * plan.m) == 0)
+    if not all(estimate_checks):
+        raise ValueError(f"{plan} is not a valid plan for {model} on {cluster.n_ranks} ranks")
+    steps = schedule_fn(plan.pp, plan.m)
+    return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=cluster.alpha, beta=cluster.beta,
+               flop_rate=cluster.flop_rate)
+
+
+def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
+    """Memory per rank (bytes) and step time (seconds) of `plan`, by the formulas of section 8:
+    b = batch / (dp m), Ls = n_layer / pp, a = 2 b s d, F = model.layer_flops(b), R = flop_rate,
+    links from link_for (tp group: span tp; pipeline: tp * pp; dp group: n_ranks),
+    t_F = Ls (F / (tp R) + 2 AR(tp, a)), t_B = Ls (2 F / (tp R) + 2 AR(tp, a)),
+    c = alpha_pp + a beta_pp (0 if pp == 1), P = Ls * params_per_layer / tp,
+    time = (m + pp - 1)(t_F + t_B + 2 c) + AR(dp, 2 P),
+    memory = 16 P + Ls min(pp, m) s b d (10 + 24/tp + 5 h s / (d tp)).
+    ValueError naming the problem if dp*tp*pp != n_ranks, n_head % tp, n_layer % pp or batch % (dp*m)."""
+    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.m
+    if min(dp, tp, pp, m) < 1:
+        raise ValueError(f"{plan}: every degree and m must be >= 1")
+    if dp * tp * pp != cluster.n_ranks:
+        raise ValueError(f"{plan}: dp * tp * pp = {dp * tp * pp}, but the cluster has {cluster.n_ranks} ranks")
+    if model.n_head % tp:
+        raise ValueError(f"{plan}: tp={tp} does not divide the {model.n_head} heads")
+    if model.n_layer % pp:
+        raise ValueError(f"{plan}: pp={pp} does not divide the {model.n_layer} layers")
+    if model.batch % (dp * m):
+        raise ValueError(f"{plan}: dp * m = {dp * m} does not divide the batch of {model.batch} sequences")
+    s, d, h = model.seq_len, model.d_model, model.n_head
+    b, ls = model.batch // (dp * m), model.n_layer // pp
+    a = 2.0 * b * s * d
+    flops = model.layer_flops(b)
+    rate = cluster.flop_rate
+    tp_ar = ring_allreduce_time(tp, a, *link_for(cluster, tp))
+    t_f = ls * (flops / (tp * rate) + 2 * tp_ar)
+    t_b = ls * (2 * flops / (tp * rate) + 2 * tp_ar)
+    alpha_pp, beta_pp = link_for(cluster, tp * pp)
+    c = alpha_pp + a * beta_pp if pp > 1 else 0.0
+    params = ls * model.params_per_layer / tp
+    time = (m + pp - 1) * (t_f + t_b + 2 * c) + ring_allreduce_time(dp, 2 * params, *link_for(cluster, cluster.n_ranks))
+    memory = 16 * params + ls * min(pp, m) * s * b * d * (10 + 24 / tp + 5 * h * s / (d * tp))
+    return Estimate(memory, time)
+
+
+def best_plan(model: ModelSpec, cluster: ClusterSpec) -> tuple[Plan, Estimate]:
+    """The fastest valid plan whose memory fits cluster.memory, over every (dp, tp, pp) with
+    dp * tp * pp = n_ranks and every m. Ties: smaller memory, then smaller (tp, pp, m).
+    ValueError if no plan fits."""
+    n = cluster.n_ranks
+    best, smallest = None, None
+    for tp, pp in product(range(1, n + 1), repeat=2):
+        if n % (tp * pp) or model.n_head % tp or model.n_layer % pp:
+            continue
+        dp = n // (tp * pp)
+        if model.batch % dp:
+            continue
+        for m in range(1, model.batch // dp + 1):
+            if (model.batch // dp) % m:
+                continue
+            plan = Plan(dp, tp, pp, m)
+            est = estimate_plan(model, cluster, plan)
+            if smallest is None or est.memory < smallest[1].memory:
+                smallest = (plan, est)
+            if est.memory > cluster.memory:
+                continue
+            key = (est.time, est.memory, tp, pp, m)
+            if best is None or key < best[0]:
+                best = (key, plan, est)
+    if best is None:
+        raise ValueError(f"no plan fits in {cluster.memory / 1e9:.3g} GB per rank"
+                         + (f": the smallest, {smallest[0]}, needs {smallest[1].memory / 1e9:.3g} GB" if smallest else
+                            " (no valid plan at all: check the batch, heads and layers against the rank count)"))
+    return best[1], best[2]

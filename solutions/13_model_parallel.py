@@ -1,0 +1,1096 @@
+# %% [markdown]
+# # Lesson 13: pipeline, tensor and sequence parallelism
+#
+# Data parallelism (lesson 12) gives every rank the whole model. When the model's weights,
+# gradients, optimizer state and activations do not fit on one chip, or one chip is too slow for
+# even one sequence, the model itself has to be split. There are three ways to cut it, and large
+# runs use all three at once:
+#
+# 1. **By layers: pipeline parallelism.** Rank s holds a consecutive group of layers (a
+#    *stage*); activations flow forward from stage to stage and gradients flow back. A batch is
+#    cut into *micro-batches* so that the stages work at the same time, and the *schedule* (which
+#    stage runs which micro-batch's forward or backward when) decides how much time is lost to
+#    idle stages (the *bubble*) and how many activations each stage must keep. You build GPipe
+#    (Huang et al. 2019), 1F1B (PipeDream-Flush: Narayanan et al. 2021a) and Megatron's
+#    interleaved 1F1B (Narayanan et al. 2021b) as plain data, simulate them, and then execute
+#    them for real on lesson 12's communicator.
+# 2. **Within layers: tensor parallelism.** Every weight matrix is cut into column or row blocks,
+#    one per rank; Megatron-LM (Shoeybi et al. 2019) arranges the cuts so that a transformer's MLP
+#    and attention each need exactly one all-reduce in the forward pass and one in the backward.
+# 3. **Along the sequence: ring attention** (Liu et al. 2023). Each rank holds a block of the
+#    positions; keys and values travel around a ring, and lesson 09's online-softmax merge
+#    combines the partial results, so that no rank ever sees the whole sequence.
+#
+# Then a **planner**: given a model and a cluster, estimate the memory per rank and the step time
+# of every combination of data, tensor and pipeline parallelism, pick the best, and check the
+# estimates against the simulator.
+#
+# Everything runs on lesson 12's communicator (`minitorch.comm`): the simulated engine, where the
+# tests count messages and bytes and read the timeline, and real MPI processes. What you write
+# becomes `minitorch/model_parallel.py`. The model that gets split is lesson 09's tiny GPT.
+#
+# Hardware background: how the GPUs of one node and of many nodes are connected, and why tensor
+# parallelism stays inside a node ([how a DGX H100 is wired](../hardware_notes/interconnects.md#how-a-dgx-h100-is-wired),
+# [rail-optimised clusters](../hardware_notes/interconnects.md#rail-optimised-clusters)); the
+# alpha and beta of real links, which the planner uses
+# ([alpha and beta for lessons 12-13](../hardware_notes/interconnects.md#alpha-and-beta-for-lessons-12-13));
+# TPU pods, whose torus links suit the same ring algorithms ([Google TPUs](../hardware_notes/accelerators.md#google-tpus));
+# the parameter, FLOP and activation counts of a transformer
+# ([transformer arithmetic](../hardware_notes/transformer_arithmetic.md)); and HBM capacity,
+# the memory every plan must fit into ([memory](../hardware_notes/memory.md)).
+#
+# Conventions: as in lesson 12, everything that is compared with an unpartitioned model runs in
+# float64, where "equal" means equal to 1e-10.
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from course.check import check
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+
+# %%
+#| default_exp model_parallel
+#| export
+"""minitorch.model_parallel: pipeline schedules and their simulator, pipeline execution on a
+communicator, Megatron-style tensor parallelism, ring attention, and a parallelism planner.
+
+Generated from solutions/13_model_parallel.py (lesson 13). Runs on any `minitorch.comm`
+communicator (simulated or MPI).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from minitorch.autograd import Tensor, topo_order
+from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
+from minitorch.nn import Module, Parameter
+from minitorch.parallel import free_graph, op_flops, ring_allreduce
+
+# %% [markdown]
+# ## 1. Pipeline schedules as data
+#
+# Cut a model of L layers into p stages of consecutive layers, stage s on rank s. One batch
+# through the pipeline, done naively, keeps one rank busy at a time: stage 1 waits for stage 0's
+# forward, stage 0 waits for stage 1's backward. GPipe's remedy is to cut the batch into m
+# **micro-batches** and stream them through, accumulating the gradients of all m before the
+# optimizer step, so that the result is exactly that of the whole batch.
+#
+# A **schedule** says, for every stage, in which order it runs its 2m steps: the forward `F` and
+# the backward `B` of every micro-batch. We write it as data, a list per stage of `Step`s:
+#
+# ```
+# Step(kind="F", mb=3)        # forward of micro-batch 3 on this stage
+# schedule[s] == [Step("F", 0), Step("F", 1), ..., Step("B", 0), ...]
+# ```
+#
+# A step can run once the step it depends on has finished: `F` of micro-batch i on stage s needs
+# `F` of i on stage s-1 (its input activation), `B` of i on stage s needs `B` of i on stage s+1
+# (the gradient of its output) and, on the last stage, its own `F`. Two schedules:
+#
+# - **GPipe** (Huang et al. 2019): every stage runs all m forwards, then all m backwards (in the
+#   same micro-batch order; the order of backwards does not change the bubble in unit time).
+#   Simple, but each stage holds the activations of all m micro-batches at the turn.
+# - **1F1B** (PipeDream-Flush: Narayanan et al. 2021a, the schedule of Megatron-LM; Narayanan et
+#   al. 2021b): stage s first runs `w = min(p - s - 1, m)` *warm-up* forwards, then alternates one
+#   forward and one backward (`F w, B 0, F w+1, B 1, ...`) until the forwards run out, then runs
+#   the remaining backwards. A backward runs as soon as possible, which frees that micro-batch's
+#   activations: stage s never holds more than `p - s` of them, however large m is.
+#
+# For p = 3 stages and m = 4 micro-batches, in unit time (a forward costs 1, a backward 2):
+#
+# ```
+# GPipe   stage 0: F0 F1 F2 F3 .  .  .  .  .  .  B0 B0 B1 B1 B2 B2 B3 B3
+#         stage 1: .  F0 F1 F2 F3 .  .  .  B0 B0 B1 B1 B2 B2 B3 B3 .  .
+#         stage 2: .  .  F0 F1 F2 F3 B0 B0 B1 B1 B2 B2 B3 B3 .  .  .  .
+# 1F1B    stage 0: F0 F1 F2 .  .  .  B0 B0 F3 B1 B1 .  B2 B2 .  B3 B3 ...
+# ```
+#
+# **Exercise 13.1.** Write `gpipe_schedule(p, m)` and `one_f_one_b_schedule(p, m)`. Both must
+# work for m < p, m = p and m > p, and reject p < 1 or m < 1 with a ValueError.
+
+# %%
+#| export
+class Step(NamedTuple):
+    """One step of a pipeline schedule: kind "F" (forward) or "B" (backward) of micro-batch `mb`
+    on model chunk `chunk` of this stage (0 unless the schedule is interleaved, section 3)."""
+    kind: str
+    mb: int
+    chunk: int = 0
+
+    def __repr__(self) -> str:
+        return f"{self.kind}{self.mb}" + (f".{self.chunk}" if self.chunk else "")
+
+
+Schedule = list  # list[list[Step]]: schedule[s] is stage s's steps, in the order it runs them
+
+
+def _check_pm(p: int, m: int) -> None:
+    for name, value in (("p (stages)", p), ("m (micro-batches)", m)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+# %%
+#| export
+#| exercise 13.1
+def gpipe_schedule(p: int, m: int) -> Schedule:
+    """GPipe: on every one of the p stages, F of micro-batches 0..m-1, then B of 0..m-1.
+    Returns a list of p lists of Steps. ValueError unless p >= 1 and m >= 1."""
+    ### BEGIN SOLUTION
+    _check_pm(p, m)
+    return [[Step("F", i) for i in range(m)] + [Step("B", i) for i in range(m)] for _ in range(p)]
+    ### END SOLUTION
+
+
+def one_f_one_b_schedule(p: int, m: int) -> Schedule:
+    """1F1B (PipeDream-Flush): stage s runs w = min(p - s - 1, m) forwards (warm-up), then
+    alternates F(w + i), B(i) for i = 0..m-w-1 (steady state), then the remaining backwards
+    B(m-w)..B(m-1) (cool-down). ValueError unless p >= 1 and m >= 1."""
+    ### BEGIN SOLUTION
+    _check_pm(p, m)
+    schedule = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        steps = [Step("F", i) for i in range(w)]
+        for i in range(m - w):
+            steps += [Step("F", w + i), Step("B", i)]
+        steps += [Step("B", i) for i in range(m - w, m)]
+        schedule.append(steps)
+    return schedule
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("13.1")
+
+# %% [markdown]
+# ## 2. Simulating a schedule: bubble and memory
+#
+# A schedule fixes only the *order* of each stage's steps; the times follow from the costs. With
+# a forward costing `t_f`, a backward `t_b`, and passing an activation or a gradient to the
+# neighbouring stage `t_comm`, every step starts as soon as both its stage is free and its
+# dependency has finished (plus `t_comm` when the dependency ran on another stage):
+#
+# ```
+# start(F, s, i) = max(free(s), end(F, s-1, i) + t_comm)
+# start(B, s, i) = max(free(s), end(B, s+1, i) + t_comm, end(F, s, i))
+# ```
+#
+# The **makespan** is when the last step ends; each stage is busy `m (t_f + t_b)` of it. The
+# **bubble fraction** is the idle share of all stage-time, `idle / (p * makespan)` with
+# `idle = p * makespan - busy`. For GPipe in unit time (`t_comm = 0`) the first backward cannot
+# start before every stage has done its forwards, and the picture above is two parallelograms:
+# makespan `(m + p - 1)(t_f + t_b)`, bubble exactly `(p - 1) / (m + p - 1)`. 1F1B has the same
+# makespan; what it saves is memory. The **micro-batches in flight** on a stage after a step are
+# the forwards it has run whose backward it has not: the activations it must keep.
+#
+# A schedule can also be *impossible*: if stage 0 runs `F0 B0 F1 B1` while stage 1 runs
+# `F0 F1 B0 B1`, stage 0 waits for stage 1's `B0`, which waits for `F1`, which stage 0 will only
+# run after `B0`: a cycle, i.e. a deadlock in a real run. The simulator must say so.
+#
+# **Exercise 13.2.** Write `simulate_schedule`. Check the schedule first: every stage must run the
+# F and the B of every (micro-batch, chunk) pair exactly once, with the same pairs on every stage,
+# the F before the B (ValueError naming the stage and the step otherwise). Then compute the start
+# and end of every step by the rules above (virtual stages, for section 3: chunk c of stage s is
+# virtual stage `c * p + s`; the rules apply to virtual stages, and `t_comm` is paid between
+# different ranks only, i.e. between every pair of consecutive virtual stages when p > 1). If no
+# stage can make progress, raise `DeadlockError` (from `minitorch.comm`) naming the step each
+# stuck stage waits on. The times may be ints or Fractions: keep them exact (no `float()`).
+
+# %%
+#| export
+class Interval(NamedTuple):
+    """One step of a simulated or measured pipeline: `stage` ran `step` from `start` to `end`."""
+    stage: int
+    step: Step
+    start: float
+    end: float
+
+
+@dataclass
+class PipelineTimeline:
+    """What simulate_schedule returns. intervals: every step's Interval, stage by stage in the
+    order each stage ran them; makespan: when the last step ends; bubble: idle / (p * makespan);
+    peak_in_flight[s]: the most forwards stage s has run whose backward it has not yet run
+    (counting (micro-batch, chunk) pairs)."""
+    p: int
+    m: int
+    v: int
+    intervals: list
+    makespan: Any
+    bubble: Any
+    peak_in_flight: list
+
+    def plot(self, ax: Any = None, title: str | None = None) -> Any:
+        return plot_pipeline(self.intervals, self.p, ax=ax, title=title, unit="time units")
+
+
+def schedule_shape(schedule: Schedule) -> tuple[int, int, int]:
+    """(p, m, v) of a schedule: stages, micro-batches, chunks per stage (from the largest mb and chunk)."""
+    p = len(schedule)
+    steps = [st for row in schedule for st in row]
+    if p == 0 or not steps:
+        raise ValueError("a schedule needs at least one stage and one step")
+    return p, 1 + max(st.mb for st in steps), 1 + max(st.chunk for st in steps)
+
+# %%
+#| export
+#| exercise 13.2
+def simulate_schedule(schedule: Schedule, t_f: Any = 1, t_b: Any = 2, t_comm: Any = 0) -> PipelineTimeline:
+    """Run `schedule` (p lists of Steps) with forward cost t_f, backward cost t_b (per step) and
+    t_comm per activation or gradient passed between consecutive virtual stages (c * p + s) on
+    different ranks. Returns a PipelineTimeline. ValueError for a malformed schedule (a pair
+    missing, repeated, or B before F on a stage); DeadlockError when no stage can progress."""
+    ### BEGIN SOLUTION
+    p, m, v = schedule_shape(schedule)
+    pairs = {(i, c) for i in range(m) for c in range(v)}
+    for s, row in enumerate(schedule):
+        seen = {"F": set(), "B": set()}
+        for st in row:
+            if st.kind not in seen:
+                raise ValueError(f"stage {s}: step {st!r} has kind {st.kind!r}, not 'F' or 'B'")
+            key = (st.mb, st.chunk)
+            if key not in pairs:
+                raise ValueError(f"stage {s}: step {st!r} is outside micro-batches 0..{m - 1}, chunks 0..{v - 1}")
+            if key in seen[st.kind]:
+                raise ValueError(f"stage {s}: step {st!r} appears twice")
+            if st.kind == "B" and key not in seen["F"]:
+                raise ValueError(f"stage {s}: {st!r} comes before its forward")
+            seen[st.kind].add(key)
+        for kind in "FB":
+            if seen[kind] != pairs:
+                missing = sorted(pairs - seen[kind])[0]
+                raise ValueError(f"stage {s}: no {Step(kind, *missing)!r}: every stage must run the F and the B "
+                                 f"of every micro-batch 0..{m - 1} (and chunk 0..{v - 1})")
+    last = p * v - 1
+    comm = t_comm if p > 1 else 0
+    end: dict[tuple[str, int, int], Any] = {}  # (kind, virtual stage, mb) -> end time
+    free = [0] * p
+    pos = [0] * p
+    done: list[list[Interval]] = [[] for _ in range(p)]
+    while any(pos[s] < len(schedule[s]) for s in range(p)):
+        progress = False
+        for s in range(p):
+            while pos[s] < len(schedule[s]):
+                st = schedule[s][pos[s]]
+                vs = st.chunk * p + s
+                if st.kind == "F":
+                    deps = [(("F", vs - 1, st.mb), comm)] if vs > 0 else []
+                else:
+                    deps = [(("F", vs, st.mb), 0)] + ([(("B", vs + 1, st.mb), comm)] if vs < last else [])
+                if any(d not in end for d, _ in deps):
+                    break
+                start = max([free[s]] + [end[d] + c for d, c in deps])
+                stop = start + (t_f if st.kind == "F" else t_b)
+                end[(st.kind, vs, st.mb)] = free[s] = stop
+                done[s].append(Interval(s, st, start, stop))
+                pos[s] += 1
+                progress = True
+        if not progress:
+            stuck = [f"stage {s} waits to run {schedule[s][pos[s]]!r}" for s in range(p) if pos[s] < len(schedule[s])]
+            raise DeadlockError("the schedule deadlocks: no stage can run its next step\n  " + "\n  ".join(stuck))
+    makespan = max(free)
+    busy = sum(iv.end - iv.start for row in done for iv in row)
+    total = p * makespan
+    bubble = (total - busy) / total if total else 0
+    peaks = []
+    for row in schedule:
+        held = peak = 0
+        for st in row:
+            held += 1 if st.kind == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return PipelineTimeline(p, m, v, [iv for row in done for iv in row], makespan, bubble, peaks)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("13.2")
+
+# %% [markdown]
+# The Gantt chart (given): one row per stage, forwards blue, backwards orange, each labelled
+# with its micro-batch (and chunk, in section 3).
+
+# %%
+#| export
+def plot_pipeline(intervals: list, p: int, ax: Any = None, title: str | None = None, unit: str = "s") -> Any:
+    """Gantt chart of Intervals: one row per stage, F blue and B orange (lighter for odd chunks),
+    each bar labelled with its micro-batch (and .chunk)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.5 * max(p, 2) + 1))
+    end = max((iv.end for iv in intervals), default=1)
+    colors = {("F", 0): "#4c72b0", ("F", 1): "#8fb0de", ("B", 0): "#dd8452", ("B", 1): "#f0b58f"}
+    for iv in intervals:
+        start, width = float(iv.start), float(iv.end - iv.start)
+        ax.broken_barh([(start, width)], (iv.stage - 0.4, 0.8),
+                       facecolors=colors[(iv.step.kind, iv.step.chunk % 2)], edgecolors="white", linewidth=0.5)
+        if width > float(end) / 60:
+            ax.text(start + width / 2, iv.stage, repr(iv.step)[1:], ha="center", va="center", fontsize=7,
+                    color="white" if iv.step.chunk % 2 == 0 else "black")
+    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
+    ax.set_ylim(p - 0.5, -0.5)
+    ax.set_xlim(0, float(end))
+    ax.set_xlabel(unit)
+    if title:
+        ax.set_title(title)
+    return ax
+
+# %% tags=["demo"]
+p, m = 4, 8
+fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
+for ax, (name, fn) in zip(axes, [("GPipe", gpipe_schedule), ("1F1B", one_f_one_b_schedule)]):
+    tl = simulate_schedule(fn(p, m))
+    tl.plot(ax=ax, title=f"{name}, p={p}, m={m}: makespan {tl.makespan}, bubble {float(tl.bubble):.3f}, "
+            f"in flight per stage {tl.peak_in_flight}")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Over m, for p = 4 (unit time, `t_b = 2 t_f`): the bubble falls like `(p-1)/(m+p-1)` for
+# both schedules, while the activations held by stage 0 grow like m for GPipe and stay at p
+# for 1F1B. That is why every large-scale trainer runs 1F1B or a variant of it, with m several
+# times p.
+
+# %% tags=["demo"]
+print(f"{'m':>4} {'bubble':>8} {'(p-1)/(m+p-1)':>14} {'GPipe stage 0 holds':>20} {'1F1B stage 0 holds':>19}")
+for m in [1, 2, 4, 8, 16, 32]:
+    g, o = simulate_schedule(gpipe_schedule(4, m)), simulate_schedule(one_f_one_b_schedule(4, m))
+    assert g.makespan == o.makespan
+    print(f"{m:>4} {float(g.bubble):>8.3f} {3 / (m + 3):>14.3f} {g.peak_in_flight[0]:>20} {o.peak_in_flight[0]:>19}")
+
+# %% [markdown]
+# And the impossible schedule from above:
+
+# %% tags=["demo"]
+bad = [[Step("F", 0), Step("B", 0), Step("F", 1), Step("B", 1)],
+       [Step("F", 0), Step("F", 1), Step("B", 0), Step("B", 1)]]
+try:
+    simulate_schedule(bad)
+except DeadlockError as exc:
+    print("DeadlockError:", exc)
+
+# %% [markdown]
+# ## 3. Interleaved 1F1B: virtual stages
+#
+# The bubble is `p - 1` stage-steps at each end of the pipeline, whatever m is. Narayanan et al.
+# (2021b) shrink the steps instead: give each rank v smaller *chunks* of the model, not one
+# consecutive block. Rank s holds chunks s, s + p, s + 2p, ... of the p v equal chunks (*virtual
+# stages*), so a micro-batch visits every rank v times. A forward or backward of one chunk costs
+# 1/v of a stage's, and the ramp up and down of the pipeline is made of these shorter steps:
+#
+# `bubble = (p - 1) / (v m + p - 1)` in unit time,
+#
+# v times smaller for large m, at the price of v times more point-to-point messages and some
+# more activation memory. Megatron-LM's order (`forward_backward_pipelining_with_interleaving`):
+# number the `m v` forward steps of a rank `k = 0, 1, ...`; step k runs
+#
+# - micro-batch `(k // (p v)) * p + k % p`, chunk `(k % (p v)) // p` for a forward,
+# - the same micro-batch and chunk `v - 1 - (k % (p v)) // p` for the k-th backward,
+#
+# i.e. micro-batches go through in groups of p, each group through chunk 0, then chunk 1, ...
+# Rank s first runs `w = min((p - s - 1) * 2 + (v - 1) * p, m v)` warm-up forwards, then
+# alternates forward `w + i` and backward `i`, then runs the remaining backwards. Megatron
+# requires m to be a multiple of p (and, when m = p, runs all forwards first; the simulator shows
+# that this is not needed: the same bubble, less memory). Note the factor 2: with v = 1 this is
+# 1F1B with twice its warm-up. In unit time the extra forwards change nothing; when messages
+# cost time they are slack that hides the latency (measured below).
+#
+# **Exercise 13.3.** Write `interleaved_schedule(p, m, v)`. ValueError unless p, m, v >= 1 and
+# p divides m.
+
+# %%
+#| export
+#| exercise 13.3
+def interleaved_schedule(p: int, m: int, v: int) -> Schedule:
+    """Megatron's interleaved 1F1B with v chunks per stage (virtual stage c * p + s on stage s).
+    The k-th forward of stage s is Step("F", (k // (p*v)) * p + k % p, (k % (p*v)) // p); its k-th
+    backward has the same mb and chunk v - 1 - (k % (p*v)) // p. Warm-up: min((p-s-1)*2 + (v-1)*p,
+    m*v) forwards; then F(w+i), B(i) pairs; then the remaining B.
+    ValueError unless p, m, v >= 1 and m % p == 0."""
+    ### BEGIN SOLUTION
+    _check_pm(p, m)
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"v (chunks per stage) must be a positive int, got {v!r}")
+    if m % p:
+        raise ValueError(f"the interleaved schedule needs m a multiple of p, got m={m}, p={p}")
+    total = m * v
+
+    def step(kind: str, k: int) -> Step:
+        chunk = (k % (p * v)) // p
+        return Step(kind, (k // (p * v)) * p + k % p, chunk if kind == "F" else v - 1 - chunk)
+
+    schedule = []
+    for s in range(p):
+        w = min((p - s - 1) * 2 + (v - 1) * p, total)
+        steps = [step("F", k) for k in range(w)]
+        for i in range(total - w):
+            steps += [step("F", w + i), step("B", i)]
+        steps += [step("B", k) for k in range(total - w, total)]
+        schedule.append(steps)
+    return schedule
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("13.3")
+
+# %% [markdown]
+# With v chunks a step costs 1/v as much: `simulate_schedule(s, Fraction(1, v), Fraction(2, v))`
+# keeps the times exact. p = 4, m = 8:
+
+# %% tags=["demo"]
+from fractions import Fraction
+
+p, m = 4, 8
+fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
+for ax, v in zip(axes, [1, 2]):
+    tl = simulate_schedule(interleaved_schedule(p, m, v), Fraction(1, v), Fraction(2, v))
+    tl.plot(ax=ax, title=f"v={v}: makespan {float(tl.makespan):g}, bubble {float(tl.bubble):.3f} "
+            f"(formula {(p - 1) / (v * m + p - 1):.3f}), chunk-activations held per stage {tl.peak_in_flight}")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Each chunk holds 1/v of a stage's layers, so `peak_in_flight / v` is in units of one
+# micro-batch's activations for the whole stage. Stage 0 holds 11 chunk-activations for v = 2,
+# i.e. 5.5 micro-batches' worth against 4 for plain 1F1B: `p (1 + (p-1)/(p v))`, the factor
+# Narayanan et al. (2021b) give.
+
+# %% [markdown]
+# ## 4. Running a pipeline for real
+#
+# Now the stages are real: rank r of a communicator holds its chunks of the model (modules),
+# receives activations from rank r-1, sends its outputs to rank r+1, and in the backward pass
+# receives the gradient of its outputs from r+1 and sends the gradient of its inputs to r-1. The
+# schedule says in which order. What the executor of one rank does:
+#
+# - **F of micro-batch i on virtual stage k.** The input is micro-batch i itself (k = 0), or an
+#   activation received from the previous rank, wrapped as a leaf Tensor that requires grad (its
+#   `.grad` is what goes back). Run the chunk; on the last virtual stage, also the loss. Keep
+#   (input, output) for the backward; send the output's array to the next rank.
+# - **B of micro-batch i on virtual stage k.** Take the kept pair; on the last stage,
+#   backpropagate the loss; elsewhere receive the gradient of the output from the next rank and
+#   backpropagate it (`out.backward(grad)`). Send the input's `.grad` to the previous rank
+#   (k > 0), and drop the pair: that is the memory 1F1B frees early.
+# - **Gradient accumulation.** Never zero the gradients between micro-batches: lesson 02's
+#   backward *adds* into `.grad`, so after all m backwards every parameter holds the sum over
+#   micro-batches. Scale each micro-batch's loss so that these add up to the batch's loss (here
+#   the caller's `loss_fn` does it: `b_i / B` times the micro-batch's mean); then the gradients
+#   equal those of the whole batch on one process, which the tests check to 1e-10.
+#
+# **Why it cannot deadlock.** `send` never blocks (lesson 12: buffered), so a rank only ever
+# waits in `recv`, for a message that the step it depends on sends. If the schedule is valid (the
+# simulator of section 2 finds no cycle), every awaited step eventually runs, and so every
+# `recv` is eventually matched. Two details make it true in practice: a rank sends its output
+# *before* moving to its next step (never "receive, then send"), and every message carries a tag
+# naming its micro-batch, chunk and direction, so a receive can never take the wrong message when
+# two are in flight between the same pair of ranks (in the interleaved schedule a rank receives
+# activations for two chunks from the same neighbour, not necessarily in the order it uses them).
+# With blocking sends (`MPI_Ssend`, or NCCL, where a send waits for its receive), 1F1B's steady
+# state has neighbours sending to each other at the same time; Megatron pairs those transfers
+# into one batched `isend/irecv` (`send_forward_recv_backward`) for exactly that reason.
+#
+# Given: `stage_forward` and `stage_backward` run a chunk's forward and backward and put them on
+# the rank's timeline, as an "F" or "B" interval labelled with the micro-batch (on the simulator
+# they charge the graph's FLOPs, lesson 12's `op_flops`, to the clock; under MPI they record the
+# wall-clock interval). `split_layers` deals a list of layers out to the virtual stages.
+
+# %%
+#| export
+def graph_flops(out: Tensor) -> float:
+    """Forward FLOPs of the graph that produced `out` (lesson 12's op_flops, summed over its ops)."""
+    return float(sum(op_flops(node) for node in topo_order(out) if node._parents))
+
+
+def _root(comm: Communicator) -> Communicator:
+    while hasattr(comm, "parent"):
+        comm = comm.parent
+    return comm
+
+
+def _record(comm: Communicator, kind: str, t0: float, flops: float, label: str) -> None:
+    """Put one F/B interval on the timeline: charged by FLOPs on the simulator, measured under MPI."""
+    if comm.engine == "sim":
+        comm.compute(flops=flops, kind=kind, label=label)
+    else:
+        root = _root(comm)
+        root.events.append(Event(root.rank, kind, t0, comm.time, label=label))
+
+
+def stage_forward(comm: Communicator, fn: Callable[[Any], Tensor], x: Any, label: str = "") -> Tensor:
+    """fn(x), recorded on comm's timeline as one "F" interval labelled `label`."""
+    t0 = comm.time
+    out = fn(x)
+    _record(comm, "F", t0, graph_flops(out) if isinstance(out, Tensor) else 0.0, label)
+    return out
+
+
+def stage_backward(comm: Communicator, out: Tensor, grad: Any = None, label: str = "") -> None:
+    """out.backward(grad) (grad None: out is a one-element loss), then forget out's graph;
+    recorded as one "B" interval (twice the forward FLOPs)."""
+    t0 = comm.time
+    flops = 2 * graph_flops(out)
+    out.backward(grad)
+    free_graph(out)
+    _record(comm, "B", t0, flops, label)
+
+
+class Stack(Module):
+    """Layers applied in order: one pipeline chunk."""
+
+    def __init__(self, layers: list):
+        self.layers = list(layers)
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def split_layers(layers: list, p: int, rank: int, v: int = 1) -> list[Stack]:
+    """The chunks of `rank` when `layers` are cut into p * v consecutive groups
+    (chunk_bounds(len(layers), p * v)): chunk c is virtual stage c * p + rank."""
+    if len(layers) < p * v:
+        raise ValueError(f"cannot cut {len(layers)} layers into {p} x {v} = {p * v} pipeline chunks")
+    bounds = chunk_bounds(len(layers), p * v)
+    return [Stack(layers[slice(*bounds[c * p + rank])]) for c in range(v)]
+
+# %% [markdown]
+# **Exercise 13.4.** Write `pipeline_step`, the executor of one rank. Let m be the number of
+# micro-batches and v the number of chunks; rank r's chunk c is virtual stage `k = c * p + r`,
+# whose input comes from rank `(r - 1) % p` and output goes to rank `(r + 1) % p`. Send arrays
+# (`tensor.data`), not Tensors. Give each message a tag that identifies it (a function of
+# direction, micro-batch and virtual stage, below 2**20).
+
+# %%
+#| export
+#| exercise 13.4
+def pipeline_step(comm: Communicator, chunks: list, steps: list, inputs: list, targets: list,
+                  loss_fn: Callable[[Tensor, Any], Tensor]) -> float:
+    """Run this rank's `steps` (one stage of a schedule) of a pipeline over comm's p ranks.
+
+    chunks[c]: a callable (Module) for virtual stage c * p + rank. inputs[i], targets[i]:
+    micro-batch i (read by the first and the last virtual stage); m = len(inputs).
+    loss_fn(output, targets[i]) -> one-element Tensor: micro-batch i's share of the batch loss.
+    Forwards and backwards run through stage_forward / stage_backward (labels "i" or "i.c").
+    Gradients accumulate in the parameters' .grad over the micro-batches (never zeroed here).
+    Returns the sum of the loss values computed on this rank (0.0 if it holds no last stage).
+    ValueError if the steps use a chunk this rank does not have."""
+    ### BEGIN SOLUTION
+    p, r, v, m = comm.size, comm.rank, len(chunks), len(inputs)
+    last = p * v - 1
+    if any(st.chunk >= v for st in steps):
+        raise ValueError(f"rank {r}: the steps use chunk {max(st.chunk for st in steps)}, but it holds {v} chunk(s)")
+    prev, nxt = (r - 1) % p, (r + 1) % p
+
+    def tag(kind: str, mb: int, k: int) -> int:  # k: the virtual stage that receives
+        return 2 * (k * m + mb) + (kind == "B")
+
+    kept: dict[tuple[int, int], tuple[Any, Tensor]] = {}
+    total = 0.0
+    for st in steps:
+        k = st.chunk * p + r
+        label = repr(st)[1:]
+        chunk = chunks[st.chunk]
+        if st.kind == "F":
+            x = inputs[st.mb] if k == 0 else Tensor(comm.recv(prev, tag("F", st.mb, k)), requires_grad=True)
+            if k == last:
+                out = stage_forward(comm, lambda h, c=chunk, y=targets[st.mb]: loss_fn(c(h), y), x, label)
+                total += out.item()
+            else:
+                out = stage_forward(comm, chunk, x, label)
+                comm.send(out.data, nxt, tag("F", st.mb, k + 1))
+            kept[(st.mb, st.chunk)] = (x, out)
+        else:
+            x, out = kept.pop((st.mb, st.chunk))
+            grad = None if k == last else comm.recv(nxt, tag("B", st.mb, k))
+            stage_backward(comm, out, grad, label)
+            if k > 0:
+                comm.send(x.grad.data, prev, tag("B", st.mb, k - 1))
+    return total
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("13.4")
+
+# %% [markdown]
+# Given: reading a pipeline's F/B intervals back from a run's timeline (simulated or measured),
+# and the bubble they show.
+
+# %%
+#| export
+def pipeline_intervals(result: RunResult) -> list[Interval]:
+    """The F and B intervals of a run of pipeline_step, as Intervals (stage = rank), time from 0."""
+    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main"]
+    t0 = min((e.start for e in events), default=0.0)
+    out = []
+    for e in events:
+        mb, _, chunk = e.label.partition(".")
+        out.append(Interval(e.rank, Step(e.kind, int(mb), int(chunk or 0)), e.start - t0, e.end - t0))
+    return out
+
+
+def measured_bubble(intervals: list[Interval], p: int) -> float:
+    """1 - (time spent in F and B) / (p * span), span from the first start to the last end."""
+    span = max(iv.end for iv in intervals) - min(iv.start for iv in intervals)
+    return 1.0 - sum(iv.end - iv.start for iv in intervals) / (p * span)
+
+# %% [markdown]
+# A 12-layer MLP (width 64, tanh) on 4 simulated ranks, 3 layers each, batch 96 in m = 8
+# micro-batches of 12, 1F1B. Each rank builds its own copy of the model from the same seed (as
+# separate processes would), keeps its chunk, and the gradients are compared with one process
+# training on the whole batch. The timeline is the simulator's clock (FLOPs at `flop_rate`, each
+# message `alpha + n beta`); compare it with the schedule simulator's picture of section 2.
+
+# %% tags=["demo"]
+from minitorch.comm import chunk_bounds, mpi_status, run
+from minitorch.nn import Linear, cross_entropy
+
+
+class Dense(Module):
+    """tanh(x @ W + b), or just x @ W + b for the output layer; float64."""
+
+    def __init__(self, n_in, n_out, rng, act=True):
+        self.lin = Linear(n_in, n_out, rng=rng, init="glorot")
+        for prm in self.lin.parameters():
+            prm.data = prm.data.astype(np.float64)
+        self.act = act
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.tanh() if self.act else y
+
+
+def mlp_layers(n_layers=12, width=64, classes=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return [Dense(width, width if i < n_layers - 1 else classes, rng, act=i < n_layers - 1) for i in range(n_layers)]
+
+
+BATCH, M = 96, 8
+data_rng = np.random.default_rng(1)
+X_pipe, y_pipe = data_rng.standard_normal((BATCH, 64)), data_rng.integers(0, 5, BATCH)
+
+
+def micro_batches(m):
+    bounds = chunk_bounds(BATCH, m)
+    return [Tensor(X_pipe[a:b]) for a, b in bounds], [y_pipe[a:b] for a, b in bounds]
+
+
+def batch_loss(out, y):  # micro-batch mean, scaled by its share of the batch
+    return cross_entropy(out, y) * (len(y) / BATCH)
+
+
+def pipeline_job(comm, schedule_fn, m, v=1):
+    layers = mlp_layers()
+    chunks = split_layers(layers, comm.size, comm.rank, v)
+    inputs, targets = micro_batches(m)
+    steps = schedule_fn(comm.size, m)[comm.rank] if v == 1 else schedule_fn(comm.size, m, v)[comm.rank]
+    loss = pipeline_step(comm, chunks, steps, inputs, targets, batch_loss)
+    return loss, [[prm.grad.data for prm in c.parameters()] for c in chunks]
+
+
+one = run(pipeline_job, 1, one_f_one_b_schedule, 1)
+four = run(pipeline_job, 4, one_f_one_b_schedule, M, alpha=2e-6, beta=1e-9, flop_rate=1e9)
+grads_one = [g for chunk in one.results[0][1] for g in chunk]
+grads_four = [g for r in four.results for chunk in r[1] for g in chunk]
+print(f"loss: one process {one.results[0][0]:.12f}, pipeline {sum(r[0] for r in four.results):.12f}; "
+      f"max |gradient difference| {max(abs(a - b).max() for a, b in zip(grads_one, grads_four)):.1e}")
+print(f"bytes sent per rank: {four.bytes_sent()}")
+ivs = pipeline_intervals(four)
+plot_pipeline(ivs, 4, unit="simulated seconds",
+              title=f"1F1B on the communicator's simulator: bubble {measured_bubble(ivs, 4):.3f} "
+              f"(unit-time formula {3 / (M + 3):.3f})")
+plt.show()
+
+# %% [markdown]
+# The bubble on the simulated clock is a little above the unit-time formula: the messages cost
+# time on the critical path (`alpha + n beta` per hop, at the start and the end of the pipeline),
+# and a backward costs about twice a forward here, not exactly. The same function runs on MPI
+# (section 9 measures it).
+#
+# ## 5. Tensor parallelism: the MLP with one all-reduce each way
+#
+# Pipelining splits the model between layers; tensor parallelism (Shoeybi et al. 2019) splits
+# every layer. Take the transformer MLP, `Y = act(X A + a) B + b`, with A of shape (C, H) and B
+# of shape (H, C), on N ranks:
+#
+# - Cut A **by columns**: rank r holds `A_r = A[:, cols_r]` and `a_r`, H/N columns each. Then
+#   `act(X A_r + a_r)` is exactly the block `cols_r` of `act(X A + a)`: the nonlinearity works
+#   elementwise, so no communication is needed (cutting A by rows instead would need an
+#   all-reduce *before* the nonlinearity).
+# - Cut B **by rows**, the same `cols_r`: `Z_r = act(X A_r + a_r) B_r` is rank r's share of a sum,
+#   `X A B = sum_r Z_r`. One **all-reduce** gives every rank the full output. Add the bias b
+#   *after* it: added before, it would be summed N times.
+#
+# Forward: one all-reduce (`g` in the paper). Backward, by the chain rule: the gradient of Y is
+# the same on every rank, so the gradients of `B_r`, `A_r`, `a_r` are local; but X fed all N
+# shards, and its gradient is the **sum** of the N ranks' contributions: a second all-reduce
+# (`f`). Megatron writes these as two conjugate autograd operators:
+#
+# | operator | forward | backward |
+# |---|---|---|
+# | `f` (`copy_to_tp`) | identity | all-reduce the gradient |
+# | `g` (`reduce_from_tp`) | all-reduce | identity |
+#
+# and the MLP as `g(act(f(X) A_r + a_r) B_r) + b`. Per layer and micro-batch that is one
+# all-reduce of the activations (B x T x C numbers) each way, and a rank holds 1/N of the
+# weights and 1/N of the hidden activations. All ranks need the same input X: tensor-parallel
+# ranks see the same micro-batch, unlike data-parallel ranks.
+#
+# A width that N does not divide cannot be cut evenly: reject it with a clear error (Megatron
+# does), or pad it. Megatron pads the *vocabulary* (the output layer's width) up to a multiple of
+# 128 times N with unused rows, e.g. GPT-2's 50,257 to 50,304 on one rank (`make-vocab-size-
+# divisible-by`); the tiny GPT's 103 characters are a prime number, so only padding could cut
+# its output layer.
+#
+# **Exercise 13.5.** Write `copy_to_tp` and `reduce_from_tp` as autograd operations
+# (`x._record(out, (x,), vjp, name)`, as lesson 02's ops do) calling the all-reduce you are
+# given (`allreduce(comm, array)`: lesson 12's `ring_allreduce` by default; the tests pass their
+# own and count the calls), and `TensorParallelMLP`: its constructor takes the two full Linear
+# layers and keeps this rank's shards as new Parameters (copies); ValueError naming the width and
+# the number of ranks unless N divides the hidden width.
+
+# %%
+#| export
+#| exercise 13.5
+def copy_to_tp(comm: Communicator, x: Tensor, allreduce: Callable = ring_allreduce) -> Tensor:
+    """Megatron's f: forward the identity (a new node), backward all-reduce (sum) the gradient
+    over comm's ranks with allreduce(comm, array)."""
+    ### BEGIN SOLUTION
+    return x._record(Tensor(x.data), (x,), lambda g: (allreduce(comm, g),), "tp_copy")
+    ### END SOLUTION
+
+
+def reduce_from_tp(comm: Communicator, x: Tensor, allreduce: Callable = ring_allreduce) -> Tensor:
+    """Megatron's g: forward all-reduce (sum) x over comm's ranks, backward the identity."""
+    ### BEGIN SOLUTION
+    return x._record(Tensor(allreduce(comm, x.data)), (x,), lambda g: (g,), "tp_reduce")
+    ### END SOLUTION
+
+
+class TensorParallelMLP(Module):
+    """Rank comm.rank's share of y = act(x @ A + a) @ B + b, Megatron-style.
+
+    fc (Linear C -> H: A, a) and proj (Linear H -> C: B, b) are the full layers; this rank keeps
+    the columns cols = chunk_bounds(H, N)[rank] of A and a (fc_weight (C, H/N), fc_bias (H/N,)),
+    the same rows of B (proj_weight (H/N, C)) and all of b (proj_bias (C,)), as new Parameters.
+    forward(x (..., C)) -> (..., C): g(act(f(x) @ fc_weight + fc_bias) @ proj_weight) + proj_bias.
+    ValueError naming H and N unless N divides H."""
+
+    def __init__(self, comm: Communicator, fc: Any, proj: Any, activation: Callable[[Tensor], Tensor],
+                 allreduce: Callable = ring_allreduce):
+        self.comm, self.activation, self.allreduce = comm, activation, allreduce
+        ### BEGIN SOLUTION
+        hidden, n = fc.weight.shape[1], comm.size
+        if hidden % n:
+            raise ValueError(f"tensor parallelism: the hidden width {hidden} is not divisible by the "
+                             f"{n} ranks (pad it, or use a rank count that divides it)")
+        lo, hi = chunk_bounds(hidden, n)[comm.rank]
+        self.fc_weight = Parameter(fc.weight.data[:, lo:hi])
+        self.fc_bias = Parameter(fc.bias.data[lo:hi])
+        self.proj_weight = Parameter(proj.weight.data[lo:hi, :])
+        self.proj_bias = Parameter(proj.bias.data)
+        ### END SOLUTION
+
+    def forward(self, x: Tensor) -> Tensor:
+        ### BEGIN SOLUTION
+        h = self.activation(copy_to_tp(self.comm, x, self.allreduce) @ self.fc_weight + self.fc_bias)
+        return reduce_from_tp(self.comm, h @ self.proj_weight, self.allreduce) + self.proj_bias
+        ### END SOLUTION
+
+# %% tags=["check"]
+check("13.5")
+
+# %% [markdown]
+# The same MLP (width 64, hidden 256, tanh, float64, a batch of 24) on 1 process and on 4
+# simulated ranks, with an all-reduce that counts its calls: one in the forward, one in the
+# backward, and each rank sends `2 (N-1)/N S` bytes per ring all-reduce of S bytes (lesson 12).
+
+# %% tags=["demo"]
+def counting(log):
+    def allreduce(comm, x):
+        log.append(x.nbytes)
+        return ring_allreduce(comm, x)
+    return allreduce
+
+
+def tp_mlp_job(comm):
+    rng = np.random.default_rng(0)
+    fc, proj = Linear(64, 256, rng=rng), Linear(256, 64, rng=rng)
+    for prm in fc.parameters() + proj.parameters():
+        prm.data = prm.data.astype(np.float64) + 0.1
+    x = Tensor(np.random.default_rng(1).standard_normal((24, 64)), requires_grad=True)
+    log = []
+    mlp = TensorParallelMLP(comm, fc, proj, lambda h: h.tanh(), counting(log))
+    y = mlp(x)
+    forward_calls = len(log)
+    (y * y).sum().backward()
+    return y.data, x.grad.data, forward_calls, len(log) - forward_calls, comm.stats["bytes_sent"]
+
+
+ref = run(tp_mlp_job, 1).results[0]
+res = run(tp_mlp_job, 4)
+y4, gx4, n_fwd, n_bwd, sent = res.results[0]
+S = 24 * 64 * 8
+print(f"output differs by {abs(y4 - ref[0]).max():.1e}, input gradient by {abs(gx4 - ref[1]).max():.1e}")
+print(f"all-reduces: {n_fwd} in the forward, {n_bwd} in the backward; bytes sent per rank {res.bytes_sent()} "
+      f"= 2 x 2(N-1)/N x {S} = {2 * 2 * 3 / 4 * S:.0f}")
+
+# %% [markdown]
+# ## 8. A planner: which combination, on which cluster?
+#
+# On N ranks a plan chooses data parallelism `dp`, tensor parallelism `tp` and pipeline
+# parallelism `pp` with `dp * tp * pp = N`, and the number m of micro-batches per step. Every
+# choice trades something:
+#
+# - **tp** divides each layer's weights and FLOPs by tp, but costs 4 all-reduces of the
+#   activations per layer and micro-batch (2 forward, 2 backward), on the critical path. Over
+#   NVLink inside a node that is cheap; over the network between nodes, ruinous. Narayanan et al.
+#   (2021b) keep tp within a node (tp <= 8 on DGX machines:
+#   [how a DGX H100 is wired](../hardware_notes/interconnects.md#how-a-dgx-h100-is-wired)).
+# - **pp** divides the layers, with only one activation per micro-batch crossing each stage
+#   boundary (point to point, fine across nodes), but adds the bubble `(pp-1)/(m+pp-1)`, which
+#   wants m large, i.e. small micro-batches, which compute less efficiently on a real GPU.
+# - **dp** divides the batch, costs one all-reduce of the gradients per step (which lesson 12
+#   overlaps with the backward pass; we do not, here), and divides nothing of the model's memory
+#   (unless ZeRO, lesson 12).
+#
+# **The model.** A GPT of L layers, width d, h heads, sequence s, global batch B sequences,
+# 16-bit activations and gradients, mixed-precision Adam (16 bytes of state per parameter:
+# [transformer arithmetic](../hardware_notes/transformer_arithmetic.md#memory)). Per layer it has
+# `12 d^2 + 13 d` parameters and its forward costs `24 b s d^2 + 4 b s^2 d` FLOPs for b sequences
+# (Narayanan et al. 2021b; the backward twice that); the embeddings and the output layer are
+# left out. Per rank, with `b = B / (dp m)` sequences per micro-batch and `Ls = L / pp` layers:
+#
+# ```
+# AR(n, S)  = 2 (n-1) (alpha + S/n beta)          ring all-reduce of S bytes on n ranks (0 if n = 1)
+# a         = 2 b s d                             bytes of one micro-batch's activations
+# t_F       = Ls (F(b) / (tp R) + 2 AR_tp(tp, a))  forward of one micro-batch on one stage (R: FLOP/s)
+# t_B       = Ls (2 F(b) / (tp R) + 2 AR_tp(tp, a))
+# c         = alpha_pp + a beta_pp  (0 if pp = 1)  one point-to-point message
+# P         = Ls (12 d^2 + 13 d) / tp             parameters per rank
+# time      = (m + pp - 1)(t_F + t_B + 2c) + AR_dp(dp, 2 P)
+# memory    = 16 P + Ls min(pp, m) s b d (10 + 24/tp + 5 h s / (d tp))
+# ```
+#
+# The time is 1F1B's `(m + p - 1)` slots of one forward and one backward each, every slot paying
+# its two messages (an upper bound: the first and last stages send one), then the gradient
+# all-reduce. The memory is the model states plus the activations stage 0 keeps: `min(pp, m)`
+# micro-batches in flight (section 2), each `s b d (10 + 24/tp + 5 h s/(d tp))` bytes per layer,
+# Korthikanti et al.'s (2022) count for 16-bit tensor-parallel training without recomputation
+# (the `5 h s^2 b` term is the attention scores, which FlashAttention does not keep).
+#
+# Which links? A group whose ranks all sit in one node talks over the node's link (NVLink), any
+# other over the network. Ranks are numbered Megatron's way, tp fastest, then pp, then dp:
+# `rank = (d * pp + s) * tp + t`, so a tp group spans tp consecutive ranks, a pipeline tp * pp,
+# and a dp group all N. `link_for(cluster, span)` (given) returns the (alpha, beta) of a group
+# spanning `span` consecutive ranks.
+#
+# **Checked against the simulator.** `simulate_plan` (given) runs the plan as a skeleton on the
+# communicator's simulator: N ranks that charge the FLOPs to their clocks, run the ring
+# all-reduces of lesson 12 in their tp and dp groups (`comm.group`) and pass activations and
+# gradients along the pipeline, following a schedule you give it, without computing anything.
+# Its clock is the real critical path of the plan under the alpha-beta model. With
+# `alpha = beta = 0` your estimate must equal it; with communication, it must stay within 5%.
+#
+# **Exercise 13.8.** Write `estimate_plan` (the formulas above; ValueError naming the problem
+# when `dp * tp * pp != N`, tp does not divide the heads, pp does not divide the layers, or
+# `dp * m` does not divide the batch) and `best_plan`: every valid plan (every factorisation
+# of N and every m), the fastest whose memory fits `cluster.memory`; ties go to the smaller
+# memory, then the smaller (tp, pp, m). ValueError if none fits.
+
+# %%
+#| export
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT for planning: n_layer layers of width d_model with n_head heads, sequences of seq_len
+    tokens, a global batch of `batch` sequences; 16-bit activations, 16 bytes of state per parameter."""
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    batch: int
+
+    @property
+    def params_per_layer(self) -> int:
+        return 12 * self.d_model ** 2 + 13 * self.d_model
+
+    def layer_flops(self, b: int) -> float:
+        """Forward FLOPs of one layer on b sequences: 24 b s d^2 + 4 b s^2 d."""
+        s, d = self.seq_len, self.d_model
+        return 24.0 * b * s * d * d + 4.0 * b * s * s * d
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """n_ranks accelerators of `memory` bytes and `flop_rate` FLOP/s each. alpha, beta: the network
+    between nodes; node_size ranks per node, linked by (alpha_node, beta_node) (default: the network's)."""
+    n_ranks: int
+    memory: float
+    flop_rate: float
+    alpha: float
+    beta: float
+    node_size: int = 1
+    alpha_node: float | None = None
+    beta_node: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """dp * tp * pp ranks; m micro-batches per step (per data-parallel replica)."""
+    dp: int
+    tp: int
+    pp: int
+    m: int
+
+
+class Estimate(NamedTuple):
+    memory: float  # bytes per rank (the most loaded: pipeline stage 0)
+    time: float    # seconds per training step
+
+
+def link_for(cluster: ClusterSpec, span: int) -> tuple[float, float]:
+    """(alpha, beta) of a group spanning `span` consecutive ranks (aligned): the node's link when
+    those ranks all sit in one node (span divides node_size), else the network's."""
+    if span <= cluster.node_size and cluster.node_size % span == 0:
+        return (cluster.alpha if cluster.alpha_node is None else cluster.alpha_node,
+                cluster.beta if cluster.beta_node is None else cluster.beta_node)
+    return cluster.alpha, cluster.beta
+
+
+def ring_allreduce_time(n: int, nbytes: float, alpha: float, beta: float) -> float:
+    """Lesson 12's ring all-reduce: 2 (n-1) (alpha + nbytes/n beta); 0 on one rank."""
+    return 2 * (n - 1) * (alpha + nbytes / n * beta) if n > 1 else 0.0
+
+
+def _plan_job(comm: Communicator, model: ModelSpec, plan: Plan, steps_by_stage: list) -> None:
+    """One rank of simulate_plan's skeleton: FLOPs charged, messages of the right sizes, no arithmetic."""
+    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.m
+    r = comm.rank
+    d_i, rest = divmod(r, pp * tp)
+    s_i, t_i = divmod(rest, tp)
+    tp_group = comm.group([(d_i * pp + s_i) * tp + t for t in range(tp)]) if tp > 1 else None
+    dp_group = comm.group([(x * pp + s_i) * tp + t_i for x in range(dp)]) if dp > 1 else None
+    b, ls = model.batch // (dp * m), model.n_layer // pp
+    activation = np.zeros(2 * b * model.seq_len * model.d_model, np.uint8)
+    flops = model.layer_flops(b) / tp
+    for st in steps_by_stage[s_i]:
+        forward = st.kind == "F"
+        if forward and s_i > 0:
+            comm.recv(r - tp, tag=2 * st.mb)
+        if not forward and s_i < pp - 1:
+            comm.recv(r + tp, tag=2 * st.mb + 1)
+        for _ in range(ls):
+            comm.compute(flops=flops if forward else 2 * flops, kind=st.kind, label=repr(st)[1:])
+            if tp_group is not None:
+                ring_allreduce(tp_group, activation)
+                ring_allreduce(tp_group, activation)
+        if forward and s_i < pp - 1:
+            comm.send(activation, r + tp, tag=2 * st.mb)
+        if not forward and s_i > 0:
+            comm.send(activation, r - tp, tag=2 * st.mb + 1)
+    if dp_group is not None:
+        ring_allreduce(dp_group, np.zeros(round(2 * ls * model.params_per_layer / tp), np.uint8))
+
+
+def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                  schedule_fn: Callable[[int, int], Schedule]) -> RunResult:
+    """Run `plan` as a skeleton on the communicator's simulator (alpha, beta, flop_rate of the
+    cluster): every rank follows schedule_fn(pp, m)'s steps for its stage, charges each layer's
+    FLOPs / tp to its clock, runs two ring all-reduces of the activations per layer in its tp group,
+    passes activations and gradients to the neighbouring stages, then ring all-reduces its 16-bit
+    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. The
+    simulator has one kind of link: clusters whose node link differs from the network are refused."""
+    node = link_for(cluster, 1)
+    if cluster.node_size > 1 and node != (cluster.alpha, cluster.beta):
+        raise ValueError("simulate_plan has one kind of link: give a cluster whose node link equals its network")
+    estimate_checks = (plan.dp * plan.tp * plan.pp == cluster.n_ranks, model.n_head % plan.tp == 0,
+                       model.n_layer % plan.pp == 0, model.batch % (plan.dp * plan.m) == 0)
+    if not all(estimate_checks):
+        raise ValueError(f"{plan} is not a valid plan for {model} on {cluster.n_ranks} ranks")
+    steps = schedule_fn(plan.pp, plan.m)
+    return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=cluster.alpha, beta=cluster.beta,
+               flop_rate=cluster.flop_rate)
+
+# %%
+#| export
+#| exercise 13.8
+def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
+    """Memory per rank (bytes) and step time (seconds) of `plan`, by the formulas of section 8:
+    b = batch / (dp m), Ls = n_layer / pp, a = 2 b s d, F = model.layer_flops(b), R = flop_rate,
+    links from link_for (tp group: span tp; pipeline: tp * pp; dp group: n_ranks),
+    t_F = Ls (F / (tp R) + 2 AR(tp, a)), t_B = Ls (2 F / (tp R) + 2 AR(tp, a)),
+    c = alpha_pp + a beta_pp (0 if pp == 1), P = Ls * params_per_layer / tp,
+    time = (m + pp - 1)(t_F + t_B + 2 c) + AR(dp, 2 P),
+    memory = 16 P + Ls min(pp, m) s b d (10 + 24/tp + 5 h s / (d tp)).
+    ValueError naming the problem if dp*tp*pp != n_ranks, n_head % tp, n_layer % pp or batch % (dp*m)."""
+    ### BEGIN SOLUTION
+    dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.m
+    if min(dp, tp, pp, m) < 1:
+        raise ValueError(f"{plan}: every degree and m must be >= 1")
+    if dp * tp * pp != cluster.n_ranks:
+        raise ValueError(f"{plan}: dp * tp * pp = {dp * tp * pp}, but the cluster has {cluster.n_ranks} ranks")
+    if model.n_head % tp:
+        raise ValueError(f"{plan}: tp={tp} does not divide the {model.n_head} heads")
+    if model.n_layer % pp:
+        raise ValueError(f"{plan}: pp={pp} does not divide the {model.n_layer} layers")
+    if model.batch % (dp * m):
+        raise ValueError(f"{plan}: dp * m = {dp * m} does not divide the batch of {model.batch} sequences")
+    s, d, h = model.seq_len, model.d_model, model.n_head
+    b, ls = model.batch // (dp * m), model.n_layer // pp
+    a = 2.0 * b * s * d
+    flops = model.layer_flops(b)
+    rate = cluster.flop_rate
+    tp_ar = ring_allreduce_time(tp, a, *link_for(cluster, tp))
+    t_f = ls * (flops / (tp * rate) + 2 * tp_ar)
+    t_b = ls * (2 * flops / (tp * rate) + 2 * tp_ar)
+    alpha_pp, beta_pp = link_for(cluster, tp * pp)
+    c = alpha_pp + a * beta_pp if pp > 1 else 0.0
+    params = ls * model.params_per_layer / tp
+    time = (m + pp - 1) * (t_f + t_b + 2 * c) + ring_allreduce_time(dp, 2 * params, *link_for(cluster, cluster.n_ranks))
+    memory = 16 * params + ls * min(pp, m) * s * b * d * (10 + 24 / tp + 5 * h * s / (d * tp))
+    return Estimate(memory, time)
+    ### END SOLUTION
+
+
+def best_plan(model: ModelSpec, cluster: ClusterSpec) -> tuple[Plan, Estimate]:
+    """The fastest valid plan whose memory fits cluster.memory, over every (dp, tp, pp) with
+    dp * tp * pp = n_ranks and every m. Ties: smaller memory, then smaller (tp, pp, m).
+    ValueError if no plan fits."""
+    ### BEGIN SOLUTION
+    n = cluster.n_ranks
+    best, smallest = None, None
+    for tp, pp in product(range(1, n + 1), repeat=2):
+        if n % (tp * pp) or model.n_head % tp or model.n_layer % pp:
+            continue
+        dp = n // (tp * pp)
+        if model.batch % dp:
+            continue
+        for m in range(1, model.batch // dp + 1):
+            if (model.batch // dp) % m:
+                continue
+            plan = Plan(dp, tp, pp, m)
+            est = estimate_plan(model, cluster, plan)
+            if smallest is None or est.memory < smallest[1].memory:
+                smallest = (plan, est)
+            if est.memory > cluster.memory:
+                continue
+            key = (est.time, est.memory, tp, pp, m)
+            if best is None or key < best[0]:
+                best = (key, plan, est)
+    if best is None:
+        raise ValueError(f"no plan fits in {cluster.memory / 1e9:.3g} GB per rank"
+                         + (f": the smallest, {smallest[0]}, needs {smallest[1].memory / 1e9:.3g} GB" if smallest else
+                            " (no valid plan at all: check the batch, heads and layers against the rank count)"))
+    return best[1], best[2]
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("13.8")

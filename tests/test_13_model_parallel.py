@@ -1,0 +1,787 @@
+"""Lesson 13: pipeline, tensor and sequence parallelism.
+
+Schedules are checked against the test's own oracles (the published orders, and a dependency
+simulator written here) for many (p, m), including m < p and m = p; the simulator against exact
+(Fraction) arithmetic. Pipeline, tensor-parallel and ring-attention runs are compared in float64
+with the unpartitioned computation (1e-10), for 1 to 4 ranks; communication structure through the
+simulator's counters and timeline, and through an all-reduce that counts its calls. The planner is
+checked against the formulas and against the communicator's simulator. Exercises are graded on
+their own: where one needs another's result (a schedule, an all-reduce), the test brings its own.
+Key cases also run under `mpiexec -n 4` (one launch for the whole file: on 4 ranks, then on 2 of
+them as a group) and must agree with the simulator bit for bit."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from minitorch.autograd import Tensor
+from minitorch.comm import DeadlockError, chunk_bounds
+from minitorch.nn import Linear, Module, cross_entropy
+
+pytestmark = pytest.mark.lesson13
+
+ALPHA, BETA = 3e-6, 2e-10
+
+
+def sim(lesson, fn, nranks, *args, alpha=ALPHA, beta=BETA, flop_rate=1e10, **kwargs):
+    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, flop_rate=flop_rate,
+                      timeout=60, **kwargs)
+
+
+# ---------------------------------------------------------------- oracles: schedules and their timing
+
+
+def S(lesson, kind, mb, chunk=0):
+    return lesson.Step(kind, mb, chunk)
+
+
+def oracle_gpipe(p, m):
+    return [[("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)] for _ in range(p)]
+
+
+def oracle_1f1b(p, m):
+    out = []
+    for s in range(p):
+        w = min(p - s - 1, m)
+        row = [("F", i, 0) for i in range(w)]
+        for i in range(m - w):
+            row += [("F", w + i, 0), ("B", i, 0)]
+        out.append(row + [("B", i, 0) for i in range(m - w, m)])
+    return out
+
+
+def oracle_interleaved(p, m, v):
+    total, out = m * v, []
+    for s in range(p):
+        w = min((p - s - 1) * 2 + (v - 1) * p, total)
+
+        def step(kind, k):
+            c = (k % (p * v)) // p
+            return (kind, (k // (p * v)) * p + k % p, c if kind == "F" else v - 1 - c)
+        row = [step("F", k) for k in range(w)]
+        for i in range(total - w):
+            row += [step("F", w + i), step("B", i)]
+        out.append(row + [step("B", k) for k in range(total - w, total)])
+    return out
+
+
+def as_steps(lesson, schedule):
+    return [[lesson.Step(*s) for s in row] for row in schedule]
+
+
+def plain(schedule):
+    return [[(s[0], int(s[1]), int(s[2]) if len(s) > 2 else 0) for s in row] for row in schedule]
+
+
+def oracle_simulate(schedule, t_f, t_b, t_comm=0):
+    """{(stage, kind, mb, chunk): (start, end)} by the dependency rules; None on a deadlock."""
+    p = len(schedule)
+    v = 1 + max(s[2] for row in schedule for s in row)
+    last, comm = p * v - 1, (t_comm if p > 1 else 0)
+    end, times, free, pos = {}, {}, [0] * p, [0] * p
+    while any(pos[s] < len(schedule[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pos[s] < len(schedule[s]):
+                kind, mb, c = schedule[s][pos[s]]
+                k = c * p + s
+                deps = ([(("F", k - 1, mb), comm)] if k > 0 else []) if kind == "F" else \
+                    [(("F", k, mb), 0)] + ([(("B", k + 1, mb), comm)] if k < last else [])
+                if any(d not in end for d, _ in deps):
+                    break
+                start = max([free[s]] + [end[d] + x for d, x in deps])
+                stop = start + (t_f if kind == "F" else t_b)
+                end[(kind, k, mb)] = free[s] = stop
+                times[(s, kind, mb, c)] = (start, stop)
+                pos[s] += 1
+                moved = True
+        if not moved:
+            return None
+    return times
+
+
+def in_flight(row):
+    held = peak = 0
+    for kind, _, _ in row:
+        held += 1 if kind == "F" else -1
+        peak = max(peak, held)
+    return peak
+
+
+PM = [(1, 1), (1, 4), (2, 1), (2, 2), (2, 5), (3, 2), (3, 3), (3, 7), (4, 1), (4, 3), (4, 4), (4, 8), (5, 12), (8, 3),
+      (8, 8), (8, 19)]
+
+
+# ---------------------------------------------------------------- 13.1 GPipe and 1F1B
+
+
+def check_valid(schedule, p, m, what):
+    assert isinstance(schedule, list) and len(schedule) == p, \
+        f"{what}: expected a list of {p} stages, got {type(schedule).__name__} of length {len(schedule)}"
+    for s, row in enumerate(schedule):
+        want = sorted([("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)])
+        assert sorted(row) == want, f"{what}, stage {s}: every stage must run F and B of micro-batches 0..{m - 1} " \
+                                    f"exactly once, got {row}"
+        for i in range(m):
+            assert row.index(("F", i, 0)) < row.index(("B", i, 0)), f"{what}, stage {s}: B{i} before F{i}"
+    assert oracle_simulate(schedule, 1, 2) is not None, f"{what}: the schedule deadlocks: {schedule}"
+
+
+@pytest.mark.exercise("13.1")
+@pytest.mark.parametrize("p,m", PM)
+def test_gpipe_schedule(lesson, p, m):
+    got = plain(lesson.gpipe_schedule(p, m))
+    check_valid(got, p, m, f"gpipe_schedule({p}, {m})")
+    assert got == oracle_gpipe(p, m), f"gpipe_schedule({p}, {m}): expected all forwards then all backwards, " \
+                                      f"got stage 0 = {got[0]}"
+    assert [in_flight(row) for row in got] == [m] * p, "GPipe holds all m micro-batches on every stage"
+
+
+@pytest.mark.exercise("13.1")
+@pytest.mark.parametrize("p,m", PM)
+def test_1f1b_schedule(lesson, p, m):
+    got = plain(lesson.one_f_one_b_schedule(p, m))
+    check_valid(got, p, m, f"one_f_one_b_schedule({p}, {m})")
+    want = oracle_1f1b(p, m)
+    for s in range(p):
+        assert got[s] == want[s], f"one_f_one_b_schedule({p}, {m}), stage {s}: expected {want[s]}, got {got[s]}"
+    peaks = [in_flight(row) for row in got]
+    assert peaks[0] <= p and peaks == [min(p - s, m) for s in range(p)], \
+        f"1F1B must hold at most p - s micro-batches on stage s (p={p}, m={m}), got {peaks}"
+
+
+@pytest.mark.exercise("13.1")
+@settings(max_examples=40)
+@given(p=st.integers(1, 12), m=st.integers(1, 30))
+@example(p=6, m=6)
+@example(p=9, m=2)
+def test_schedules_bubble_and_memory(lesson, p, m):
+    g, o = plain(lesson.gpipe_schedule(p, m)), plain(lesson.one_f_one_b_schedule(p, m))
+    tg, to = oracle_simulate(g, Fraction(1), Fraction(2)), oracle_simulate(o, Fraction(1), Fraction(2))
+    assert tg is not None and to is not None, f"p={p}, m={m}: a schedule deadlocks"
+    for name, times in (("GPipe", tg), ("1F1B", to)):
+        makespan = max(e for _, e in times.values())
+        bubble = (p * makespan - 3 * m * p) / (p * makespan)
+        assert bubble == Fraction(p - 1, m + p - 1), \
+            f"{name}, p={p}, m={m}: bubble {bubble}, expected (p-1)/(m+p-1) = {Fraction(p - 1, m + p - 1)}"
+    assert in_flight(g[0]) == m and in_flight(o[0]) == min(p, m)
+
+
+@pytest.mark.exercise("13.1")
+def test_schedules_reject_bad_sizes(lesson):
+    for fn in (lesson.gpipe_schedule, lesson.one_f_one_b_schedule):
+        for p, m in [(0, 3), (3, 0), (-1, 2), (2.0, 3), (2, True)]:
+            with pytest.raises(ValueError):
+                fn(p, m)
+
+
+# ---------------------------------------------------------------- 13.2 the simulator
+
+
+def check_timeline(lesson, schedule, t_f, t_b, t_comm, what):
+    tl = lesson.simulate_schedule(as_steps(lesson, schedule), t_f, t_b, t_comm)
+    want = oracle_simulate(schedule, t_f, t_b, t_comm)
+    got = {(iv.stage, iv.step.kind, iv.step.mb, iv.step.chunk): (iv.start, iv.end) for iv in tl.intervals}
+    assert len(tl.intervals) == len(want), f"{what}: expected {len(want)} intervals, got {len(tl.intervals)}"
+    for key, (start, end) in want.items():
+        assert key in got, f"{what}: no interval for stage {key[0]} step {key[1:]}"
+        assert got[key] == (start, end), f"{what}: stage {key[0]} step {key[1]}{key[2]}.{key[3]} should run " \
+                                         f"from {start} to {end} (as early as its stage and dependency allow), " \
+                                         f"got {got[key]}"
+    p = len(schedule)
+    makespan = max(e for _, e in want.values())
+    busy = sum(e - s for s, e in want.values())
+    assert tl.makespan == makespan, f"{what}: makespan {tl.makespan}, expected {makespan}"
+    assert tl.bubble == (p * makespan - busy) / (p * makespan), f"{what}: bubble {tl.bubble}, expected " \
+                                                                  f"{(p * makespan - busy) / (p * makespan)}"
+    assert list(tl.peak_in_flight) == [in_flight(row) for row in schedule], \
+        f"{what}: peak_in_flight {tl.peak_in_flight}, expected {[in_flight(row) for row in schedule]}"
+    return tl
+
+
+@pytest.mark.exercise("13.2")
+@pytest.mark.parametrize("p,m", PM)
+def test_simulator_gpipe_bubble_exact(lesson, p, m):
+    tl = check_timeline(lesson, oracle_gpipe(p, m), Fraction(1), Fraction(2), 0, f"GPipe p={p} m={m}")
+    assert tl.makespan == 3 * (m + p - 1)
+    assert tl.bubble == Fraction(p - 1, m + p - 1), \
+        f"GPipe p={p} m={m} in unit time: bubble must be exactly (p-1)/(m+p-1) = {Fraction(p - 1, m + p - 1)}, " \
+        f"got {tl.bubble}"
+    ints = lesson.simulate_schedule(as_steps(lesson, oracle_gpipe(p, m)), 2, 3)
+    assert ints.makespan == 5 * (m + p - 1) and abs(ints.bubble - (p - 1) / (m + p - 1)) < 1e-15
+
+
+@pytest.mark.exercise("13.2")
+@pytest.mark.parametrize("p,m", PM[::2])
+def test_simulator_1f1b_and_comm(lesson, p, m):
+    check_timeline(lesson, oracle_1f1b(p, m), Fraction(1), Fraction(2), 0, f"1F1B p={p} m={m}")
+    check_timeline(lesson, oracle_1f1b(p, m), Fraction(3), Fraction(5), Fraction(1, 2), f"1F1B p={p} m={m}, t_comm=1/2")
+    check_timeline(lesson, oracle_gpipe(p, m), 1.5, 2.25, 0.125, f"GPipe p={p} m={m}, float times")
+
+
+@pytest.mark.exercise("13.2")
+@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 2)])
+def test_simulator_virtual_stages(lesson, p, m, v):
+    check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1, v), Fraction(2, v), 0, f"interleaved p={p} m={m} v={v}")
+    check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1), Fraction(2), Fraction(1, 3),
+                   f"interleaved p={p} m={m} v={v}, t_comm=1/3")
+
+
+@pytest.mark.exercise("13.2")
+def test_simulator_own_order_not_a_fixed_one(lesson):
+    """A valid schedule that is neither GPipe nor 1F1B: stage 1 takes micro-batches out of order."""
+    sched = [[("F", 0, 0), ("F", 1, 0), ("F", 2, 0), ("B", 2, 0), ("B", 0, 0), ("B", 1, 0)],
+             [("F", 2, 0), ("F", 0, 0), ("B", 2, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)]]
+    check_timeline(lesson, sched, 1, 2, 1, "a custom schedule")
+
+
+@pytest.mark.exercise("13.2")
+def test_simulator_reports_deadlock(lesson):
+    bad = [[("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0)],
+           [("F", 0, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)]]
+    with pytest.raises(DeadlockError, match="stage"):
+        lesson.simulate_schedule(as_steps(lesson, bad))
+
+
+@pytest.mark.exercise("13.2")
+@pytest.mark.parametrize("bad", [
+    [[("F", 0, 0), ("B", 0, 0), ("F", 1, 0)], [("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0)]],  # B1 missing
+    [[("F", 0, 0), ("F", 0, 0), ("B", 0, 0)]],                                                          # F0 twice
+    [[("B", 0, 0), ("F", 0, 0)]],                                                                       # B before F
+    [[("F", 0, 0), ("B", 0, 0)], [("F", 1, 0), ("B", 1, 0)]],                                           # different mbs
+    [[("X", 0, 0), ("B", 0, 0)]],                                                                       # bad kind
+])
+def test_simulator_rejects_malformed(lesson, bad):
+    with pytest.raises(ValueError):
+        lesson.simulate_schedule(as_steps(lesson, bad))
+
+
+# ---------------------------------------------------------------- 13.3 interleaved
+
+
+@pytest.mark.exercise("13.3")
+@pytest.mark.parametrize("p,m,v", [(1, 3, 1), (1, 2, 3), (2, 2, 2), (2, 4, 2), (2, 6, 3), (3, 3, 2), (3, 9, 2),
+                                   (3, 6, 1), (4, 4, 2), (4, 8, 1), (4, 8, 2), (4, 8, 3), (4, 12, 4), (8, 16, 2)])
+def test_interleaved_schedule(lesson, p, m, v):
+    got = plain(lesson.interleaved_schedule(p, m, v))
+    want = oracle_interleaved(p, m, v)
+    assert len(got) == p, f"interleaved_schedule({p}, {m}, {v}): expected {p} stages, got {len(got)}"
+    for s in range(p):
+        assert sorted(got[s]) == sorted(want[s]), f"interleaved_schedule({p}, {m}, {v}), stage {s}: every stage " \
+            f"must run F and B of every (micro-batch, chunk) once"
+        assert got[s] == want[s], f"interleaved_schedule({p}, {m}, {v}), stage {s}: expected Megatron's order " \
+                                  f"{want[s][:12]}..., got {got[s][:12]}..."
+    times = oracle_simulate(got, Fraction(1, v), Fraction(2, v))
+    assert times is not None, f"interleaved_schedule({p}, {m}, {v}) deadlocks"
+    makespan = max(e for _, e in times.values())
+    bubble = (p * makespan - 3 * m * p) / (p * makespan)
+    assert bubble == Fraction(p - 1, v * m + p - 1), \
+        f"p={p}, m={m}, v={v}: bubble {bubble}, expected (p-1)/(v m + p - 1) = {Fraction(p - 1, v * m + p - 1)}"
+
+
+@pytest.mark.exercise("13.3")
+def test_interleaved_rejects_bad_sizes(lesson):
+    for args in [(4, 6, 2), (3, 4, 2), (2, 4, 0), (0, 4, 2), (2, 0, 2), (2, 4, 1.5)]:
+        with pytest.raises(ValueError):
+            lesson.interleaved_schedule(*args)
+
+
+# ---------------------------------------------------------------- 13.4 pipeline execution
+
+WIDTH, CLASSES, BATCH = 7, 3, 13
+
+
+def mlp_state(n_layers, seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = [WIDTH] * n_layers + [CLASSES]
+    return [(rng.standard_normal((a, b)) / np.sqrt(a), rng.standard_normal(b) * 0.3) for a, b in zip(sizes, sizes[1:])]
+
+
+class Dense(Module):
+    def __init__(self, w, b, act):
+        self.lin = Linear(*w.shape)
+        self.lin.weight.data, self.lin.bias.data = w.copy(), b.copy()
+        self.act = act
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.tanh() if self.act else y
+
+
+def build_layers(state):
+    return [Dense(w, b, i < len(state) - 1) for i, (w, b) in enumerate(state)]
+
+
+def mlp_data(seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((BATCH, WIDTH)), rng.integers(0, CLASSES, BATCH)
+
+
+def full_mlp(state, X, y):
+    layers = build_layers(state)
+    h = Tensor(X)
+    for layer in layers:
+        h = layer(h)
+    loss = cross_entropy(h, y)
+    loss.backward()
+    return loss.item(), [p.grad.data for layer in layers for p in layer.parameters()]
+
+
+def pipeline_job(comm, pipeline_step, split_layers, state, X, y, schedule, v, m, Step):
+    layers = build_layers(state)
+    chunks = split_layers(layers, comm.size, comm.rank, v)
+    bounds = chunk_bounds(len(X), m)
+    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
+    steps = [Step(*s) for s in schedule[comm.rank]]
+    loss = pipeline_step(comm, chunks, steps, inputs, targets,
+                         lambda out, t: cross_entropy(out, t) * (len(t) / len(X)))
+    grads = {i: p.grad.data for i, p in enumerate(q for layer in layers for q in layer.parameters())
+             if p.grad is not None}
+    return loss, grads
+
+
+def run_pipeline(lesson, schedule, v, m, n_layers=6, **kw):
+    state, (X, y) = mlp_state(n_layers), mlp_data()
+    p = len(schedule)
+    return sim(lesson, pipeline_job, p, lesson.pipeline_step, lesson.split_layers, state, X, y, schedule, v, m,
+               lesson.Step, **kw), full_mlp(state, X, y)
+
+
+def check_pipeline_equal(res, full, what):
+    loss, grads = full
+    got_loss = sum(r[0] for r in res.results)
+    assert abs(got_loss - loss) < 1e-10, f"{what}: the losses of the last stage add up to {got_loss}, expected the " \
+                                         f"batch loss {loss}"
+    got = {}
+    for r, (_, g) in enumerate(res.results):
+        for i, a in g.items():
+            assert i not in got, f"{what}: parameter {i} has a gradient on two ranks"
+            got[i] = a
+    assert sorted(got) == list(range(len(grads))), f"{what}: gradients for parameters {sorted(got)}, expected all " \
+                                                    f"{len(grads)}"
+    for i, want in enumerate(grads):
+        err = np.abs(got[i] - want).max()
+        assert err < 1e-10, f"{what}: parameter {i}'s gradient differs from one process by {err:.2e} (gradients must " \
+                            "accumulate over micro-batches, each loss scaled by its share of the batch)"
+
+
+CASES_13_4 = [("1f1b", 2, 3, 1), ("1f1b", 3, 2, 1), ("1f1b", 4, 5, 1), ("1f1b", 1, 3, 1), ("gpipe", 3, 4, 1),
+              ("gpipe", 4, 4, 1), ("interleaved", 2, 4, 2), ("interleaved", 3, 3, 2)]
+
+
+def schedule_for(name, p, m, v):
+    return {"1f1b": lambda: oracle_1f1b(p, m), "gpipe": lambda: oracle_gpipe(p, m),
+            "interleaved": lambda: oracle_interleaved(p, m, v)}[name]()
+
+
+@pytest.mark.exercise("13.4")
+@pytest.mark.parametrize("name,p,m,v", CASES_13_4)
+def test_pipeline_equals_one_process(lesson, name, p, m, v):
+    res, full = run_pipeline(lesson, schedule_for(name, p, m, v), v, m)
+    check_pipeline_equal(res, full, f"{name}, p={p}, m={m}, v={v}")
+
+
+@pytest.mark.exercise("13.4")
+@pytest.mark.parametrize("name,p,m,v", [("1f1b", 3, 4, 1), ("gpipe", 2, 3, 1), ("interleaved", 2, 4, 2)])
+def test_pipeline_follows_the_schedule_and_sends_activations(lesson, name, p, m, v):
+    schedule = schedule_for(name, p, m, v)
+    res, _ = run_pipeline(lesson, schedule, v, m)
+    sizes = [b - a for a, b in chunk_bounds(BATCH, m)]
+    last = p * v - 1
+    for r in range(p):
+        ran = [(e.kind, e.label) for e in res.timeline if e.rank == r and e.kind in ("F", "B")]
+        want = [(k, f"{i}" if c == 0 else f"{i}.{c}") for k, i, c in schedule[r]]
+        assert ran == want, f"{name} p={p} m={m}: rank {r} must run its steps in the schedule's order through " \
+                            f"stage_forward/stage_backward (labels 'mb' or 'mb.chunk'): expected {want}, got {ran}"
+        fwd = sum(sizes[i] for k, i, c in schedule[r] if k == "F" and c * p + r < last)
+        bwd = sum(sizes[i] for k, i, c in schedule[r] if k == "B" and c * p + r > 0)
+        nmsg = sum(1 for k, i, c in schedule[r] if (k == "F" and c * p + r < last) or (k == "B" and c * p + r > 0))
+        st_ = res.stats[r]
+        assert st_["bytes_sent"] == 8 * WIDTH * (fwd + bwd), \
+            f"rank {r}: expected to send one activation per forward and one gradient per backward " \
+            f"({8 * WIDTH * (fwd + bwd)} bytes), sent {st_['bytes_sent']}"
+        assert st_["msgs_sent"] == nmsg, f"rank {r}: expected {nmsg} messages, sent {st_['msgs_sent']}"
+
+
+@pytest.mark.exercise("13.4")
+def test_pipeline_matches_messages_by_tag(lesson):
+    """Stage 1 consumes micro-batches in another order than stage 0 produces them: only tags keep
+    the activations and gradients apart (a receive that takes 'the next message' gets the wrong one)."""
+    sched = [[("F", 0, 0), ("F", 1, 0), ("F", 2, 0), ("B", 2, 0), ("B", 0, 0), ("B", 1, 0)],
+             [("F", 2, 0), ("F", 0, 0), ("B", 2, 0), ("F", 1, 0), ("B", 0, 0), ("B", 1, 0)]]
+    res, full = run_pipeline(lesson, sched, 1, 3)
+    check_pipeline_equal(res, full, "a schedule where stage 1 takes micro-batches out of order")
+
+
+@pytest.mark.exercise("13.4")
+def test_pipeline_rejects_missing_chunk(lesson):
+    state, (X, y) = mlp_state(4), mlp_data()
+
+    def job(comm):
+        chunks = lesson.split_layers(build_layers(state), 1, 0, 1)
+        steps = [lesson.Step("F", 0, 1), lesson.Step("B", 0, 1)]
+        return lesson.pipeline_step(comm, chunks, steps, [Tensor(X)], [y], lambda o, t: cross_entropy(o, t))
+    with pytest.raises(ValueError, match="chunk"):
+        sim(lesson, job, 1)
+
+
+# ---------------------------------------------------------------- 13.5 tensor-parallel MLP
+
+
+def oracle_allreduce(comm, x, log=None):
+    """Ring all-reduce written here (reduce-scatter + all-gather, tag 7), logging each call."""
+    x = np.asarray(x)
+    if log is not None:
+        log.append(x.shape)
+    flat, n, r = x.reshape(-1), comm.size, comm.rank
+    parts = [c.copy() for c in np.array_split(flat, n)]
+    for s in range(n - 1):
+        comm.send(parts[(r - s - 1) % n], (r + 1) % n, tag=7)
+        parts[(r - s - 2) % n] += comm.recv((r - 1) % n, tag=7)
+    for s in range(n - 1):
+        comm.send(parts[(r - s) % n], (r + 1) % n, tag=7)
+        parts[(r - s - 1) % n] = comm.recv((r - 1) % n, tag=7)
+    return np.concatenate(parts).reshape(x.shape)
+
+
+def float64_linear(n_in, n_out, rng):
+    lin = Linear(n_in, n_out, rng=rng)
+    lin.weight.data = rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)
+    lin.bias.data = rng.standard_normal(n_out)
+    return lin
+
+
+def tp_mlp_job(comm, TensorParallelMLP, C, H, shape, seed, count):
+    rng = np.random.default_rng(seed)
+    fc, proj = float64_linear(C, H, rng), float64_linear(H, C, rng)
+    x = Tensor(rng.standard_normal(shape + (C,)), requires_grad=True)
+    gy = rng.standard_normal(shape + (C,))
+    log = []
+    mlp = TensorParallelMLP(comm, fc, proj, lambda h: h.tanh(), lambda c, a: oracle_allreduce(c, a, log))
+    before = comm.stats["bytes_sent"]
+    y = mlp(x)
+    n_fwd, fwd_shapes = len(log), list(log)
+    (y * Tensor(gy)).sum().backward()
+    out = (y.data, x.grad.data, [p.grad.data for p in (mlp.fc_weight, mlp.fc_bias, mlp.proj_weight, mlp.proj_bias)])
+    if not count:
+        return out
+    return out + (n_fwd, len(log) - n_fwd, fwd_shapes, comm.stats["bytes_sent"] - before)
+
+
+def full_mlp_grads(C, H, shape, seed):
+    rng = np.random.default_rng(seed)
+    fc, proj = float64_linear(C, H, rng), float64_linear(H, C, rng)
+    x = Tensor(rng.standard_normal(shape + (C,)), requires_grad=True)
+    gy = rng.standard_normal(shape + (C,))
+    y = proj(fc(x).tanh())
+    (y * Tensor(gy)).sum().backward()
+    return y.data, x.grad.data, [p.grad.data for p in (fc.weight, fc.bias, proj.weight, proj.bias)]
+
+
+def check_tp_mlp(got, want, n, r, what):
+    y, gx, (gA, ga, gB, gb) = got[:3]
+    wy, wgx, (wA, wa, wB, wb) = want
+    lo, hi = chunk_bounds(wA.shape[1], n)[r]
+    for name, a, b in [("output", y, wy), ("input gradient", gx, wgx), ("fc_weight gradient", gA, wA[:, lo:hi]),
+                       ("fc_bias gradient", ga, wa[lo:hi]), ("proj_weight gradient", gB, wB[lo:hi]),
+                       ("proj_bias gradient", gb, wb)]:
+        assert a.shape == b.shape, f"{what}, rank {r}: {name} has shape {a.shape}, expected {b.shape}"
+        err = np.abs(a - b).max()
+        assert err < 1e-10, f"{what}, rank {r}: {name} differs from the unpartitioned MLP by {err:.2e}" + \
+            (" (is the bias added once, after the all-reduce?)" if name == "output" else "")
+
+
+@pytest.mark.exercise("13.5")
+@pytest.mark.parametrize("n,C,H,shape", [(1, 5, 6, (3,)), (2, 5, 6, (3,)), (3, 4, 9, (2, 3)), (4, 6, 8, (5,)),
+                                         (4, 3, 16, (2, 1, 3))])
+def test_tp_mlp_equals_full_mlp(lesson, n, C, H, shape):
+    want = full_mlp_grads(C, H, shape, seed=n)
+    res = sim(lesson, tp_mlp_job, n, lesson.TensorParallelMLP, C, H, shape, n, True)
+    for r, got in enumerate(res.results):
+        check_tp_mlp(got, want, n, r, f"{n} ranks, C={C}, H={H}, x {shape + (C,)}")
+
+
+@pytest.mark.exercise("13.5")
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_tp_mlp_one_allreduce_each_way(lesson, n):
+    C, H, shape = 4, 4 * n, (3, 2)
+    res = sim(lesson, tp_mlp_job, n, lesson.TensorParallelMLP, C, H, shape, 0, True)
+    S = int(np.prod(shape)) * C * 8
+    for r, out in enumerate(res.results):
+        n_fwd, n_bwd, fwd_shapes, sent = out[3:]
+        assert n_fwd == 1, f"rank {r}: the forward pass must all-reduce exactly once (g), got {n_fwd} calls"
+        assert n_bwd == 1, f"rank {r}: the backward pass must all-reduce exactly once (f), got {n_bwd} calls"
+        assert tuple(fwd_shapes[0]) == shape + (C,), f"rank {r}: the forward all-reduce must sum the output " \
+                                                     f"{shape + (C,)}, got {fwd_shapes[0]}"
+        want = 2 * 2 * (n - 1) * S // n
+        assert sent == want, f"rank {r}: expected 2 ring all-reduces of {S} bytes, 2 x 2(N-1)/N x S = {want} " \
+                             f"bytes sent, got {sent}"
+
+
+@pytest.mark.exercise("13.5")
+def test_f_and_g_operators(lesson):
+    def job(comm):
+        log = []
+        ar = lambda c, a: oracle_allreduce(c, a, log)  # noqa: E731
+        x = Tensor(np.full((2, 3), comm.rank + 1.0), requires_grad=True)
+        y = lesson.copy_to_tp(comm, x, ar)
+        fwd_f = (y.data.copy(), len(log))
+        (y * float(comm.rank + 1)).sum().backward()
+        f_grad = x.grad.data.copy()
+        z = Tensor(np.full((2, 3), comm.rank + 1.0), requires_grad=True)
+        w = lesson.reduce_from_tp(comm, z, ar)
+        fwd_g = (w.data.copy(), len(log))
+        (w * float(comm.rank + 1)).sum().backward()
+        return fwd_f, f_grad, fwd_g, z.grad.data.copy(), len(log)
+    res = sim(lesson, job, 3)
+    for r, ((yf, nf), gf, (wg, ng), gg, total) in enumerate(res.results):
+        assert nf == 0 and np.array_equal(yf, np.full((2, 3), r + 1.0)), "copy_to_tp (f): the forward is the identity"
+        assert np.array_equal(gf, np.full((2, 3), 6.0)), f"copy_to_tp (f): the backward must all-reduce the " \
+                                                         f"gradient (1+2+3 = 6), got {gf[0, 0]}"
+        assert ng == 2 and np.array_equal(wg, np.full((2, 3), 6.0)), "reduce_from_tp (g): the forward must " \
+                                                                     "all-reduce once (1+2+3 = 6)"
+        assert np.array_equal(gg, np.full((2, 3), r + 1.0)) and total == 2, \
+            f"reduce_from_tp (g): the backward is the identity, got {gg[0, 0]} (expected {r + 1.0})"
+
+
+@pytest.mark.exercise("13.5")
+def test_tp_mlp_default_allreduce_and_errors(lesson):
+    def job(comm, H):
+        rng = np.random.default_rng(0)
+        mlp = lesson.TensorParallelMLP(comm, float64_linear(4, H, rng), float64_linear(H, 4, rng), lambda h: h.tanh())
+        return mlp(Tensor(np.ones((2, 4)))).data, comm.stats["msgs_sent"]
+    res = sim(lesson, job, 2, 6)
+    assert res.results[0][1] == 2, "by default the all-reduce is lesson 12's ring_allreduce (2(N-1) messages)"
+    with pytest.raises(ValueError, match="5"):
+        sim(lesson, job, 2, 5)
+    with pytest.raises(ValueError, match="3"):
+        sim(lesson, job, 3, 8)
+
+
+# ---------------------------------------------------------------- 13.8 planner
+
+
+def oracle_estimate(model, cluster, plan):
+    def link(span):
+        if span <= cluster["node"] and cluster["node"] % span == 0:
+            return cluster["alpha_node"], cluster["beta_node"]
+        return cluster["alpha"], cluster["beta"]
+
+    def ar(n, nbytes, a, b):
+        return 2 * (n - 1) * (a + nbytes / n * b) if n > 1 else 0.0
+    L, d, h, s, B = model
+    dp, tp, pp, m = plan
+    b, ls = B // (dp * m), L // pp
+    act = 2 * b * s * d
+    flops = 24 * b * s * d * d + 4 * b * s * s * d
+    R = cluster["rate"]
+    t_f = ls * (flops / (tp * R) + 2 * ar(tp, act, *link(tp)))
+    t_b = ls * (2 * flops / (tp * R) + 2 * ar(tp, act, *link(tp)))
+    a_pp, b_pp = link(tp * pp)
+    c = a_pp + act * b_pp if pp > 1 else 0.0
+    P = ls * (12 * d * d + 13 * d) / tp
+    time = (m + pp - 1) * (t_f + t_b + 2 * c) + ar(dp, 2 * P, *link(cluster["n"]))
+    mem = 16 * P + ls * min(pp, m) * s * b * d * (10 + 24 / tp + 5 * h * s / (d * tp))
+    return mem, time
+
+
+def specs(lesson, model, n, memory=1e15, rate=1e10, alpha=5e-6, beta=1e-9, node=1, alpha_node=None, beta_node=None):
+    ms = lesson.ModelSpec(*model)
+    cs = lesson.ClusterSpec(n, memory, rate, alpha, beta, node, alpha_node, beta_node)
+    cd = {"n": n, "rate": rate, "alpha": alpha, "beta": beta, "node": node,
+          "alpha_node": alpha if alpha_node is None else alpha_node, "beta_node": beta if beta_node is None else beta_node}
+    return ms, cs, cd
+
+
+def all_plans(model, n):
+    L, d, h, s, B = model
+    for tp in range(1, n + 1):
+        for pp in range(1, n + 1):
+            if n % (tp * pp) or h % tp or L % pp or B % (n // (tp * pp)):
+                continue
+            dp = n // (tp * pp)
+            for m in range(1, B // dp + 1):
+                if (B // dp) % m == 0:
+                    yield (dp, tp, pp, m)
+
+
+@pytest.mark.exercise("13.8")
+@pytest.mark.parametrize("model,n,node", [((4, 64, 4, 32, 8), 4, 1), ((8, 96, 6, 48, 12), 6, 1),
+                                          ((12, 128, 8, 64, 16), 8, 4), ((6, 64, 4, 16, 6), 12, 4)])
+def test_estimate_plan_formulas(lesson, model, n, node):
+    ms, cs, cd = specs(lesson, model, n, node=node, alpha_node=1e-6, beta_node=2e-11)
+    for plan in all_plans(model, n):
+        got = lesson.estimate_plan(ms, cs, lesson.Plan(*plan))
+        mem, time = oracle_estimate(model, cd, plan)
+        assert math.isclose(got.memory, mem, rel_tol=1e-9), f"{plan}: memory {got.memory:.6g}, expected {mem:.6g}"
+        assert math.isclose(got.time, time, rel_tol=1e-9), f"{plan}: time {got.time:.6g} s, expected {time:.6g} s " \
+                                                           "(check which link each group uses)"
+
+
+
+
+def oracle_schedule_steps(lesson):
+    return lambda p, m: [[lesson.Step(*s) for s in row] for row in oracle_1f1b(p, m)]
+
+
+@pytest.mark.exercise("13.8")
+@pytest.mark.parametrize("alpha,beta,tol", [(0.0, 0.0, 1e-9), (5e-6, 1e-9, 0.05), (2e-5, 1e-8, 0.05)])
+def test_estimate_against_the_simulator(lesson, alpha, beta, tol):
+    model = (4, 64, 4, 32, 8)
+    ms, cs, _ = specs(lesson, model, 4, alpha=alpha, beta=beta)
+    for plan in [(1, 1, 4, 4), (1, 2, 2, 2), (2, 1, 2, 4), (1, 4, 1, 2), (4, 1, 1, 1), (2, 2, 1, 2), (1, 1, 4, 1)]:
+        simulated = lesson.simulate_plan(ms, cs, lesson.Plan(*plan), oracle_schedule_steps(lesson)).time
+        est = lesson.estimate_plan(ms, cs, lesson.Plan(*plan)).time
+        assert abs(est / simulated - 1) <= tol, f"{plan}, alpha={alpha}, beta={beta}: estimate {est:.6g} s, " \
+                                                f"simulator {simulated:.6g} s (must agree within {tol:.0%})"
+
+
+@pytest.mark.exercise("13.8")
+def test_estimate_plan_rejects_invalid(lesson):
+    ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 8)
+    for plan, word in [((1, 1, 4, 2), "rank"), ((1, 8, 1, 1), "head"), ((1, 1, 8, 1), "layer"), ((8, 1, 1, 2), "batch"),
+                       ((2, 1, 4, 0), ">= 1")]:
+        with pytest.raises(ValueError, match=word):
+            lesson.estimate_plan(ms, cs, lesson.Plan(*plan))
+
+
+@pytest.mark.exercise("13.8")
+@pytest.mark.parametrize("model,n,memory,node", [((4, 64, 4, 32, 8), 4, 1e15, 1), ((4, 64, 4, 32, 8), 4, 2.0e6, 1),
+                                                 ((8, 128, 8, 64, 16), 8, 1e15, 8), ((8, 128, 8, 64, 16), 8, 6e6, 4),
+                                                 ((12, 96, 6, 128, 24), 6, 1e15, 2)])
+def test_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node):
+    ms, cs, cd = specs(lesson, model, n, memory=memory, node=node, alpha_node=1e-6, beta_node=2e-11)
+    cands = [(oracle_estimate(model, cd, pl), pl) for pl in all_plans(model, n)]
+    fits = [((t, mem, pl[1], pl[2], pl[3]), pl) for (mem, t), pl in cands if mem <= memory]
+    want = min(fits)[1]
+    plan, est = lesson.best_plan(ms, cs)
+    got = (plan.dp, plan.tp, plan.pp, plan.m)
+    assert got == want, f"best_plan: expected {want} (estimate {oracle_estimate(model, cd, want)}), got {got} " \
+                        f"(estimate {oracle_estimate(model, cd, got) if got in [c[1] for c in cands] else 'invalid'})"
+    assert math.isclose(est.time, oracle_estimate(model, cd, want)[1], rel_tol=1e-9)
+
+
+@pytest.mark.exercise("13.8")
+def test_best_plan_when_nothing_fits(lesson):
+    ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 4, memory=1e5)
+    with pytest.raises(ValueError, match="fit"):
+        lesson.best_plan(ms, cs)
+
+
+@pytest.mark.exercise("13.8")
+def test_planner_pick_is_near_the_simulated_best(lesson):
+    model = (4, 64, 4, 32, 8)
+    ms, cs, _ = specs(lesson, model, 4, alpha=2e-5, beta=1e-8)
+    plan, _ = lesson.best_plan(ms, cs)
+    steps = oracle_schedule_steps(lesson)
+    simulated = {pl: lesson.simulate_plan(ms, cs, lesson.Plan(*pl), steps).time for pl in all_plans(model, 4)}
+    got = simulated[(plan.dp, plan.tp, plan.pp, plan.m)]
+    assert got <= 1.05 * min(simulated.values()), f"the planner's pick {plan} takes {got:.4g} s on the simulator, " \
+                                                  f"the best plan {min(simulated, key=simulated.get)} {min(simulated.values()):.4g} s"
+
+
+# ---------------------------------------------------------------- MPI: the same cases on real processes
+# One `mpiexec -n 4` runs every case the selected tests need, on the 4 ranks and then on ranks 0
+# and 1 as a group of 2 (comm.group), after the simulator has run them on 4 and 2 ranks (a case
+# that fails there is not sent to MPI: it would hang).
+
+
+def case_pipeline(lesson):
+    state, (X, y) = mlp_state(6), mlp_data()
+    schedules = {4: (oracle_1f1b(4, 5), 1, 5), 2: (oracle_interleaved(2, 4, 2), 2, 4)}
+
+    def job(comm, pipeline_step, split_layers, Step):
+        schedule, v, m = schedules[comm.size]
+        return pipeline_job(comm, pipeline_step, split_layers, state, X, y, schedule, v, m, Step)
+    return job, (lesson.pipeline_step, lesson.split_layers, lesson.Step)
+
+
+def case_tp_mlp(lesson):
+    def job(comm, TensorParallelMLP):
+        return tp_mlp_job(comm, TensorParallelMLP, 5, 8, (3, 2), 11, True)
+    return job, (lesson.TensorParallelMLP,)
+
+
+MPI_CASES = {"test_mpi_pipeline": case_pipeline, "test_mpi_tp_mlp": case_tp_mlp}
+
+
+def with_bytes(comm, job, args):
+    before = comm.stats["bytes_sent"]
+    out = job(comm, *args)
+    return out, comm.stats["bytes_sent"] - before
+
+
+def batch_job(comm, cases):
+    """Every case on 4 ranks, then on ranks 0 and 1 as a group of 2 (one launch for both sizes)."""
+    out = {4: {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}}
+    if comm.rank < 2:
+        pair = comm.group([0, 1])
+        out[2] = {name: with_bytes(pair, job, args) for name, (job, args) in cases.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(lesson, request):
+    wanted = [name for name in MPI_CASES if any(item.originalname == name for item in request.session.items)]
+    sim_out, ready = {}, {}
+    for name in wanted:
+        job, args = MPI_CASES[name](lesson)
+        try:
+            sim_out[name] = {n: sim(lesson, with_bytes, n, job, args).results for n in (2, 4)}
+            ready[name] = (job, args)
+        except Exception as exc:  # noqa: BLE001 - reported by the case's own test
+            sim_out[name] = exc
+    mpi_out = None
+    if ready and lesson.mpi_status()[0]:
+        try:
+            mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=120).results
+        except Exception as exc:  # noqa: BLE001
+            mpi_out = exc
+    return sim_out, mpi_out
+
+
+def assert_same(a, b, where):
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), \
+            f"{where}: MPI gave {b!r}, the simulator {a!r}"
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert a == b, f"{where}: MPI gave {b!r}, the simulator {a!r}"
+
+
+def check_mpi_case(lesson, mpi_runs, name):
+    sim_out, mpi_out = mpi_runs
+    if isinstance(sim_out[name], Exception):
+        raise sim_out[name]
+    ok, why = lesson.mpi_status()
+    if not ok:
+        pytest.skip(f"MPI cannot start here: {why}")
+    if isinstance(mpi_out, Exception):
+        raise mpi_out
+    for n in (2, 4):
+        for r in range(n):
+            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
+            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)
+
+
+@pytest.mark.exercise("13.4")
+def test_mpi_pipeline(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_pipeline")
+
+
+@pytest.mark.exercise("13.5")
+def test_mpi_tp_mlp(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_tp_mlp")
