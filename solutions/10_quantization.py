@@ -180,12 +180,13 @@ def decode_bits(bits: np.ndarray, fmt: str | FloatFormat) -> np.ndarray:
     m = b & ((1 << M) - 1)
     significand = np.where(e > 0, m + (1 << M), m).astype(np.float32)
     exponent = (np.maximum(e, 1) - f.bias - M).astype(np.int32)
-    value = np.ldexp(significand, exponent).astype(np.float32)
     top = e == (1 << E) - 1
+    special = top if f.ieee else top & (m == (1 << M) - 1)  # E4M3: only S.1111.111 is special (NaN)
+    value = np.ldexp(significand, np.where(special, 0, exponent)).astype(np.float32)
     if f.ieee:
-        value = np.where(top, np.where(m == 0, np.float32(np.inf), np.float32(np.nan)), value)
+        value = np.where(special, np.where(m == 0, np.float32(np.inf), np.float32(np.nan)), value)
     else:
-        value = np.where(top & (m == (1 << M) - 1), np.float32(np.nan), value)
+        value = np.where(special, np.float32(np.nan), value)
     return np.where(sign == 1, -value, value).astype(np.float32)
     ### END SOLUTION
 
@@ -659,7 +660,8 @@ def quantize(x: np.ndarray, bits: int = 8, symmetric: bool = True, block: tuple[
         s = (hi - lo) / (qmax - qmin)
         s_safe = np.where(s > 0, s, 1.0)
         z = np.clip(np.round(qmin - lo / s_safe), qmin, qmax).astype(np.int32)
-    s = np.where(s > 0, s, 1.0).astype(np.float32).reshape(grid)
+    s = s.astype(np.float32)
+    s = np.where(s > 0, s, np.float32(1)).reshape(grid)
     z = z.reshape(grid)
     return QTensor(quantize_with(x, s, z, bits, symmetric), s, z, bits, symmetric)
     ### END SOLUTION
