@@ -392,7 +392,9 @@ def matmul_int8(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a, b = check_int8_operands(a, b)
     c = np.zeros((a.shape[0], b.shape[1]), np.int32)
     if c.size and a.shape[1]:
-        gemm_int8_kernel(np.ascontiguousarray(a), np.ascontiguousarray(b.T), c)
+        a, bt = np.ascontiguousarray(a), np.ascontiguousarray(b.T)
+        int8_dot(a[0], bt[0])  # once from Python: an unfinished kernel's error shows here, not as a typing error
+        gemm_int8_kernel(a, bt, c)
     return c
 
 
@@ -417,6 +419,76 @@ def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
         if m:
             found[m.group(1)] = found.get(m.group(1), 0) + 1
     return found
+
+
+def int8_gemm_dp4a_source() -> str:
+    """CUDA C source of int8_gemm_dp4a(A4, B4t, C, M, N, K4): C (M, N) int32 = A @ B for int8 A, B
+    packed four per int32 word along K (B transposed); 16x16 shared-memory tiles, __dp4a inner loop."""
+    return r"""
+#define TILE 16
+extern "C" __global__ void int8_gemm_dp4a(const int* __restrict__ A4, const int* __restrict__ B4t,
+                                          int* __restrict__ C, int M, int N, int K4) {
+    __shared__ int As[TILE][TILE + 1];
+    __shared__ int Bs[TILE][TILE + 1];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    int bcol = blockIdx.x * TILE + ty;  // the row of B4t (column of C) this thread loads
+    int acc = 0;
+    for (int k0 = 0; k0 < K4; k0 += TILE) {
+        int k = k0 + tx;
+        As[ty][tx] = (row < M && k < K4) ? A4[row * K4 + k] : 0;
+        Bs[ty][tx] = (bcol < N && k < K4) ? B4t[bcol * K4 + k] : 0;
+        __syncthreads();
+        for (int kk = 0; kk < TILE; ++kk)
+            acc = __dp4a(As[ty][kk], Bs[tx][kk], acc);
+        __syncthreads();
+    }
+    if (row < M && col < N) C[row * N + col] = acc;
+}
+"""
+
+
+def pack_k4(a: np.ndarray, xp: Any = np) -> Any:
+    """a (R, K) int8 -> (R, ceil(K/4)) int32: four consecutive k per word (zero-padded), little-endian."""
+    r, k = a.shape
+    k4 = -(-k // 4)
+    padded = xp.zeros((r, 4 * k4), dtype=xp.int8)
+    padded[:, :k] = a
+    return xp.ascontiguousarray(padded).view(xp.int32)
+
+
+def dp4a_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(grid, block) for int8_gemm_dp4a: one 16x16 block per 16x16 tile of C."""
+    return (-(-n // 16), -(-m // 16)), (16, 16)
+
+
+def int8_gemm_dp4a(a: Any, b: Any) -> Any:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a."""
+    import cupy as cp
+
+    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm_dp4a: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} {b.shape}")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
+    c = cp.zeros((m, n), dtype=cp.int32)
+    if m and n:
+        kern = cp.RawKernel(int8_gemm_dp4a_source(), "int8_gemm_dp4a", options=("-std=c++17",))
+        kern(*dp4a_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
+    return c
+
+
+def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The same kernel on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
+    from course.cuda_c import emulate
+
+    a, b = check_int8_operands(a, b)
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
+    c = np.zeros((m, n), np.int32)
+    if m and n:
+        emulate(int8_gemm_dp4a_source(), "int8_gemm_dp4a", *dp4a_launch(m, n),
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
+    return c
 
 
 def systolic_tile(x: np.ndarray, w: np.ndarray,

@@ -137,7 +137,7 @@ def compare_encode(lesson, name, x, saturate=False):
 @pytest.mark.exercise("10.2")
 @pytest.mark.parametrize("name", list(FMT))
 def test_encode_random_bit_patterns(lesson, name):
-    bits = np.random.default_rng(10 + len(name)).integers(0, 2**32, 2**22, dtype=np.uint64).astype(np.uint32)
+    bits = np.random.default_rng(10 + len(name)).integers(0, 2**32, 2**21, dtype=np.uint64).astype(np.uint32)
     compare_encode(lesson, name, bits.view(np.float32))
 
 
@@ -244,7 +244,7 @@ def test_scaler_rescues_fp16_underflow(lesson):
     assert np.all(fp16(true_grad)[:3] == 0), "sanity: unscaled, these gradients underflow fp16"
 
 
-# ---------------------------------------------------------------- NumPy reference quantizer (for 10.8-10.11)
+# ---------------------------------------------------------------- NumPy reference quantizer (for 10.9-10.12)
 
 
 class NpQ:
@@ -529,7 +529,73 @@ def test_matmul_int8_ragged_and_extremes(lesson):
         lesson.matmul_int8(np.zeros((2, 3), np.int8), np.zeros((2, 2), np.int8))
 
 
-# ---------------------------------------------------------------- 10.7 systolic array
+# ---------------------------------------------------------------- 10.7 dp4a (CUDA C)
+
+
+def dp4a_ptx(lesson):
+    from course.cuda_c import compile_ptx
+
+    return compile_ptx(lesson.int8_gemm_dp4a_source())
+
+
+@pytest.mark.exercise("10.7")
+def test_dp4a_kernel_ptx_structure(lesson):
+    from course.cuda_c import kernel_params, ptx_stats
+
+    src = lesson.int8_gemm_dp4a_source()
+    params = [(p.name, p.ctype, p.pointer) for p in kernel_params(src, "int8_gemm_dp4a")]
+    assert [(c, ptr) for _, c, ptr in params] == [("int", True)] * 3 + [("int", False)] * 3, \
+        f"signature must be (const int* A4, const int* B4t, int* C, int M, int N, int K4), got {params}"
+    ptx = dp4a_ptx(lesson)
+    n_dp4a = len(re.findall(r"\bdp4a\.s32\.s32\b", ptx))
+    st = ptx_stats(ptx)
+    assert n_dp4a >= 1, "the PTX has no dp4a.s32.s32: the inner loop must call __dp4a on int words"
+    assert st.fma_f32 == 0, f"an int8 GEMM should do no float FMAs, found {st.fma_f32}"
+    assert st.bar_sync >= 2 and st.ld_shared >= 2 and st.shared_bytes >= 2 * 16 * 16 * 4, (
+        f"expected 16x16 shared-memory tiles of int (>= 2048 bytes) and two barriers per tile step; got {st}")
+
+
+def emulator_has_dp4a():
+    from course.cuda_c import PRELUDE
+
+    return "__dp4a" in PRELUDE.read_text()
+
+
+@pytest.mark.exercise("10.7")
+@pytest.mark.skipif(not emulator_has_dp4a(), reason="the CPU emulator (course/cuda_prelude.h) has no __dp4a yet")
+def test_dp4a_kernel_on_emulator(lesson):
+    from course.cuda_c import emulate
+
+    rng = np.random.default_rng(19)
+    for m, k, n in [(19, 37, 21), (3, 4, 40), (33, 130, 5)]:
+        a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        a[0] = -128
+        b[:, 0] = -128
+        k4 = -(-k // 4)
+        ap = np.zeros((m, 4 * k4), np.int8)
+        ap[:, :k] = a
+        bp = np.zeros((n, 4 * k4), np.int8)
+        bp[:, :k] = b.T
+        c = np.zeros((m, n), np.int32)
+        emulate(lesson.int8_gemm_dp4a_source(), "int8_gemm_dp4a", (-(-n // 16), -(-m // 16)), (16, 16),
+                [ap.view(np.int32), bp.view(np.int32), c, np.int32(m), np.int32(n), np.int32(k4)])
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64), err_msg=f"{m}x{k} @ {k}x{n}")
+
+
+@pytest.mark.exercise("10.7")
+@pytest.mark.gpu
+def test_dp4a_kernel_on_gpu(lesson):
+    import cupy as cp
+
+    rng = np.random.default_rng(20)
+    a = rng.integers(-128, 128, (77, 301)).astype(np.int8)
+    b = rng.integers(-128, 128, (301, 45)).astype(np.int8)
+    c = cp.asnumpy(lesson.int8_gemm_dp4a(cp.asarray(a), cp.asarray(b)))
+    np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
+# ---------------------------------------------------------------- 10.8 systolic array
 
 X_NOTE = np.array([[1, 2, 3, 2], [3, 0, 1, 2], [-2, 1, 4, 0], [0, -1, 2, 3]], np.int8)
 W_NOTE = np.array([[1, 0, 2, -1], [0, 1, -1, 2], [2, -1, 0, 1], [1, 1, 1, 0]], np.int8)
@@ -543,7 +609,7 @@ def record(lesson, x, w):
     return y, done, cycles, trace
 
 
-@pytest.mark.exercise("10.7")
+@pytest.mark.exercise("10.8")
 def test_systolic_worked_example_of_the_note(lesson):
     y, done, cycles, trace = record(lesson, X_NOTE, W_NOTE)
     np.testing.assert_array_equal(y, Y_NOTE, err_msg="the note's 4x4 example: Y = X @ W")
@@ -559,7 +625,7 @@ def test_systolic_worked_example_of_the_note(lesson):
         f"at cycle 3, PE(r, c) works on row m = 3 - r - c (-1 idle): got\n{t3_row}"
 
 
-@pytest.mark.exercise("10.7")
+@pytest.mark.exercise("10.8")
 @pytest.mark.parametrize("m,r,c", [(5, 3, 4), (2, 4, 6), (1, 5, 2)])
 def test_systolic_dataflow_every_cycle(lesson, m, r, c):
     rng = np.random.default_rng(m * 100 + r * 10 + c)
@@ -583,7 +649,7 @@ def test_systolic_dataflow_every_cycle(lesson, m, r, c):
                     assert row[i, j] == -1, f"cycle {t}: PE({i},{j}) has no valid row (m = {mm}), so row must be -1"
 
 
-@pytest.mark.exercise("10.7")
+@pytest.mark.exercise("10.8")
 def test_systolic_matmul_tiles(lesson):
     rng = np.random.default_rng(8)
     for (m, k, n), (r, c) in [((7, 11, 9), (4, 4)), ((3, 4, 4), (4, 4)), ((6, 13, 5), (3, 2))]:
@@ -599,7 +665,7 @@ def test_systolic_matmul_tiles(lesson):
     np.testing.assert_array_equal(y, np.full((2, 2), 16384 * 9), err_msg="int32 accumulation across K tiles")
 
 
-# ---------------------------------------------------------------- 10.8 QuantLinear
+# ---------------------------------------------------------------- 10.9 QuantLinear
 
 
 def quant_linear(lesson, w, b, **kw):
@@ -616,7 +682,7 @@ def w8a8_expected(x2, w, b, per_channel):
     return y + (0 if b is None else b)
 
 
-@pytest.mark.exercise("10.8")
+@pytest.mark.exercise("10.9")
 @pytest.mark.parametrize("granularity", ["channel", "tensor"])
 def test_quantlinear_w8a8_formula(lesson, granularity):
     rng = np.random.default_rng(9)
@@ -637,7 +703,7 @@ def test_quantlinear_w8a8_formula(lesson, granularity):
     assert err < 0.05, f"W8A8 output is far from the float product (relative error {err:.3f})"
 
 
-@pytest.mark.exercise("10.8")
+@pytest.mark.exercise("10.9")
 @pytest.mark.parametrize("mode,granularity,bits,sym", [("w8", "channel", 8, True), ("w8", "group", 8, True),
                                                         ("w4", "group", 4, False), ("w4", "channel", 4, False)])
 def test_quantlinear_weight_only(lesson, mode, granularity, bits, sym):
@@ -652,7 +718,7 @@ def test_quantlinear_weight_only(lesson, mode, granularity, bits, sym):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=f"{mode}/{granularity}: x @ dequantized weight")
 
 
-@pytest.mark.exercise("10.8")
+@pytest.mark.exercise("10.9")
 def test_quantlinear_drops_into_a_model(lesson):
     rng = np.random.default_rng(11)
     lin = Linear(20, 6, rng=rng)
@@ -665,7 +731,7 @@ def test_quantlinear_drops_into_a_model(lesson):
         q(Tensor(np.zeros((3, 7), np.float32)))
 
 
-@pytest.mark.exercise("10.8")
+@pytest.mark.exercise("10.9")
 def test_quantlinear_zero_point_matters(lesson):
     """One-sided activations (after GELU): a forgotten zero-point correction is a large error."""
     rng = np.random.default_rng(12)
@@ -678,7 +744,7 @@ def test_quantlinear_zero_point_matters(lesson):
     assert err < 0.01, f"W8A8 per-channel relative error {err:.4f} on one-sided activations (zero point applied?)"
 
 
-# ---------------------------------------------------------------- tiny GPT (lesson 09's checkpoint), graded under 10.8
+# ---------------------------------------------------------------- tiny GPT (lesson 09's checkpoint), graded under 10.9
 
 
 def np_w8a8(x, w):
@@ -688,7 +754,7 @@ def np_w8a8(x, w):
     return (np_gemm(qx.q, qw.q).astype(np.float64) * qx.scale * qw.scale).astype(np.float32)
 
 
-# ---------------------------------------------------------------- 10.9 LLM.int8
+# ---------------------------------------------------------------- 10.10 LLM.int8
 
 
 def outlier_data(seed, t=48, k=64, n=24, n_out=3):
@@ -700,7 +766,7 @@ def outlier_data(seed, t=48, k=64, n=24, n_out=3):
     return x, w, np.sort(cols)
 
 
-@pytest.mark.exercise("10.9")
+@pytest.mark.exercise("10.10")
 def test_llm_int8_threshold_extremes(lesson):
     x, w, _ = outlier_data(13)
     calls = []
@@ -719,7 +785,7 @@ def test_llm_int8_threshold_extremes(lesson):
     np.testing.assert_allclose(y, x @ w, rtol=1e-6, atol=1e-6, err_msg="threshold 0 must equal the float product")
 
 
-@pytest.mark.exercise("10.9")
+@pytest.mark.exercise("10.10")
 def test_llm_int8_decomposition(lesson):
     x, w, planted = outlier_data(14)
     seen = []
@@ -742,10 +808,10 @@ def test_llm_int8_decomposition(lesson):
     assert e_mixed < e_int8 / 3, f"mixed decomposition error {e_mixed:.4f} should be far below pure int8 {e_int8:.4f}"
 
 
-# ---------------------------------------------------------------- 10.10 SmoothQuant
+# ---------------------------------------------------------------- 10.11 SmoothQuant
 
 
-@pytest.mark.exercise("10.10")
+@pytest.mark.exercise("10.11")
 def test_smoothquant_scales_formula(lesson):
     rng = np.random.default_rng(15)
     x = rng.standard_normal((30, 12)) * rng.uniform(0.1, 50, 12)
@@ -764,7 +830,7 @@ def test_smoothquant_scales_formula(lesson):
     assert np.all(np.isfinite(s)) and s[3] == 1 and s[5] == 1, f"dead channels get s = 1, got {s[[3, 5]]}"
 
 
-@pytest.mark.exercise("10.10")
+@pytest.mark.exercise("10.11")
 def test_smoothquant_keeps_product_and_lowers_error(lesson):
     x, w, _ = outlier_data(16, t=64, k=96, n=40, n_out=4)
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
@@ -778,7 +844,7 @@ def test_smoothquant_keeps_product_and_lowers_error(lesson):
     assert e_smooth < e_plain / 2, f"W8A8 error after SmoothQuant {e_smooth:.4f} should be well below {e_plain:.4f}"
 
 
-# ---------------------------------------------------------------- 10.11 AWQ
+# ---------------------------------------------------------------- 10.12 AWQ
 
 
 def np_w4(w, g=16):
@@ -799,7 +865,7 @@ def brute_awq(x, w, n_grid, qw):
     return out
 
 
-@pytest.mark.exercise("10.11")
+@pytest.mark.exercise("10.12")
 def test_awq_search_matches_brute_force(lesson):
     rng = np.random.default_rng(17)
     t, k, n = 64, 48, 20
@@ -815,7 +881,7 @@ def test_awq_search_matches_brute_force(lesson):
     assert cands[best][0] < cands[0][0] * 0.9, "sanity: with salient channels, scaling beats plain round-to-nearest"
 
 
-@pytest.mark.exercise("10.11")
+@pytest.mark.exercise("10.12")
 def test_awq_search_dead_channel(lesson):
     rng = np.random.default_rng(18)
     x = rng.standard_normal((16, 32)).astype(np.float32)
