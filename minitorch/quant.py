@@ -752,3 +752,99 @@ def awq_search(x: np.ndarray, w: np.ndarray, n_grid: int = 20,
         if best is None or err < best[0]:
             best = (err, s, alpha)
     return best[1], best[2], errors
+
+
+class RecordingLinear(Module):
+    """A Linear that appends every input (flattened to (T, in), float32) to `self.seen`."""
+
+    def __init__(self, linear: Linear):
+        self.linear, self.seen = linear, []
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.seen.append(np.asarray(x.numpy() if isinstance(x, Tensor) else x, np.float32).reshape(-1, self.linear.in_features))
+        return self.linear(x)
+
+
+def capture_inputs(model: Module, run: Callable[[Module], Any]) -> dict[str, np.ndarray]:
+    """{linear name: its inputs (T, in) float32} while run(recording copy of model) executes."""
+    recorders: dict[str, RecordingLinear] = {}
+
+    def make(name: str, lin: Linear) -> RecordingLinear:
+        recorders[name] = RecordingLinear(lin)
+        return recorders[name]
+
+    run(replace_linears(model, make))
+    return {name: np.concatenate(r.seen) for name, r in recorders.items()}
+
+
+class FormatLinear(Module):
+    """Weights and activations rounded to a float format (round_to_format), float32 matmul.
+    scaled=True: one scale per tensor maps its absmax to the format's largest value (fp8 practice)."""
+
+    def __init__(self, linear: Linear, fmt: str, scaled: bool = False):
+        self.fmt, self.scaled = get_format(fmt), scaled
+        top = float(decode_bits(np.array([self.fmt.max_code]), self.fmt)[0])
+        self.top = top
+        self.weight, self.w_scale = self._round(linear.weight.numpy())
+        self.bias = None if linear.bias is None else linear.bias.numpy().copy()
+        self.training = False
+
+    def _round(self, a: np.ndarray) -> tuple[np.ndarray, float]:
+        s = float(np.abs(a).max()) / self.top if self.scaled and np.abs(a).max() > 0 else 1.0
+        return round_to_format((a / s).astype(np.float32), self.fmt, saturate=True), s
+
+    def weight_bytes(self) -> int:
+        return self.weight.size * self.fmt.bits // 8 + (4 if self.scaled else 0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        xr, xs = self._round(a)
+        y = (xr @ self.weight) * np.float32(xs * self.w_scale)
+        return Tensor((y + self.bias if self.bias is not None else y).astype(np.float32))
+
+
+class InputScaledLinear(Module):
+    """y = inner(x / s): a quantized layer built from diag(s) W, fed x / s."""
+
+    def __init__(self, inner: Module, s: np.ndarray):
+        self.inner, self.s = inner, np.asarray(s, np.float32)
+        self.training = False
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        return self.inner(Tensor(a / self.s))
+
+
+class LLMInt8Linear(Module):
+    """A Linear computed with llm_int8_matmul (outlier columns in float32). Weight bytes: int8
+    per-channel (scales included); the float rows actually used vary with the input."""
+
+    def __init__(self, linear: Linear, threshold: float = 6.0):
+        self.w = linear.weight.numpy().copy()
+        self.bias = None if linear.bias is None else linear.bias.numpy().copy()
+        self.threshold, self.outlier_counts = threshold, []
+        self.training = False
+
+    def weight_bytes(self) -> int:
+        return self.w.size + 4 * self.w.shape[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        y, cols = llm_int8_matmul(a.reshape(-1, self.w.shape[0]), self.w, self.threshold)
+        self.outlier_counts.append(len(cols))
+        y = y + self.bias if self.bias is not None else y
+        return Tensor(y.reshape(a.shape[:-1] + (self.w.shape[1],)).astype(np.float32))
+
+
+def linear_weight_bytes(model: Module) -> int:
+    """Bytes of the Linear-like layers' weights (weight_bytes(), or 4 per float32 element)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear):
+            total += 4 * m.weight.size
+        elif hasattr(m, "weight_bytes") and not isinstance(m, InputScaledLinear):
+            total += m.weight_bytes()
+    return total

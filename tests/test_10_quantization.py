@@ -746,6 +746,27 @@ def test_quantlinear_zero_point_matters(lesson):
 
 # ---------------------------------------------------------------- tiny GPT (lesson 09's checkpoint), graded under 10.9
 
+GPT_MARGIN = 0.005  # nats/char on 16 windows; measured |W8A8 per-channel - fp32| = 0.0018, missing zero point +7.7
+
+
+@pytest.mark.exercise("10.9")
+@pytest.mark.timeout(120)
+def test_quantized_tiny_gpt_val_loss(lesson):
+    gpt = pytest.importorskip("minitorch.gpt", reason="lesson 09 (minitorch.gpt, the tiny GPT) is not installed")
+    try:
+        model, tok = gpt.load_tiny_gpt()
+    except FileNotFoundError as exc:
+        pytest.skip(f"lesson 09's checkpoint is missing: {exc}")
+    _, val_ids = gpt.split_ids(tok.encode(gpt.load_corpus()))
+    base = gpt.evaluate_loss(model, val_ids, 16)
+    q = lesson.quantize_model(model, mode="w8a8", granularity="channel", gemm=np_gemm, quantize_fn=np_quantize)
+    n_q = sum(type(m).__name__ == "QuantLinear" for m in q.modules())
+    assert n_q == 6 * model.config.n_layer, f"expected every Linear of the blocks replaced, got {n_q} QuantLinears"
+    loss = gpt.evaluate_loss(q, val_ids, 16)
+    assert abs(loss - base) <= GPT_MARGIN, (f"tiny GPT val loss with W8A8 per-channel: {loss:.4f}, fp32: {base:.4f}; "
+                                            f"expected within {GPT_MARGIN} (a wrong scale axis or a missing zero-point "
+                                            "correction is far outside it)")
+
 
 def np_w8a8(x, w):
     k = x.shape[1]
