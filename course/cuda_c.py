@@ -596,7 +596,9 @@ class EmulatorRun:
     warp_ops: int                   # warp collectives completed (shuffles, votes, __syncwarp), over warps
     notes: list[str] = field(default_factory=list)
     # profile=True: per-thread counts, arrays of shape (blocks, threads per block):
-    # {"x": {"reads": ..., "writes": ...}, ..., "shared": {"reads": ..., "writes": ...}}
+    # {"x": {"reads": ..., "writes": ..., "writer": ...}, ..., "shared": {"reads": ..., "writes": ...}},
+    # where "writer" (shaped like the argument) is the thread that last wrote each element, as a global
+    # thread id block * threads_per_block + thread (blocks numbered x fastest), -1 if none did.
     profile: dict[str, dict[str, np.ndarray]] | None = None
 
 
@@ -765,6 +767,13 @@ def _read_profile(data: bytes, arrays: list, g: tuple, b: tuple) -> dict[str, di
         pos += 2 * n
     out["shared"] = {"reads": v[pos:pos + n].reshape(blocks, threads).astype(np.int64),
                      "writes": v[pos + n:pos + 2 * n].reshape(blocks, threads).astype(np.int64)}
+    pos += 2 * n
+    w = v.view(np.int32)
+    for p, a in arrays:
+        count = a.size // p.vec
+        writer = w[pos:pos + count].astype(np.int64)
+        out[p.name]["writer"] = writer.reshape(a.shape) if p.vec == 1 else writer
+        pos += count
     return out
 
 

@@ -184,6 +184,7 @@ struct Array {
     unsigned long long reads = 0, writes = 0;
     bool float_atomics = false;
     std::vector<unsigned> thread_reads, thread_writes;
+    std::vector<int> writer;  // profile: the global thread id that last wrote each element, -1 if none
 };
 static std::vector<Array> arrays;
 static const size_t PAGE = 4096, HEAD = 4096;
@@ -466,7 +467,10 @@ static inline void access(char* p, int size, Kind kind, bool aligned, unsigned l
                 if (profile) ++a.thread_reads[block_linear * nthreads + current];
             } else {
                 ++a.writes;
-                if (profile) ++a.thread_writes[block_linear * nthreads + current];
+                if (profile) {
+                    ++a.thread_writes[block_linear * nthreads + current];
+                    a.writer[(p - a.data) / a.elem] = (int)(block_linear * nthreads + current);
+                }
             }
             return;
         }
@@ -976,7 +980,9 @@ int main(int argc, char** argv) {
     const unsigned long long total_threads = (unsigned long long)grid.x * grid.y * grid.z * n;
     if (profile) {
         if (total_threads > (1ull << 26)) FAIL("profile=True needs at most 2^26 threads");
-        for (auto& a : arrays) a.thread_reads.assign(total_threads, 0), a.thread_writes.assign(total_threads, 0);
+        for (auto& a : arrays)
+            a.thread_reads.assign(total_threads, 0), a.thread_writes.assign(total_threads, 0),
+                a.writer.assign(a.nbytes / a.elem, -1);
         thread_shared_reads.assign(total_threads, 0), thread_shared_writes.assign(total_threads, 0);
     }
     FILE* out = fopen(argv[2], "wb");
@@ -1012,6 +1018,7 @@ int main(int argc, char** argv) {
             }
             fwrite(thread_shared_reads.data(), sizeof(unsigned), total_threads, pf);
             fwrite(thread_shared_writes.data(), sizeof(unsigned), total_threads, pf);
+            for (auto& a : arrays) fwrite(a.writer.data(), sizeof(int), a.writer.size(), pf);
             fclose(pf);
         }
     }

@@ -668,3 +668,29 @@ def test_shared_declarations_are_rewritten_keeping_line_numbers():
     assert 'shared_alloc_t<mt_id<float[3]>>("b"' in out and 'shared_alloc_t<mt_id<int>>("total"' in out
     assert "static char* const dyn = reinterpret_cast<char*>(MT_DYN_BASE);" in out
     assert out.splitlines()[5] == "  int z = 0;"
+
+
+@needs_cxx
+def test_profile_counts_accesses_per_thread_and_records_writers():
+    src = r"""
+extern "C" __global__ void rowsum(const float* x, float* y, int cols) {
+    __shared__ float part[32];
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += x[blockIdx.x * cols + j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int k = 0; k < 32; ++k) t += part[k];
+        y[blockIdx.x] = t;
+    }
+}"""
+    x = np.ones((3, 100), np.float32)
+    y = np.zeros(3, np.float32)
+    run = run_kernel(src, "rowsum", 3, 32, [x, y, np.int32(100)], profile=True)
+    assert (y == 100).all() and run.reads == {"x": 300, "y": 0} and run.writes == {"x": 0, "y": 3}
+    assert run.barriers == 3 and run.shared_writes == 96 and run.shared_reads == 96
+    p = run.profile
+    assert p["x"]["reads"].shape == (3, 32) and list(p["x"]["reads"][0, :5]) == [4, 4, 4, 4, 3]
+    assert (p["shared"]["reads"][:, 0] == 32).all() and (p["shared"]["reads"][:, 1:] == 0).all()
+    assert list(p["y"]["writer"]) == [0, 32, 64] and (p["x"]["writer"] == -1).all()
