@@ -242,6 +242,11 @@ def test_matmul_naive_matches_numpy(lesson):
 
 @pytest.mark.exercise("7.5")
 def test_matmul_naive_accumulates_in_float32(lesson):
+    rng = np.random.default_rng(46)
+    a, b = f32(rng, 3, 70), f32(rng, 70, 5)
+    with unstub():
+        got = lesson.matmul_naive(a, b, block=(8, 4))
+    assert_close(got, a @ b, "matmul_naive (3, 70) @ (70, 5)", rtol=1e-4, atol=1e-4)
     assert_float32_accumulators(lesson.matmul_naive_kernel, "matmul_naive_kernel")
 
 
