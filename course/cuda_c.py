@@ -107,11 +107,10 @@ def cuda_include_dirs() -> tuple[str, ...]:
     cooperative_groups). Headers of another major version than NVRTC's do not compile with it."""
     major = _nvrtc_major()
     found: list[tuple[Path, int | None]] = []
-    for env in ("CUDA_PATH", "CUDA_HOME"):
-        if os.environ.get(env):
-            inc = Path(os.environ[env]) / "include"
-            found.append((inc, _header_major(inc)))
-    found.append((Path("/usr/local/cuda/include"), _header_major(Path("/usr/local/cuda/include"))))
+    toolkits = [Path(os.environ[env]) / "include" for env in ("CUDA_PATH", "CUDA_HOME") if os.environ.get(env)]
+    for inc in [*toolkits, Path("/usr/local/cuda/include")]:
+        ver = _header_major(inc)
+        found += [(inc, ver), (inc / "cccl", ver)]  # CUDA 13 keeps libcu++ (<nv/target>) in include/cccl
     nvidia = _package_dir("nvidia")
     if nvidia is not None:
         rt12 = _header_major(nvidia / "cuda_runtime" / "include") or 12
