@@ -407,6 +407,44 @@ def enable_cuda(kernel: str = "regtile") -> CupyBackend:
     return backend
 
 
+SGEMM_KERNELS.update({
+    "vec4": (lambda: sgemm_vec4_source(), "sgemm_vec4", sgemm_regtile_launch, 4),
+    "warptile": (lambda: sgemm_warptile_source(), "sgemm_warptile", sgemm_regtile_launch, 4),
+    "dbuf": (lambda: sgemm_dbuf_source(), "sgemm_dbuf", sgemm_regtile_launch, 4),
+})
+
+
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
+    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
+    if M == 0 or N == 0 or K == 0:
+        return xp.zeros((M, N), dtype=np.float32)
+    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
+    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((Mp, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
+    source = hgemm_wmma_source()
+    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
+    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
+
+
+def hgemm(a: Any, b: Any) -> Any:
+    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+
+
+def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+
+
+def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
+    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
+
+
 def sgemm_vec4_source() -> str:
     """CUDA C source of sgemm_vec4(A, B, C, M, N, K): sgemm_regtile with float4 loads and stores;
     N and K multiples of 4; block (256,) computes a 128x128 tile of C."""
@@ -620,11 +658,6 @@ sgemm_dbuf(const float* __restrict__ A, const float* __restrict__ B, float* __re
 """
 
 
-def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
-    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
-    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
-
-
 def hgemm_wmma_source() -> str:
     """CUDA C source of hgemm_wmma(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
     row-major inputs, M, N, K multiples of 16; each warp computes a 32x32 tile with WMMA."""
@@ -669,36 +702,3 @@ extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __
                                         wmma::mem_row_major);
 }
 """
-
-
-SGEMM_KERNELS.update({
-    "vec4": (sgemm_vec4_source, "sgemm_vec4", sgemm_regtile_launch, 4),
-    "warptile": (sgemm_warptile_source, "sgemm_warptile", sgemm_regtile_launch, 4),
-    "dbuf": (sgemm_dbuf_source, "sgemm_dbuf", sgemm_regtile_launch, 4),
-})
-
-
-def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
-    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
-    if M == 0 or N == 0 or K == 0:
-        return xp.zeros((M, N), dtype=np.float32)
-    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
-    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
-    c = xp.zeros((Mp, Np), dtype=np.float32)
-    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
-    source = hgemm_wmma_source()
-    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
-    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
-    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
-
-
-def hgemm(a: Any, b: Any) -> Any:
-    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
-    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
-    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
-
-
-def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
-    return _run_hgemm(np.asarray(a), np.asarray(b), np,
-                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))

@@ -906,7 +906,53 @@ print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1
 # multiply whole tiles per instruction. Each step below is a small change to the kernel before
 # it, graded without a GPU by what it changes: the instructions in the PTX, which warp writes
 # which outputs, how many barriers a block passes. `make bench` measures each against cuBLAS.
-#
+
+# %% [markdown]
+# The host side first: the kernels of this section join `SGEMM_KERNELS` (the wrappers pad N and
+# K to multiples of 4 for them), and `hgemm` runs the tensor-core kernel of exercise 8.11,
+# padding all three dimensions to multiples of 16. Each looks its kernel's source up when called.
+
+# %%
+#| export
+SGEMM_KERNELS.update({
+    "vec4": (lambda: sgemm_vec4_source(), "sgemm_vec4", sgemm_regtile_launch, 4),
+    "warptile": (lambda: sgemm_warptile_source(), "sgemm_warptile", sgemm_regtile_launch, 4),
+    "dbuf": (lambda: sgemm_dbuf_source(), "sgemm_dbuf", sgemm_regtile_launch, 4),
+})
+
+
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
+    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
+    if M == 0 or N == 0 or K == 0:
+        return xp.zeros((M, N), dtype=np.float32)
+    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
+    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((Mp, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
+    source = hgemm_wmma_source()
+    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
+    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
+
+
+def hgemm(a: Any, b: Any) -> Any:
+    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+
+
+def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+
+# %%
+#| export
+def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
+    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
+
+# %% [markdown]
 # ### Vector loads
 #
 # `float4` is four floats in one 16-byte struct. Loading one through a `float4*` is a single
@@ -1271,12 +1317,6 @@ for fn, name in [(sgemm_warptile_source, "sgemm_warptile"), (sgemm_dbuf_source, 
 
 # %%
 #| export
-def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
-    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
-    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
-
-# %%
-#| export
 #| exercise 8.11
 def hgemm_wmma_source() -> str:
     """CUDA C source of hgemm_wmma(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
@@ -1327,44 +1367,6 @@ extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __
 
 # %% tags=["check"]
 check("8.11")
-
-# %% [markdown]
-# The wrappers: the new SGEMM kernels join `SGEMM_KERNELS` (N and K padded to multiples of 4),
-# and `hgemm` pads all three dimensions to multiples of 16.
-
-# %%
-#| export
-SGEMM_KERNELS.update({
-    "vec4": (sgemm_vec4_source, "sgemm_vec4", sgemm_regtile_launch, 4),
-    "warptile": (sgemm_warptile_source, "sgemm_warptile", sgemm_regtile_launch, 4),
-    "dbuf": (sgemm_dbuf_source, "sgemm_dbuf", sgemm_regtile_launch, 4),
-})
-
-
-def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
-    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
-    if M == 0 or N == 0 or K == 0:
-        return xp.zeros((M, N), dtype=np.float32)
-    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
-    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
-    c = xp.zeros((Mp, Np), dtype=np.float32)
-    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
-    source = hgemm_wmma_source()
-    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
-    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
-    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
-
-
-def hgemm(a: Any, b: Any) -> Any:
-    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
-    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
-    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
-
-
-def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
-    return _run_hgemm(np.asarray(a), np.asarray(b), np,
-                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
 
 # %% [markdown]
 # On a GPU: the whole ladder against cuBLAS at n = 4096, and the tensor-core kernel against
