@@ -555,14 +555,7 @@ def test_dp4a_kernel_ptx_structure(lesson):
         f"expected 16x16 shared-memory tiles of int (>= 2048 bytes) and two barriers per tile step; got {st}")
 
 
-def emulator_has_dp4a():
-    from course.cuda_c import PRELUDE
-
-    return "__dp4a" in PRELUDE.read_text()
-
-
 @pytest.mark.exercise("10.7")
-@pytest.mark.skipif(not emulator_has_dp4a(), reason="the CPU emulator (course/cuda_prelude.h) has no __dp4a yet")
 def test_dp4a_kernel_on_emulator(lesson):
     from course.cuda_c import emulate
 
