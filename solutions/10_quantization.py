@@ -928,7 +928,7 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 # `acc = __dp4a(a_word, b_word, acc)` on an `int` accumulator. Load zeros outside the matrices;
 # `C` is (M, N) int32. The host side (`int8_gemm_dp4a`, given) pads K to a multiple of 4 and
 # packs. The test compiles it with NVRTC and reads the PTX for `dp4a.s32.s32`, shared-memory
-# loads and barriers, and, where the CPU emulator knows `__dp4a`, runs it against NumPy.
+# loads and barriers, and runs it on the CPU emulator against NumPy (exact int32 results).
 
 # %%
 #| export
