@@ -70,9 +70,11 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from minitorch.attention import attention_np, causal_mask, merge_attention, merge_heads, split_heads
 from minitorch.autograd import Tensor, topo_order
 from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
-from minitorch.nn import Module, Parameter
+from minitorch.gpt import gelu
+from minitorch.nn import Module, Parameter, cross_entropy
 from minitorch.parallel import free_graph, op_flops, ring_allreduce
 
 # %% [markdown]
@@ -617,6 +619,68 @@ def pipeline_step(comm: Communicator, chunks: list, steps: list, inputs: list, t
     return total
     ### END SOLUTION
 
+# %% [markdown]
+# **The tiny GPT as a pipeline.** Its layers are the embedding (token plus position), the blocks,
+# and the head (final layer norm and the output layer). The output layer is *tied* to the token
+# embedding: one matrix, used at both ends of the model. Cut into stages, the first and the last
+# stage each hold a copy, and each copy gets only its own part of the gradient; Megatron-LM keeps
+# the copies equal by all-reducing their gradients between the first and the last pipeline rank
+# after the backward pass (its "embedding group"). Given: the layer list and that all-reduce.
+
+# %%
+#| export
+class GPTEmbedding(Module):
+    """The first pipeline layer of a lesson-09 GPT: idx (B, T) ids -> wte[idx] + wpe[:T] (B, T, C)."""
+
+    def __init__(self, model: Any):
+        self.wte, self.wpe = model.wte, model.wpe
+
+    def forward(self, idx: Any) -> Tensor:
+        return self.wte(idx) + self.wpe.weight[:np.asarray(idx).shape[1]]
+
+
+class GPTHead(Module):
+    """The last pipeline layer: ln_f, then the output layer tied to the token embedding (B, T, V)."""
+
+    def __init__(self, model: Any):
+        self.ln_f, self.wte = model.ln_f, model.wte
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def gpt_layers(model: Any) -> list:
+    """[embedding, block 0, ..., block L-1, head]: L + 2 layers to deal out with split_layers."""
+    return [GPTEmbedding(model), *model.blocks, GPTHead(model)]
+
+
+def gpt_loss(batch_size: int) -> Callable[[Tensor, Any], Tensor]:
+    """loss_fn for pipeline_step: a micro-batch's mean cross-entropy times its share of the batch."""
+    def loss_fn(logits: Tensor, targets: Any) -> Tensor:
+        b, t, v = logits.shape
+        return cross_entropy(logits.reshape(b * t, v), np.asarray(targets).reshape(-1)) * (b / batch_size)
+    return loss_fn
+
+
+def allreduce_tied_embedding(comm: Communicator, model: Any) -> None:
+    """Sum the token embedding's gradient between the first and the last pipeline rank (both hold a
+    copy: the input embedding and the tied output layer). Other ranks do nothing."""
+    first, last = 0, comm.size - 1
+    if first == last or comm.rank not in (first, last):
+        return
+    w = model.wte.weight
+    mine = w.grad.data if w.grad is not None else np.zeros_like(w.data)
+    other = last if comm.rank == first else first
+    comm.send(mine, other, tag=2**19)
+    w.grad = Tensor(mine + comm.recv(other, tag=2**19))
+
+
+def float64_model(model: Module) -> Module:
+    """Cast every parameter of `model` to float64 in place (for comparisons to 1e-10); returns it."""
+    for prm in model.parameters():
+        prm.data = prm.data.astype(np.float64)
+    return model
+
 # %% tags=["check"]
 check("13.4")
 
@@ -626,9 +690,10 @@ check("13.4")
 
 # %%
 #| export
-def pipeline_intervals(result: RunResult) -> list[Interval]:
-    """The F and B intervals of a run of pipeline_step, as Intervals (stage = rank), time from 0."""
-    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main"]
+def pipeline_intervals(result: RunResult, since: float = -math.inf) -> list[Interval]:
+    """The F and B intervals of a run of pipeline_step that start at `since` or later, as Intervals
+    (stage = rank), with time counted from the first of them."""
+    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main" and e.start >= since]
     t0 = min((e.start for e in events), default=0.0)
     out = []
     for e in events:
@@ -714,7 +779,39 @@ plt.show()
 # time on the critical path (`alpha + n beta` per hop, at the start and the end of the pipeline),
 # and a backward costs about twice a forward here, not exactly. The same function runs on MPI
 # (section 9 measures it).
-#
+
+# %% [markdown]
+# The shipped tiny GPT (2 blocks, so 4 layers), in float64, as a 4-stage 1F1B pipeline over 8
+# micro-batches of one 64-character window each, against one process on the whole batch:
+
+# %% tags=["demo"]
+from minitorch.gpt import eval_windows, load_corpus, load_tiny_gpt, split_ids
+
+tiny, tokenizer = load_tiny_gpt()
+_, val_ids = split_ids(tokenizer.encode(load_corpus()))
+xb, yb = eval_windows(val_ids, tiny.config.block_size, 8)
+
+
+def gpt_pipeline_job(comm, m):
+    model = float64_model(load_tiny_gpt()[0])
+    chunks = split_layers(gpt_layers(model), comm.size, comm.rank)
+    bounds = chunk_bounds(len(xb), m)
+    loss = pipeline_step(comm, chunks, one_f_one_b_schedule(comm.size, m)[comm.rank],
+                         [xb[a:b] for a, b in bounds], [yb[a:b] for a, b in bounds], gpt_loss(len(xb)))
+    allreduce_tied_embedding(comm, model)
+    return loss, {name: prm.grad.data for name, prm in model.named_parameters() if prm.grad is not None}
+
+
+whole = run(gpt_pipeline_job, 1, 1).results[0]
+piped = run(gpt_pipeline_job, 4, 8)
+grads = {}
+for _, g in piped.results:
+    grads.update(g)
+print(f"loss: one process {whole[0]:.12f}, 4 stages {sum(r[0] for r in piped.results):.12f}; "
+      f"largest gradient difference {max(abs(grads[k] - whole[1][k]).max() for k in whole[1]):.1e} "
+      f"over {len(grads)} parameters (the tied embedding included)")
+
+# %% [markdown]
 # ## 5. Tensor parallelism: the MLP with one all-reduce each way
 #
 # Pipelining splits the model between layers; tensor parallelism (Shoeybi et al. 2019) splits
@@ -825,7 +922,8 @@ def tp_mlp_job(comm):
     rng = np.random.default_rng(0)
     fc, proj = Linear(64, 256, rng=rng), Linear(256, 64, rng=rng)
     for prm in fc.parameters() + proj.parameters():
-        prm.data = prm.data.astype(np.float64) + 0.1
+        prm.data = prm.data.astype(np.float64)
+    fc.bias.data, proj.bias.data = rng.standard_normal(256) * 0.1, rng.standard_normal(64) * 0.1
     x = Tensor(np.random.default_rng(1).standard_normal((24, 64)), requires_grad=True)
     log = []
     mlp = TensorParallelMLP(comm, fc, proj, lambda h: h.tanh(), counting(log))
@@ -842,6 +940,298 @@ S = 24 * 64 * 8
 print(f"output differs by {abs(y4 - ref[0]).max():.1e}, input gradient by {abs(gx4 - ref[1]).max():.1e}")
 print(f"all-reduces: {n_fwd} in the forward, {n_bwd} in the backward; bytes sent per rank {res.bytes_sent()} "
       f"= 2 x 2(N-1)/N x {S} = {2 * 2 * 3 / 4 * S:.0f}")
+
+# %% [markdown]
+# ## 6. Tensor-parallel attention, and the GPT's blocks
+#
+# Attention splits just as naturally, **by heads**: heads are independent until the output
+# projection mixes them. Rank r keeps heads `chunk_bounds(n_head, N)[r]`, i.e. the columns
+# `[h0 hd, h1 hd)` of the q, k and v projections (a column cut, as A in the MLP) and the same rows
+# of the output projection (a row cut, as B). Each rank runs ordinary multi-head attention on its
+# heads; the partial outputs of the projection are summed by one all-reduce (g) and the
+# projection's bias is added once after it; one f in front of the three projections gives the
+# one all-reduce of the backward pass. A transformer block (lesson 09's pre-norm block) is then
+#
+# ```
+# x = x + g(attention_r(f(ln1(x)))) + b_proj        one all-reduce forward, one backward
+# x = x + g(gelu(f(ln2(x)) A_r + a_r) B_r) + b      one all-reduce forward, one backward
+# ```
+#
+# The layer norms and the residual additions are computed redundantly on every rank, on the full
+# activations: that is the part Korthikanti et al. (2022) later split along the sequence
+# ("sequence parallelism"), turning each all-reduce into a reduce-scatter plus an all-gather of
+# the same total traffic. The number of heads must be divisible by N: the tiny GPT's 4 heads
+# split over 1, 2 or 4 ranks, not 3.
+#
+# **Exercise 13.6.** Write `TensorParallelAttention` (from a lesson-09 `CausalSelfAttention`; use
+# its `attend(q, k, v)`, lesson 09's `split_heads` and `merge_heads` on the local heads) and
+# `TensorParallelBlock` (from a lesson-09 `Block`: its own layer norms, your TP attention and
+# `TensorParallelMLP` with lesson 09's `gelu`). ValueError naming the heads and the ranks unless
+# N divides n_head.
+
+# %%
+#| export
+#| exercise 13.6
+class TensorParallelAttention(Module):
+    """Rank comm.rank's heads h0..h1-1 (chunk_bounds(n_head, N)[rank]) of a lesson-09
+    CausalSelfAttention `attn` (C = n_embd, hd = C // n_head): q_weight, k_weight, v_weight
+    (C, (h1-h0) hd) and their biases: columns [h0 hd, h1 hd); proj_weight ((h1-h0) hd, C): the
+    same rows; proj_bias (C,): all of it. New Parameters (copies).
+    forward(x (B, T, C)) -> (B, T, C): f(x) projected to local q, k, v, split into the local heads,
+    attn.attend, merged, projected, g, plus proj_bias. ValueError unless N divides n_head."""
+
+    def __init__(self, comm: Communicator, attn: Any, allreduce: Callable = ring_allreduce):
+        self.comm, self.allreduce, self.attend = comm, allreduce, attn.attend
+        ### BEGIN SOLUTION
+        n_head, n = attn.n_head, comm.size
+        if n_head % n:
+            raise ValueError(f"tensor parallelism: {n_head} heads cannot be split evenly over {n} ranks")
+        hd = attn.q.weight.shape[0] // n_head
+        h0, h1 = chunk_bounds(n_head, n)[comm.rank]
+        cols = slice(h0 * hd, h1 * hd)
+        self.n_head = h1 - h0
+        for name in ("q", "k", "v"):
+            lin = getattr(attn, name)
+            setattr(self, f"{name}_weight", Parameter(lin.weight.data[:, cols]))
+            setattr(self, f"{name}_bias", Parameter(lin.bias.data[cols]))
+        self.proj_weight = Parameter(attn.proj.weight.data[cols, :])
+        self.proj_bias = Parameter(attn.proj.bias.data)
+        ### END SOLUTION
+
+    def forward(self, x: Tensor) -> Tensor:
+        ### BEGIN SOLUTION
+        xf = copy_to_tp(self.comm, x, self.allreduce)
+        q, k, v = (split_heads(xf @ w + b, self.n_head) for w, b in
+                   ((self.q_weight, self.q_bias), (self.k_weight, self.k_bias), (self.v_weight, self.v_bias)))
+        y = merge_heads(self.attend(q, k, v)) @ self.proj_weight
+        return reduce_from_tp(self.comm, y, self.allreduce) + self.proj_bias
+        ### END SOLUTION
+
+
+class TensorParallelBlock(Module):
+    """A lesson-09 pre-norm Block on rank comm.rank of comm.size: its own ln1 and ln2 (replicated),
+    TensorParallelAttention(comm, block.attn) and TensorParallelMLP(comm, block.mlp.fc,
+    block.mlp.proj, gelu). forward(x (B, T, C)): x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, comm: Communicator, block: Any, allreduce: Callable = ring_allreduce):
+        ### BEGIN SOLUTION
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.attn = TensorParallelAttention(comm, block.attn, allreduce)
+        self.mlp = TensorParallelMLP(comm, block.mlp.fc, block.mlp.proj, gelu, allreduce)
+        ### END SOLUTION
+
+    def forward(self, x: Tensor) -> Tensor:
+        ### BEGIN SOLUTION
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+        ### END SOLUTION
+
+# %% [markdown]
+# Given: `tensor_parallel_gpt` swaps a GPT's blocks for tensor-parallel ones in place (the
+# embeddings, the final norm and the tied output layer stay replicated). On the shipped tiny GPT
+# (float64 copies of its weights), 2 and 4 simulated ranks reproduce the model's loss on a batch
+# of the validation text, and each rank holds a quarter or a half of the blocks' weights.
+
+# %%
+#| export
+def tensor_parallel_gpt(comm: Communicator, model: Any, allreduce: Callable = ring_allreduce) -> Any:
+    """Replace model.blocks by TensorParallelBlocks for comm's ranks (in place); returns model."""
+    model.blocks = [TensorParallelBlock(comm, block, allreduce) for block in model.blocks]
+    return model
+
+
+
+# %% tags=["check"]
+check("13.6")
+
+# %% tags=["demo"]
+
+def tp_gpt_job(comm):
+    model = float64_model(load_tiny_gpt()[0])
+    n_all = sum(prm.size for b in model.blocks for prm in b.parameters())
+    tensor_parallel_gpt(comm, model)
+    _, loss = model(xb, yb)
+    return loss.item(), sum(prm.size for b in model.blocks for prm in b.parameters()) / n_all
+
+
+for n in (1, 2, 4):
+    res = run(tp_gpt_job, n)
+    print(f"{n} rank(s): loss {res.results[0][0]:.12f} on every rank: "
+          f"{len({r[0] for r in res.results}) == 1}; share of the blocks' weights per rank {res.results[0][1]:.3f}; "
+          f"bytes sent per rank {res.stats[0]['bytes_sent']}")
+
+# %% [markdown]
+# A rank keeps a little more than 1/N of the weights: the layer norms and the output biases are
+# replicated. Each of the 2 layers all-reduces its attention and MLP outputs, 8 windows x 64
+# positions x 64 channels x 8 bytes = 256 KiB each, so 4 ring all-reduces per forward.
+#
+# ## 7. Sequence parallelism: ring attention
+#
+# Tensor and pipeline parallelism split the weights; with long sequences the *activations*
+# dominate, and the attention scores grow with the square of the length. **Ring attention**
+# (Liu, Zaharia and Abbeel 2023) splits the sequence: rank r holds the queries, keys and values
+# of positions `[r n, (r+1) n)`. Everything in a transformer except attention works position by
+# position, so only attention needs other ranks' data, and it needs only their keys and values.
+# They travel around a ring: at step s, rank r holds the K/V block of rank `(r - s) mod N`, computes
+# its queries' attention over that block, passes the block to the right and receives the next one
+# from the left. After N - 1 passes every query has seen every key.
+#
+# The partial results are merged exactly as FlashAttention merges tiles: attention over a block
+# gives an output normalised *within the block* and the block's logsumexp; two such partials over
+# disjoint key sets combine with lesson 09's `merge_attention` (the online softmax of Milakov and
+# Gimelshein 2018) into the attention over their union. No rank ever holds more than two
+# `n x n` score blocks, instead of `N n x N n`.
+#
+# **Causal.** With a causal mask, block j is entirely in the future of rank r's queries when
+# j > r (skip it, but pass it on), entirely visible when j < r, and the diagonal block j = r needs
+# the usual triangle. Rank N-1 then computes N blocks and rank 0 one: a load imbalance that
+# striped attention (Brandon et al. 2023) removes by dealing positions out round-robin.
+#
+# **Backward.** The gradients follow the same ring, as in FlashAttention's backward (Dao et al.
+# 2022): with `D = rowsum(dO * O)` and the saved logsumexp, a block's probabilities are
+# recomputed as `P = exp(S - lse)`, and then `dV_j += P^T dO`, `dS = P * (dO V_j^T - D)`,
+# `dQ += dS K_j / sqrt(d)`, `dK_j += dS^T Q / sqrt(d)`. The accumulators dK_j and dV_j travel
+# around the ring *with* K_j and V_j, collecting every rank's contribution; after the N-th pass
+# they are back home.
+#
+# **Exercise 13.7.** Write `ring_attention` and `ring_attention_backward` on NumPy arrays. Every
+# rank holds n positions (the same n on every rank). Send one message per pass: in the forward,
+# K and V concatenated on the last axis (N - 1 messages); in the backward, K, V, dK and dV
+# concatenated (N - 1 messages), then dK and dV alone (one more: the way home). Use lesson 09's
+# `attention_np(q, k, v, mask, return_lse=True)` and `merge_attention` for the forward.
+
+# %%
+#| export
+#| exercise 13.7
+def ring_attention(comm: Communicator, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of this rank's queries over the keys and values of all ranks, by the ring.
+
+    q, k (..., n, d), v (..., n, dv): positions [rank n, (rank+1) n) of the sequence, the same n on
+    every rank. causal: query i sees keys j <= i (global positions). Returns (o (..., n, dv),
+    lse (..., n)) as attention_np(..., return_lse=True) over the whole sequence would give for
+    these rows. Sends N-1 messages, each K and V concatenated on the last axis, to (rank+1) % N."""
+    ### BEGIN SOLUTION
+    n_ranks, r = comm.size, comm.rank
+    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
+    d = k.shape[-1]
+    kv = np.concatenate([k, v], axis=-1)
+    o = lse = None
+    for s in range(n_ranks):
+        j = (r - s) % n_ranks
+        if s > 0:
+            kv = comm.recv(left)
+        if s < n_ranks - 1:
+            comm.send(kv, right)
+        if causal and j > r:
+            continue
+        mask = causal_mask(q.shape[-2], kv.shape[-2]) if causal and j == r else None
+        ob, lb = attention_np(q, kv[..., :d], kv[..., d:], mask, return_lse=True)
+        o, lse = (ob, lb) if o is None else merge_attention(o, lse, ob, lb)
+    return o, lse
+    ### END SOLUTION
+
+
+def ring_attention_backward(comm: Communicator, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+                            lse: np.ndarray, do: np.ndarray, causal: bool = False
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients (dq, dk, dv) of this rank's blocks, given the forward's o, lse and the gradient
+    do of o (shapes as ring_attention). K, V, dK, dV travel the ring together (N-1 messages,
+    concatenated on the last axis), then dK, dV make one more hop home (N messages in all)."""
+    ### BEGIN SOLUTION
+    n_ranks, r = comm.size, comm.rank
+    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
+    d, dv_ = k.shape[-1], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    D = (do * o).sum(axis=-1)
+    finite = np.isfinite(lse)
+    safe_lse = np.where(finite, lse, 0.0)
+    dq = np.zeros_like(q)
+    blk = np.concatenate([k, v, np.zeros_like(k), np.zeros_like(v)], axis=-1)
+    for s in range(n_ranks):
+        j = (r - s) % n_ranks
+        if s > 0:
+            blk = comm.recv(left)
+        kb, vb = blk[..., :d], blk[..., d:d + dv_]
+        if not (causal and j > r):
+            scores = (q @ np.swapaxes(kb, -1, -2)) * scale
+            p = np.exp(scores - safe_lse[..., None]) * finite[..., None]
+            if causal and j == r:
+                p = p * causal_mask(q.shape[-2], kb.shape[-2])
+            blk = blk.copy()
+            blk[..., d + dv_ + d:] += np.swapaxes(p, -1, -2) @ do
+            ds = p * (do @ np.swapaxes(vb, -1, -2) - D[..., None])
+            dq += ds @ kb * scale
+            blk[..., d + dv_:d + dv_ + d] += np.swapaxes(ds, -1, -2) @ q * scale
+        if s < n_ranks - 1:
+            comm.send(blk, right)
+    if n_ranks > 1:
+        comm.send(blk[..., d + dv_:], right)
+        blk = comm.recv(left)
+        return dq, blk[..., :d], blk[..., d:]
+    return dq, blk[..., d + dv_:d + dv_ + d], blk[..., d + dv_ + d:]
+    ### END SOLUTION
+
+# %% [markdown]
+# Given: the ring as an autograd operation, and sequence-parallel self-attention for the GPT: the
+# q, k, v and output projections act on each rank's positions alone; only the attention in
+# between goes around the ring.
+
+# %%
+#| export
+def ring_attention_op(comm: Communicator, q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
+    """ring_attention as an autograd op: forward (o), backward by ring_attention_backward."""
+    o, lse = ring_attention(comm, q.data, k.data, v.data, causal)
+
+    def vjp(g: Any) -> tuple:
+        return ring_attention_backward(comm, q.data, k.data, v.data, o, lse, g, causal)
+
+    return q._record(Tensor(o), (q, k, v), vjp, "ring_attention")
+
+
+class RingSelfAttention(Module):
+    """A lesson-09 CausalSelfAttention run sequence-parallel: forward(x (B, n, C)) on this rank's
+    n positions; the projections are the module's own (shared, not copied)."""
+
+    def __init__(self, comm: Communicator, attn: Any):
+        self.comm, self.attn = comm, attn
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.attn
+        q, k, v = (split_heads(lin(x), a.n_head) for lin in (a.q, a.k, a.v))
+        return a.proj(merge_heads(ring_attention_op(self.comm, q, k, v, causal=True)))
+
+# %% tags=["check"]
+check("13.7")
+
+# %% [markdown]
+# The tiny GPT's first attention layer (float64), sequence-parallel over 4 simulated ranks: each
+# holds 16 of a window's 64 positions. The output and the gradients of the layer's input match
+# the unpartitioned layer, and a rank's scores are 16 x 16 per head instead of 64 x 64.
+
+# %% tags=["demo"]
+def ring_layer_job(comm):
+    attn = float64_model(load_tiny_gpt()[0]).blocks[0].attn
+    x_all = float64_model(load_tiny_gpt()[0]).wte.weight.data[xb[:2]]  # 2 windows, embedded
+    n = x_all.shape[1] // comm.size
+    x = Tensor(x_all[:, comm.rank * n:(comm.rank + 1) * n], requires_grad=True)
+    y = RingSelfAttention(comm, attn)(x)
+    (y * y).sum().backward()
+    return y.data, x.grad.data
+
+
+ref_y, ref_g = run(ring_layer_job, 1).results[0]
+ring4 = run(ring_layer_job, 4)
+print(f"output differs by {abs(np.concatenate([r[0] for r in ring4.results], axis=1) - ref_y).max():.1e}, "
+      f"input gradient by {abs(np.concatenate([r[1] for r in ring4.results], axis=1) - ref_g).max():.1e}; "
+      f"messages per rank {[st_['msgs_sent'] for st_ in ring4.stats]}, bytes {ring4.bytes_sent()}")
+
+# %% [markdown]
+# Per rank and head: 3 passes of K and V forward, 3 of K, V, dK, dV and 1 of dK, dV backward,
+# 7 messages. The traffic per rank, `2 (N-1) n d` numbers forward, does not shrink as N grows
+# while the compute per rank does, as `(n N) n d`: ring attention hides its communication behind
+# the computation only when each block is large enough (Liu et al. 2023 overlap the send of the
+# next block with the computation on the current one).
 
 # %% [markdown]
 # ## 8. A planner: which combination, on which cluster?
@@ -1094,3 +1484,173 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec) -> tuple[Plan, Estimate]:
 
 # %% tags=["check"]
 check("13.8")
+
+# %% [markdown]
+# The estimate against the simulator on a small case (4 ranks, a 4-layer model of width 64,
+# `alpha` = 20 us, `beta` = 10 ns/byte: a slow network, so that communication matters), every
+# valid plan:
+
+# %% tags=["demo"]
+small_model = ModelSpec(n_layer=4, d_model=64, n_head=4, seq_len=32, batch=8)
+small_cluster = ClusterSpec(n_ranks=4, memory=1e12, flop_rate=1e10, alpha=2e-5, beta=1e-8)
+
+
+def valid_plans(model, cluster):
+    """Every plan estimate_plan accepts, with its estimate."""
+    n = cluster.n_ranks
+    for tp_, pp_ in product(range(1, n + 1), repeat=2):
+        if n % (tp_ * pp_):
+            continue
+        dp_ = n // (tp_ * pp_)
+        for m_ in range(1, model.batch + 1):
+            plan = Plan(dp_, tp_, pp_, m_)
+            try:
+                yield plan, estimate_plan(model, cluster, plan)
+            except ValueError:
+                pass
+
+
+rows = [(plan, est, simulate_plan(small_model, small_cluster, plan, one_f_one_b_schedule).time)
+        for plan, est in valid_plans(small_model, small_cluster)]
+print(f"{'(dp, tp, pp, m)':<16} {'memory KB':>10} {'estimate ms':>12} {'simulated ms':>13} {'ratio':>6}")
+for plan, est, simulated in sorted(rows, key=lambda r: r[2]):
+    print(f"{str((plan.dp, plan.tp, plan.pp, plan.m)):<16} {est.memory / 1e3:>10.0f} {est.time * 1e3:>12.3f} "
+          f"{simulated * 1e3:>13.3f} {est.time / simulated:>6.3f}")
+pick, _ = best_plan(small_model, small_cluster)
+print(f"best_plan picks (dp, tp, pp, m) = {(pick.dp, pick.tp, pick.pp, pick.m)}")
+
+# %% [markdown]
+# The estimate is exact without pipelining (pp = 1) and at most a few per cent high with it: the
+# first and the last stage send one message per micro-batch, not two. On this slow network the
+# tensor-parallel plans lose: 4 all-reduces per layer and micro-batch. Real clusters have two
+# networks, and the planner can say what that means. A GPT with 40 layers of width 8192 (64
+# heads, 32B parameters without the embeddings), sequences of 2048, 512 per step, on 64 H100s in
+# 8 DGX nodes: NVLink inside a node (450 GB/s, alpha 3.4 us: the NCCL figure of
+# [the notes](../hardware_notes/interconnects.md#alpha-and-beta-for-lessons-12-13)), one 400 Gb/s
+# InfiniBand NIC per GPU between nodes (50 GB/s, alpha 14 us), 80 GB each, and 400 TFLOP/s
+# *achieved* per GPU (an assumption: about 40% of the bf16 dense peak).
+
+# %% tags=["demo"]
+big_model = ModelSpec(n_layer=40, d_model=8192, n_head=64, seq_len=2048, batch=512)
+h100s = ClusterSpec(n_ranks=64, memory=80e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9,
+                    node_size=8, alpha_node=3.4e-6, beta_node=1 / 450e9)
+print(f"parameters: {big_model.n_layer * big_model.params_per_layer / 1e9:.1f} B (without embeddings); "
+      f"model states alone: {16 * big_model.n_layer * big_model.params_per_layer / 1e9:.0f} GB")
+plans = list(valid_plans(big_model, h100s))
+print(f"{len(plans)} valid plans, {sum(e.memory <= h100s.memory for _, e in plans)} fit in 80 GB. "
+      "The fastest for each tp:")
+print(f"{'tp':>3}  {'fastest (dp, tp, pp, m)':<24} {'GB':>6} {'step s':>7}   {'fastest that fits':<20} {'GB':>5} {'step s':>7}")
+for tp_ in sorted({plan.tp for plan, _ in plans}):
+    mine = [(e.time, plan, e) for plan, e in plans if plan.tp == tp_]
+    fit = [r for r in mine if r[2].memory <= h100s.memory]
+    a = min(mine, key=lambda r: r[0])
+    line = f"{tp_:>3}  {str((a[1].dp, a[1].tp, a[1].pp, a[1].m)):<24} {a[2].memory / 1e9:>6.0f} {a[0]:>7.2f}"
+    if fit:
+        b = min(fit, key=lambda r: r[0])
+        line += f"   {str((b[1].dp, b[1].tp, b[1].pp, b[1].m)):<20} {b[2].memory / 1e9:>5.0f} {b[0]:>7.2f}"
+    print(line)
+pick, est = best_plan(big_model, h100s)
+print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step")
+
+# %% [markdown]
+# The model states alone (515 GB) rule out data parallelism on its own, and 33 of the 168 valid
+# plans fit. Inside a node, tensor parallelism is cheap enough that the planner uses it (tp = 2 to
+# 8 all within 12% of each other); a tensor-parallel group of 16 spans two nodes and puts its
+# all-reduces on the 9x slower network: 36 s per step instead of 9. Pipelining crosses nodes
+# with one small message per micro-batch and stage, and fills its bubble with many
+# micro-batches. That is the configuration rule of Narayanan et al. (2021b): tensor parallelism
+# up to the size of a node, pipeline parallelism across nodes, data parallelism for the rest.
+# The pick itself, tp = 2 with m = 128 micro-batches of one sequence, shows what the model leaves
+# out: a GPU runs a micro-batch of one sequence, and matrices cut 8 ways, far less efficiently
+# than the big ones (the FLOP rate is not a constant), which is why real configurations use
+# larger micro-batches and tp = 8. Also left out: activation recomputation, overlapping the
+# data-parallel all-reduce with the backward pass (lesson 12), ZeRO, and the embeddings.
+#
+# ## 9. The same code on MPI
+#
+# Every function above takes a communicator, so the pipeline, the tensor-parallel layers and the
+# ring run on real processes unchanged; the tests check that MPI's results equal the simulator's
+# bit for bit. What the simulator cannot show is real time. The 12-layer MLP of section 4, widened
+# to 256 (float64, a batch of 512 in 8 micro-batches), on 2 MPI processes (2 stages, 1F1B)
+# against 1 process running the whole batch at once, on this 2-core machine: the step time, and the
+# bubble in the measured timeline (`stage_forward` and `stage_backward` record wall-clock
+# intervals under MPI).
+
+# %% tags=["demo"]
+def timed_pipeline(comm, width, batch, m, reps):
+    """(best step time, start of that step) of a 1F1B pipeline of the 12-layer MLP, after a warm-up."""
+    rng = np.random.default_rng(0)
+    layers = [Dense(width, width if i < 11 else 5, rng, act=i < 11) for i in range(12)]
+    chunks = split_layers(layers, comm.size, comm.rank)
+    data = np.random.default_rng(1)
+    X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
+    bounds = chunk_bounds(batch, m)
+    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
+    steps = one_f_one_b_schedule(comm.size, m)[comm.rank]
+    best = (math.inf, 0.0)
+    for rep in range(reps + 1):  # the first one warms up
+        for c in chunks:
+            c.zero_grad()
+        comm.barrier()
+        t0 = comm.time
+        pipeline_step(comm, chunks, steps, inputs, targets, lambda out, t: cross_entropy(out, t) * (len(t) / batch))
+        comm.barrier()
+        if rep:
+            best = min(best, (comm.time - t0, t0))
+    return best
+
+
+if mpi_status()[0]:
+    width, batch, reps = (256, 512, 3) if not SMALL else (64, 64, 1)
+    one_proc = run(timed_pipeline, 1, width, batch, 1, reps, engine="mpi", timeout=300)
+    one_micro = run(timed_pipeline, 1, width, batch, 8, reps, engine="mpi", timeout=300)
+    two = run(timed_pipeline, 2, width, batch, 8, reps, engine="mpi", timeout=300)
+    t1, t1m, t2 = one_proc.results[0][0], one_micro.results[0][0], max(r[0] for r in two.results)
+    ivs = pipeline_intervals(two, since=max(r[1] for r in two.results))
+    print(f"one process: whole batch {t1 * 1e3:.1f} ms, 8 micro-batches {t1m * 1e3:.1f} ms; 2 stages, m = 8: "
+          f"{t2 * 1e3:.1f} ms (speed-up {t1 / t2:.2f}x; at best 2 m/(m+1) = {2 * 8 / 9:.2f}x)")
+    print(f"measured bubble {measured_bubble(ivs, 2):.3f}, unit-time formula (p-1)/(m+p-1) = {1 / 9:.3f}")
+    plot_pipeline(ivs, 2, unit="seconds (wall clock, MPI)", title="1F1B on 2 MPI processes")
+    plt.show()
+else:
+    print("MPI cannot start here:", mpi_status()[1])
+
+# %% [markdown]
+# ## Summary
+#
+# - A pipeline schedule is data: per stage, an order of forwards and backwards. Simulated with
+#   unit costs, GPipe and 1F1B both lose `(p-1)/(m+p-1)` of the time to the bubble; 1F1B keeps at
+#   most p micro-batches' activations instead of m. Interleaving v chunks per rank divides the
+#   bubble by about v for more messages and somewhat more memory, and Megatron's longer warm-up
+#   hides communication latency.
+# - Executing a schedule needs only send and recv: tags that name micro-batch, chunk and
+#   direction, buffered sends, and a valid order, and it cannot deadlock. Gradients accumulate
+#   over micro-batches; the result equals one process to rounding, the tied embedding included.
+# - Tensor parallelism cuts the MLP's first matrix by columns and the second by rows, attention
+#   by heads: one all-reduce forward and one backward per sub-layer (f and g), the bias added
+#   once, the widths divisible by the rank count.
+# - Ring attention passes K and V around a ring and merges partial attentions with the online
+#   softmax; its backward sends the K/V gradients around with them. Memory per rank falls from
+#   `(N n)^2` to `n^2` scores.
+# - A planner built from these counts (FLOPs, bytes, alpha-beta) matches the simulator within a
+#   few per cent, and rediscovers the rule: tensor parallelism inside a node, pipelines across
+#   nodes, data parallelism for the rest.
+#
+# **Sources.** Y. Huang et al., *GPipe: efficient training of giant neural networks using
+# pipeline parallelism*, NeurIPS 2019. D. Narayanan et al., *PipeDream: generalized pipeline
+# parallelism for DNN training*, SOSP 2019. D. Narayanan, A. Phanishayee, K. Shi, X. Chen,
+# M. Zaharia, *Memory-efficient pipeline-parallel DNN training*, ICML 2021 (2021a: PipeDream-2BW
+# and PipeDream-Flush, i.e. 1F1B). D. Narayanan et al., *Efficient large-scale language model
+# training on GPU clusters using Megatron-LM*, SC 2021 (2021b: the interleaved schedule, the
+# FLOP count, and how to combine tensor, pipeline and data parallelism). M. Shoeybi et al.,
+# *Megatron-LM: training multi-billion parameter language models using model parallelism*,
+# arXiv:1909.08053, 2019. V. Korthikanti et al., *Reducing activation recomputation in large
+# transformer models*, MLSys 2023 (arXiv 2022; activation memory, sequence parallelism).
+# H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for near-infinite
+# context*, arXiv:2310.01889, 2023 (ICLR 2024). W. Brandon et al., *Striped attention: faster ring
+# attention for causal transformers*, arXiv:2311.09431, 2023. T. Dao et al., *FlashAttention*,
+# NeurIPS 2022. M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*,
+# arXiv:1805.02867, 2018. N. Tazi et al., *The ultra-scale playbook: training LLMs on GPU
+# clusters*, Hugging Face, 2025 (and its companion code, picotron and nanotron). Hugging Face
+# Transformers documentation, *Model parallelism*. The source lists of this course (000, 001)
+# point to the last two.

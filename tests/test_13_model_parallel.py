@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from minitorch.autograd import Tensor
 from minitorch.comm import DeadlockError, chunk_bounds
+from minitorch.gpt import GPT, GPTConfig
 from minitorch.nn import Linear, Module, cross_entropy
 
 pytestmark = pytest.mark.lesson13
@@ -564,6 +565,323 @@ def test_tp_mlp_default_allreduce_and_errors(lesson):
         sim(lesson, job, 3, 8)
 
 
+# ---------------------------------------------------------------- GPT helpers (lesson 09's model, float64)
+
+GPT_CFG = GPTConfig(vocab_size=11, block_size=9, n_layer=2, n_head=4, n_embd=16)
+GPT6_CFG = GPTConfig(vocab_size=7, block_size=6, n_layer=1, n_head=6, n_embd=18)
+
+
+def gpt64(cfg=GPT_CFG, seed=3):
+    model = GPT(cfg, seed=seed)
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64)
+    # nonzero biases and norms, so that a bias added N times or a missing one shows
+    rng = np.random.default_rng(seed + 100)
+    for name, p in model.named_parameters():
+        if name.endswith("bias") or ".ln" in name:
+            p.data = p.data + rng.standard_normal(p.shape) * 0.1
+    return model
+
+
+def gpt_batch(cfg=GPT_CFG, B=5, seed=4):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, cfg.vocab_size, (B, cfg.block_size)), rng.integers(0, cfg.vocab_size, (B, cfg.block_size))
+
+
+def full_gpt(cfg=GPT_CFG):
+    model = gpt64(cfg)
+    idx, tgt = gpt_batch(cfg)
+    _, loss = model(idx, tgt)
+    loss.backward()
+    return loss.item(), {n: p.grad.data for n, p in model.named_parameters()}
+
+
+def gpt_pipeline_job(comm, pipeline_step, split_layers, gpt_layers, gpt_loss, tied, schedule, m, Step):
+    model = gpt64()
+    idx, tgt = gpt_batch()
+    chunks = split_layers(gpt_layers(model), comm.size, comm.rank)
+    bounds = chunk_bounds(len(idx), m)
+    loss = pipeline_step(comm, chunks, [Step(*s) for s in schedule[comm.rank]], [idx[a:b] for a, b in bounds],
+                         [tgt[a:b] for a, b in bounds], gpt_loss(len(idx)))
+    tied(comm, model)
+    return loss, {n: p.grad.data for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.exercise("13.4")
+@pytest.mark.parametrize("p,m", [(2, 3), (3, 2), (4, 5)])
+def test_gpt_pipeline_equals_one_process(lesson, p, m):
+    loss, grads = full_gpt()
+    res = sim(lesson, gpt_pipeline_job, p, lesson.pipeline_step, lesson.split_layers, lesson.gpt_layers,
+              lesson.gpt_loss, lesson.allreduce_tied_embedding, oracle_1f1b(p, m), m, lesson.Step)
+    got_loss = sum(r[0] for r in res.results)
+    assert abs(got_loss - loss) < 1e-10, f"GPT, {p} stages, m={m}: loss {got_loss}, expected {loss}"
+    got = {}
+    for r, (_, g) in enumerate(res.results):
+        for name, a in g.items():
+            if name in got:
+                assert name == "wte.weight" and np.array_equal(got[name], a), \
+                    f"{name} has a gradient on two ranks (only the tied embedding may, and they must be equal)"
+            got[name] = a
+    assert set(got) == set(grads), f"GPT pipeline: gradients for {sorted(set(grads) - set(got))} are missing"
+    for name, want in grads.items():
+        err = np.abs(got[name] - want).max()
+        assert err < 1e-10, f"GPT, {p} stages, m={m}: {name}'s gradient differs from one process by {err:.2e}"
+
+
+# ---------------------------------------------------------------- 13.6 tensor-parallel attention and blocks
+
+TP_NAMES = {"attn.q_weight": ("attn.q.weight", 1), "attn.q_bias": ("attn.q.bias", 0),
+            "attn.k_weight": ("attn.k.weight", 1), "attn.k_bias": ("attn.k.bias", 0),
+            "attn.v_weight": ("attn.v.weight", 1), "attn.v_bias": ("attn.v.bias", 0),
+            "attn.proj_weight": ("attn.proj.weight", 0), "attn.proj_bias": ("attn.proj.bias", None),
+            "mlp.fc_weight": ("mlp.fc.weight", 1), "mlp.fc_bias": ("mlp.fc.bias", 0),
+            "mlp.proj_weight": ("mlp.proj.weight", 0), "mlp.proj_bias": ("mlp.proj.bias", None),
+            "ln1.weight": ("ln1.weight", None), "ln1.bias": ("ln1.bias", None),
+            "ln2.weight": ("ln2.weight", None), "ln2.bias": ("ln2.bias", None)}
+
+
+def shard_of(full, axis, n, r, heads):
+    """The part of a full gradient that rank r holds: by heads (q/k/v/proj) or by columns (MLP)."""
+    if axis is None:
+        return full
+    size = full.shape[axis]
+    lo, hi = chunk_bounds(size, n)[r]
+    return full[lo:hi] if axis == 0 else full[:, lo:hi]
+
+
+def tp_layer_job(comm, cls, which, cfg, seed, count):
+    """Run a TP attention ('attn') or block ('block') made from block 0 of a float64 GPT."""
+    model = gpt64(cfg, seed)
+    block = model.blocks[0]
+    rng = np.random.default_rng(seed)
+    x = Tensor(rng.standard_normal((3, cfg.block_size, cfg.n_embd)), requires_grad=True)
+    gy = rng.standard_normal((3, cfg.block_size, cfg.n_embd))
+    log = []
+    layer = cls(comm, block.attn if which == "attn" else block, lambda c, a: oracle_allreduce(c, a, log))
+    before = comm.stats["bytes_sent"]
+    y = layer(x)
+    n_fwd = len(log)
+    (y * Tensor(gy)).sum().backward()
+    grads = {n: p.grad.data for n, p in layer.named_parameters()}
+    return y.data, x.grad.data, grads, (n_fwd, len(log) - n_fwd, comm.stats["bytes_sent"] - before) if count else None
+
+
+def full_layer(which, cfg, seed):
+    model = gpt64(cfg, seed)
+    block = model.blocks[0]
+    layer = block.attn if which == "attn" else block
+    rng = np.random.default_rng(seed)
+    x = Tensor(rng.standard_normal((3, cfg.block_size, cfg.n_embd)), requires_grad=True)
+    gy = rng.standard_normal((3, cfg.block_size, cfg.n_embd))
+    y = layer(x)
+    (y * Tensor(gy)).sum().backward()
+    prefix = "attn." if which == "attn" else ""
+    return y.data, x.grad.data, {prefix + n: p.grad.data for n, p in layer.named_parameters()}
+
+
+def check_tp_layer(lesson, which, cfg, n, seed=0):
+    cls = lesson.TensorParallelAttention if which == "attn" else lesson.TensorParallelBlock
+    wy, wgx, wg = full_layer(which, cfg, seed)
+    res = sim(lesson, tp_layer_job, n, cls, which, cfg, seed, True)
+    what = f"{'TensorParallelAttention' if which == 'attn' else 'TensorParallelBlock'}, {cfg.n_head} heads, {n} ranks"
+    for r, (y, gx, grads, counts) in enumerate(res.results):
+        err = np.abs(y - wy).max()
+        assert err < 1e-10, f"{what}, rank {r}: output differs from the unpartitioned layer by {err:.2e} " \
+                            "(is each bias added once?)"
+        err = np.abs(gx - wgx).max()
+        assert err < 1e-10, f"{what}, rank {r}: input gradient differs by {err:.2e} (f must all-reduce it)"
+        for name, g in grads.items():
+            key = ("attn." + name) if which == "attn" else name
+            assert key in TP_NAMES, f"{what}: unexpected parameter {name!r} (expected the names in the docstring)"
+            full_name, axis = TP_NAMES[key]
+            want = shard_of(wg[full_name], axis, n, r, cfg.n_head)
+            assert g.shape == want.shape, f"{what}, rank {r}: {name} has shape {g.shape}, expected {want.shape}"
+            err = np.abs(g - want).max()
+            assert err < 1e-10, f"{what}, rank {r}: {name}'s gradient differs by {err:.2e}"
+    return res
+
+
+@pytest.mark.exercise("13.6")
+@pytest.mark.parametrize("cfg,n", [(GPT_CFG, 1), (GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3), (GPT6_CFG, 2)])
+def test_tp_attention_equals_full_attention(lesson, cfg, n):
+    res = check_tp_layer(lesson, "attn", cfg, n)
+    S = 3 * cfg.block_size * cfg.n_embd * 8
+    for r, (*_, (n_fwd, n_bwd, sent)) in enumerate(res.results):
+        assert (n_fwd, n_bwd) == (1, 1), f"rank {r}: tensor-parallel attention must all-reduce once in the forward " \
+                                         f"and once in the backward, got {n_fwd} and {n_bwd}"
+        assert sent == 2 * 2 * (n - 1) * S // n, f"rank {r}: sent {sent} bytes, expected 2 ring all-reduces of {S}"
+
+
+@pytest.mark.exercise("13.6")
+@pytest.mark.parametrize("cfg,n", [(GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3)])
+def test_tp_block_equals_full_block(lesson, cfg, n):
+    res = check_tp_layer(lesson, "block", cfg, n)
+    S = 3 * cfg.block_size * cfg.n_embd * 8
+    for r, (*_, (n_fwd, n_bwd, sent)) in enumerate(res.results):
+        assert (n_fwd, n_bwd) == (2, 2), f"rank {r}: a tensor-parallel block all-reduces twice in the forward " \
+                                         f"(attention, MLP) and twice in the backward, got {n_fwd} and {n_bwd}"
+        assert sent == 4 * 2 * (n - 1) * S // n, f"rank {r}: sent {sent} bytes, expected 4 ring all-reduces of {S}"
+
+
+@pytest.mark.exercise("13.6")
+def test_tp_gpt_equals_full_gpt(lesson):
+    loss, grads = full_gpt()
+
+    def job(comm):
+        model = lesson.tensor_parallel_gpt(comm, gpt64())
+        idx, tgt = gpt_batch()
+        _, out = model(idx, tgt)
+        out.backward()
+        return out.item(), {n: p.grad.data for n, p in model.named_parameters()}
+    res = sim(lesson, job, 2)
+    for r, (got_loss, got) in enumerate(res.results):
+        assert abs(got_loss - loss) < 1e-10, f"rank {r}: tensor-parallel GPT loss {got_loss}, expected {loss}"
+        for name, g in got.items():
+            prefix, _, rest = name.partition(".") if name.startswith("blocks.") else ("", "", name)
+            if prefix:
+                i, _, rest = rest.partition(".")
+                full_name, axis = TP_NAMES[rest]
+                want = shard_of(grads[f"blocks.{i}.{full_name}"], axis, 2, r, GPT_CFG.n_head)
+            else:
+                want = grads[name]
+            assert np.abs(g - want).max() < 1e-10, f"rank {r}: {name}'s gradient differs from the full GPT's"
+
+
+@pytest.mark.exercise("13.6")
+def test_tp_rejects_indivisible_heads(lesson):
+    def job(comm, which):
+        block = gpt64().blocks[0]
+        return (lesson.TensorParallelAttention(comm, block.attn) if which == "attn"
+                else lesson.TensorParallelBlock(comm, block)) and None
+    for which in ("attn", "block"):
+        with pytest.raises(ValueError, match="4"):
+            sim(lesson, job, 3, which)
+
+
+# ---------------------------------------------------------------- 13.7 ring attention
+
+
+def oracle_attention(q, k, v, causal):
+    """float64 attention over the whole sequence, with its logsumexp and the backward formulas."""
+    d = q.shape[-1]
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+    if causal:
+        s = np.where(np.tri(s.shape[-2], s.shape[-1], dtype=bool), s, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - mx)
+    lse = (mx + np.log(e.sum(axis=-1, keepdims=True)))[..., 0]
+    P = np.exp(s - lse[..., None])
+    return P @ v, lse, P
+
+
+def oracle_attention_grads(q, k, v, do, causal):
+    o, lse, P = oracle_attention(q, k, v, causal)
+    d = q.shape[-1]
+    dv = np.swapaxes(P, -1, -2) @ do
+    dP = do @ np.swapaxes(v, -1, -2)
+    dS = P * (dP - (dP * P).sum(axis=-1, keepdims=True))
+    return dS @ k / np.sqrt(d), np.swapaxes(dS, -1, -2) @ q / np.sqrt(d), dv
+
+
+def ring_data(N, n, lead, d, dv, seed):
+    rng = np.random.default_rng(seed)
+    T = N * n
+    return (rng.standard_normal(lead + (T, d)), rng.standard_normal(lead + (T, d)) * 1.5,
+            rng.standard_normal(lead + (T, dv)), rng.standard_normal(lead + (T, dv)))
+
+
+def ring_job(comm, ring_attention, ring_attention_backward, q, k, v, do, n, causal, backward):
+    """Run on this rank's block; returns the results and this call's traffic (messages, bytes, per peer)."""
+    st_ = comm.stats
+
+    def snapshot():
+        return st_["msgs_sent"], st_["bytes_sent"], dict(st_["sent_to"])
+
+    def delta(before):
+        after = snapshot()
+        peers = {p: b - before[2].get(p, 0) for p, b in after[2].items() if b != before[2].get(p, 0)}
+        return after[0] - before[0], after[1] - before[1], peers
+    sl = slice(comm.rank * n, (comm.rank + 1) * n)
+    args = (q[..., sl, :], k[..., sl, :], v[..., sl, :])
+    before = snapshot()
+    o, lse = ring_attention(comm, *args, causal)
+    if not backward:
+        return (o, lse) + delta(before)
+    before = snapshot()
+    grads = ring_attention_backward(comm, *args, o, lse, do[..., sl, :], causal)
+    return (o, lse, grads) + delta(before)
+
+
+RING_CASES = [(1, 4, (), 3, 3), (2, 3, (2,), 4, 2), (3, 5, (2, 3), 2, 3), (4, 1, (1,), 3, 3), (4, 4, (2,), 5, 4)]
+
+
+@pytest.mark.exercise("13.7")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N,n,lead,d,dv", RING_CASES)
+def test_ring_attention_forward(lesson, N, n, lead, d, dv, causal):
+    q, k, v, do = ring_data(N, n, lead, d, dv, seed=N + n)
+    o, lse, _ = oracle_attention(q, k, v, causal)
+    res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, causal, False)
+    what = f"ring attention, {N} ranks x {n} positions, causal={causal}"
+    for r, (got_o, got_lse, msgs, sent, sent_to) in enumerate(res.results):
+        sl = slice(r * n, (r + 1) * n)
+        assert got_o.shape == o[..., sl, :].shape, f"{what}, rank {r}: o has shape {got_o.shape}, expected " \
+                                                   f"{o[..., sl, :].shape}"
+        err = max(np.abs(got_o - o[..., sl, :]).max(), np.abs(got_lse - lse[..., sl]).max())
+        assert err < 1e-10, f"{what}, rank {r}: (o, lse) differ from attention over the whole sequence by {err:.2e}"
+        kv = (k.nbytes + v.nbytes) // N
+        assert msgs == N - 1 and sent == (N - 1) * kv, f"{what}, rank {r}: expected {N - 1} messages of K and V " \
+                                                       f"({(N - 1) * kv} bytes), sent {msgs} ({sent} bytes)"
+        assert set(sent_to) <= {(r + 1) % N}, f"{what}, rank {r}: send only to the right neighbour, sent to {sent_to}"
+
+
+@pytest.mark.exercise("13.7")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("N,n,lead,d,dv", RING_CASES)
+def test_ring_attention_backward(lesson, N, n, lead, d, dv, causal):
+    q, k, v, do = ring_data(N, n, lead, d, dv, seed=2 * N + n)
+    dq, dk, dvv = oracle_attention_grads(q, k, v, do, causal)
+    res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, causal, True)
+    what = f"ring attention backward, {N} ranks x {n} positions, causal={causal}"
+    for r, (_, _, grads, msgs, sent, _) in enumerate(res.results):
+        sl = slice(r * n, (r + 1) * n)
+        for name, got, want in zip(("dq", "dk", "dv"), grads, (dq, dk, dvv)):
+            assert got.shape == want[..., sl, :].shape, f"{what}, rank {r}: {name} has shape {got.shape}"
+            err = np.abs(got - want[..., sl, :]).max()
+            assert err < 1e-10, f"{what}, rank {r}: {name} differs from the unpartitioned gradient by {err:.2e}"
+        kv = (k.nbytes + v.nbytes) // N
+        want_msgs, want_bytes = (N, (N - 1) * 2 * kv + kv) if N > 1 else (0, 0)
+        assert (msgs, sent) == (want_msgs, want_bytes), \
+            f"{what}, rank {r}: expected {want_msgs} messages ({want_bytes} bytes: K, V, dK, dV around the ring, " \
+            f"then dK, dV home), sent {msgs} ({sent} bytes)"
+
+
+@pytest.mark.exercise("13.7")
+@pytest.mark.parametrize("N", [2, 3])
+def test_ring_self_attention_in_the_gpt(lesson, N):
+    cfg = GPTConfig(vocab_size=7, block_size=6 * N, n_layer=1, n_head=2, n_embd=8)
+    wy, wgx, wg = full_layer("attn", cfg, 5)
+
+    def job(comm):
+        attn = gpt64(cfg, 5).blocks[0].attn
+        rng = np.random.default_rng(5)
+        x_all = rng.standard_normal((3, cfg.block_size, cfg.n_embd))
+        gy = rng.standard_normal((3, cfg.block_size, cfg.n_embd))
+        sl = slice(comm.rank * 6, (comm.rank + 1) * 6)
+        x = Tensor(x_all[:, sl], requires_grad=True)
+        y = lesson.RingSelfAttention(comm, attn)(x)
+        (y * Tensor(gy[:, sl])).sum().backward()
+        return y.data, x.grad.data, {"attn." + n: p.grad.data for n, p in attn.named_parameters()}
+    res = sim(lesson, job, N)
+    for r, (y, gx, grads) in enumerate(res.results):
+        sl = slice(r * 6, (r + 1) * 6)
+        assert np.abs(y - wy[:, sl]).max() < 1e-10 and np.abs(gx - wgx[:, sl]).max() < 1e-10, \
+            f"sequence-parallel attention, {N} ranks, rank {r}: output or input gradient differs from the full layer"
+    total = {k: sum(r[2][k] for r in res.results) for k in wg}
+    for k, want in wg.items():
+        assert np.abs(total[k] - want).max() < 1e-10, f"{k}: the ranks' gradients must add up to the full layer's"
+
+
 # ---------------------------------------------------------------- 13.8 planner
 
 
@@ -708,7 +1026,23 @@ def case_tp_mlp(lesson):
     return job, (lesson.TensorParallelMLP,)
 
 
-MPI_CASES = {"test_mpi_pipeline": case_pipeline, "test_mpi_tp_mlp": case_tp_mlp}
+def case_tp_block(lesson):
+    def job(comm, cls):
+        return tp_layer_job(comm, cls, "block", GPT_CFG, 2, True)
+    return job, (lesson.TensorParallelBlock,)
+
+
+def case_ring(lesson):
+    q, k, v, do = ring_data(4, 3, (2,), 4, 3, seed=9)
+
+    def job(comm, fwd, bwd):
+        n = 12 // comm.size
+        return [ring_job(comm, fwd, bwd, q, k, v, do, n, causal, True) for causal in (False, True)]
+    return job, (lesson.ring_attention, lesson.ring_attention_backward)
+
+
+MPI_CASES = {"test_mpi_pipeline": case_pipeline, "test_mpi_tp_mlp": case_tp_mlp, "test_mpi_tp_block": case_tp_block,
+             "test_mpi_ring_attention": case_ring}
 
 
 def with_bytes(comm, job, args):
@@ -785,3 +1119,13 @@ def test_mpi_pipeline(lesson, mpi_runs):
 @pytest.mark.exercise("13.5")
 def test_mpi_tp_mlp(lesson, mpi_runs):
     check_mpi_case(lesson, mpi_runs, "test_mpi_tp_mlp")
+
+
+@pytest.mark.exercise("13.6")
+def test_mpi_tp_block(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_tp_block")
+
+
+@pytest.mark.exercise("13.7")
+def test_mpi_ring_attention(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_ring_attention")

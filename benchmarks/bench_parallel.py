@@ -1,0 +1,172 @@
+"""Lesson 13: pipeline schedules, the planner, and a real pipeline on MPI.
+
+1. Simulated (the schedule simulator, unit costs: a forward 1, a backward 2, per stage): makespan
+   and bubble of GPipe, 1F1B and interleaved 1F1B (v = 2) over the number of micro-batches m, for
+   p = 4 stages, without and with a cost per message (t_comm = 0.2).
+2. The planner against exhaustive simulation: on a grid of small models and clusters, every valid
+   plan is run as a skeleton on the communicator's simulator (`simulate_plan`); how often
+   `best_plan`'s pick is the simulated best, the worst ratio of its simulated time to the best's,
+   and the estimate's error.
+3. Real: the 1F1B pipeline of a 12-layer MLP (width 256, float64, batch 512, m = 8) on 2 MPI
+   processes against 1 process running the whole batch: step time (best of 5), and the bubble in
+   the measured timeline. On a 2-core machine the two ranks each get a core, if nothing else runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from fractions import Fraction
+from itertools import product
+from pathlib import Path
+
+import numpy as np
+
+from minitorch.autograd import Tensor
+from minitorch.comm import chunk_bounds, mpi_status, run
+from minitorch.model_parallel import (ClusterSpec, ModelSpec, Plan, best_plan, estimate_plan, gpipe_schedule,
+                                      interleaved_schedule, measured_bubble, one_f_one_b_schedule, pipeline_intervals,
+                                      pipeline_step, plot_pipeline, simulate_plan, simulate_schedule, split_layers)
+from minitorch.nn import Linear, Module, cross_entropy
+
+
+def schedule_table(p: int = 4, t_comm: Fraction = Fraction(0)) -> list[tuple]:
+    rows = []
+    for m in (4, 8, 16, 32, 64):
+        g = simulate_schedule(gpipe_schedule(p, m), 1, 2, t_comm)
+        o = simulate_schedule(one_f_one_b_schedule(p, m), 1, 2, t_comm)
+        i = simulate_schedule(interleaved_schedule(p, m, 2), Fraction(1, 2), 1, t_comm)
+        rows.append((m, g, o, i))
+    return rows
+
+
+def valid_plans(model: ModelSpec, cluster: ClusterSpec) -> list[Plan]:
+    n, out = cluster.n_ranks, []
+    for tp, pp in product(range(1, n + 1), repeat=2):
+        if n % (tp * pp):
+            continue
+        for m in range(1, model.batch + 1):
+            plan = Plan(n // (tp * pp), tp, pp, m)
+            try:
+                estimate_plan(model, cluster, plan)
+            except ValueError:
+                continue
+            out.append(plan)
+    return out
+
+
+def planner_grid() -> list[tuple]:
+    rows = []
+    models = [ModelSpec(4, 64, 4, 32, 8), ModelSpec(8, 64, 8, 32, 8), ModelSpec(4, 128, 8, 64, 16),
+              ModelSpec(8, 96, 4, 128, 8)]
+    networks = [(5e-6, 1e-10), (2e-5, 1e-8), (1e-4, 1e-9)]
+    for model, (alpha, beta), n in product(models, networks, (4, 8)):
+        cluster = ClusterSpec(n, 1e12, 1e10, alpha, beta)
+        plans = valid_plans(model, cluster)
+        simulated = {plan: simulate_plan(model, cluster, plan, one_f_one_b_schedule).time for plan in plans}
+        errors = [abs(estimate_plan(model, cluster, plan).time / t - 1) for plan, t in simulated.items()]
+        pick, _ = best_plan(model, cluster)
+        best = min(simulated, key=simulated.get)
+        rows.append((model, alpha, beta, n, len(plans), pick, best, simulated[pick] / simulated[best], max(errors)))
+    return rows
+
+
+class Dense(Module):
+    def __init__(self, n_in, n_out, rng, act):
+        self.lin = Linear(n_in, n_out, rng=rng, init="glorot")
+        for prm in self.lin.parameters():
+            prm.data = prm.data.astype(np.float64)
+        self.act = act
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.tanh() if self.act else y
+
+
+def timed_pipeline(comm, width, batch, m, reps):
+    """(best step time, its start) of 1F1B on a 12-layer MLP split over comm's ranks; one warm-up."""
+    rng = np.random.default_rng(0)
+    layers = [Dense(width, width if i < 11 else 5, rng, i < 11) for i in range(12)]
+    chunks = split_layers(layers, comm.size, comm.rank)
+    data = np.random.default_rng(1)
+    X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
+    bounds = chunk_bounds(batch, m)
+    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
+    steps = one_f_one_b_schedule(comm.size, m)[comm.rank]
+    best = (math.inf, 0.0)
+    for rep in range(reps + 1):
+        for c in chunks:
+            c.zero_grad()
+        comm.barrier()
+        t0 = comm.time
+        pipeline_step(comm, chunks, steps, inputs, targets, lambda out, t: cross_entropy(out, t) * (len(t) / batch))
+        comm.barrier()
+        if rep:
+            best = min(best, (comm.time - t0, t0))
+    return best
+
+
+def main(out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, t_comm in zip(axes[:2], (Fraction(0), Fraction(1, 5))):
+        print(f"\nschedule simulator, p = 4, t_f = 1, t_b = 2 (per stage; interleaved: half per chunk), "
+              f"t_comm = {float(t_comm):g}")
+        print(f"{'m':>4} {'GPipe time':>10} {'bubble':>7} {'held':>5} {'1F1B time':>10} {'bubble':>7} {'held':>5} "
+              f"{'interl. v=2':>11} {'bubble':>7} {'held/v':>7}")
+        rows = schedule_table(4, t_comm)
+        for m, g, o, i in rows:
+            print(f"{m:>4} {float(g.makespan):>10.1f} {float(g.bubble):>7.3f} {g.peak_in_flight[0]:>5} "
+                  f"{float(o.makespan):>10.1f} {float(o.bubble):>7.3f} {o.peak_in_flight[0]:>5} "
+                  f"{float(i.makespan):>11.1f} {float(i.bubble):>7.3f} {i.peak_in_flight[0] / 2:>7.1f}")
+        ms = [r[0] for r in rows]
+        for k, (label, style) in enumerate([("GPipe", "o-"), ("1F1B", "s--"), ("interleaved v=2", "^-")], 1):
+            ax.plot(ms, [float(r[k].bubble) for r in rows], style, label=label)
+        ax.plot(ms, [3 / (m + 3) for m in ms], ":", color="gray", label="(p-1)/(m+p-1)")
+        ax.set(xscale="log", xlabel="micro-batches m", ylabel="bubble fraction",
+               title=f"p = 4, t_comm = {float(t_comm):g}")
+        ax.legend(fontsize=8)
+
+    print("\nplanner vs exhaustive simulation (simulate_plan of every valid plan), flop_rate 1e10")
+    print(f"{'model (L, d, h, s, B)':<24} {'alpha':>7} {'beta':>7} {'N':>3} {'plans':>5} {'pick':<14} {'sim. best':<14} "
+          f"{'ratio':>6} {'max est. err':>12}")
+    t0 = time.perf_counter()
+    grid = planner_grid()
+    for model, alpha, beta, n, count, pick, best, ratio, err in grid:
+        shape = (model.n_layer, model.d_model, model.n_head, model.seq_len, model.batch)
+        print(f"{str(shape):<24} {alpha:>7.0e} {beta:>7.0e} {n:>3} {count:>5} "
+              f"{str((pick.dp, pick.tp, pick.pp, pick.m)):<14} {str((best.dp, best.tp, best.pp, best.m)):<14} "
+              f"{ratio:>6.3f} {err:>12.3f}")
+    hits = sum(r[7] == 1.0 for r in grid)
+    print(f"pick = simulated best in {hits} of {len(grid)} configurations; worst ratio {max(r[7] for r in grid):.3f}; "
+          f"largest estimate error {max(r[8] for r in grid):.1%} ({time.perf_counter() - t0:.0f} s)")
+
+    ok, why = mpi_status()
+    if not ok:
+        print(f"\nMPI part skipped: {why}")
+    else:
+        width, batch, m, reps = 256, 512, 8, 5
+        one = run(timed_pipeline, 1, width, batch, 1, reps, engine="mpi", timeout=600)
+        one_m = run(timed_pipeline, 1, width, batch, m, reps, engine="mpi", timeout=600)
+        two = run(timed_pipeline, 2, width, batch, m, reps, engine="mpi", timeout=600)
+        t1, t1m, t2 = one.results[0][0], one_m.results[0][0], max(r[0] for r in two.results)
+        ivs = pipeline_intervals(two, since=max(r[1] for r in two.results))
+        busy = sum(iv.end - iv.start for iv in ivs)
+        print(f"\nreal pipeline on MPI ({why}): 12-layer MLP, width {width}, float64, batch {batch}")
+        print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")
+        print(f"  1 process, m={m} micro-batches: {t1m * 1e3:8.1f} ms per step (the cost of smaller matrices)")
+        print(f"  2 processes, 1F1B, m={m}: {t2 * 1e3:8.1f} ms per step (speed-up {t1 / t2:.2f}x over the whole "
+              f"batch, {t1m / t2:.2f}x over {m} micro-batches; bound with the bubble: 2 m / (m + 1) = "
+              f"{2 * m / (m + 1):.2f}x)")
+        print(f"  measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
+              f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
+        plot_pipeline(ivs, 2, ax=axes[2], unit="seconds (wall clock)",
+                      title=f"1F1B on 2 MPI processes: bubble {measured_bubble(ivs, 2):.2f}")
+    fig.tight_layout()
+    path = out_dir / "parallel_schedules.png"
+    fig.savefig(path, dpi=120)
+    print(f"\nplot: {path}")
