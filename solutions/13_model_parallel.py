@@ -110,11 +110,16 @@ from minitorch.parallel import free_graph, op_flops, ring_allreduce
 # For p = 3 stages and m = 4 micro-batches, in unit time (a forward costs 1, a backward 2):
 #
 # ```
-# GPipe   stage 0: F0 F1 F2 F3 .  .  .  .  .  .  B0 B0 B1 B1 B2 B2 B3 B3
-#         stage 1: .  F0 F1 F2 F3 .  .  .  B0 B0 B1 B1 B2 B2 B3 B3 .  .
-#         stage 2: .  .  F0 F1 F2 F3 B0 B0 B1 B1 B2 B2 B3 B3 .  .  .  .
-# 1F1B    stage 0: F0 F1 F2 .  .  .  B0 B0 F3 B1 B1 .  B2 B2 .  B3 B3 ...
+# GPipe  stage 0: F0 F1 F2 F3 .  .  .  .  .  .  B0 B0 B1 B1 B2 B2 B3 B3
+#        stage 1: .  F0 F1 F2 F3 .  .  .  B0 B0 B1 B1 B2 B2 B3 B3 .  .
+#        stage 2: .  .  F0 F1 F2 F3 B0 B0 B1 B1 B2 B2 B3 B3 .  .  .  .
+# 1F1B   stage 0: F0 F1 F2 .  .  .  .  B0 B0 F3 B1 B1 .  B2 B2 .  B3 B3
+#        stage 1: .  F0 F1 .  .  B0 B0 F2 B1 B1 F3 B2 B2 .  B3 B3 .  .
+#        stage 2: .  .  F0 B0 B0 F1 B1 B1 F2 B2 B2 F3 B3 B3 .  .  .  .
 # ```
+#
+# Both take 18 time units, of which each stage is busy 12: a third of the machine idles. GPipe's
+# stages each hold 4 micro-batches' activations at the turn; 1F1B's hold 3, 2 and 1.
 #
 # **Exercise 13.1.** Write `gpipe_schedule(p, m)` and `one_f_one_b_schedule(p, m)`. Both must
 # work for m < p, m = p and m > p, and reject p < 1 or m < 1 with a ValueError.
@@ -445,16 +450,17 @@ check("13.3")
 
 # %% [markdown]
 # With v chunks a step costs 1/v as much: `simulate_schedule(s, Fraction(1, v), Fraction(2, v))`
-# keeps the times exact. p = 4, m = 8:
+# keeps the times exact. p = 4, m = 8, plain 1F1B against v = 2:
 
 # %% tags=["demo"]
 from fractions import Fraction
 
 p, m = 4, 8
 fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
-for ax, v in zip(axes, [1, 2]):
-    tl = simulate_schedule(interleaved_schedule(p, m, v), Fraction(1, v), Fraction(2, v))
-    tl.plot(ax=ax, title=f"v={v}: makespan {float(tl.makespan):g}, bubble {float(tl.bubble):.3f} "
+for ax, (name, sched, v) in zip(axes, [("1F1B", one_f_one_b_schedule(p, m), 1),
+                                       ("interleaved, v=2", interleaved_schedule(p, m, 2), 2)]):
+    tl = simulate_schedule(sched, Fraction(1, v), Fraction(2, v))
+    tl.plot(ax=ax, title=f"{name}: makespan {float(tl.makespan):g}, bubble {float(tl.bubble):.3f} "
             f"(formula {(p - 1) / (v * m + p - 1):.3f}), chunk-activations held per stage {tl.peak_in_flight}")
 fig.tight_layout()
 plt.show()
@@ -463,7 +469,29 @@ plt.show()
 # Each chunk holds 1/v of a stage's layers, so `peak_in_flight / v` is in units of one
 # micro-batch's activations for the whole stage. Stage 0 holds 11 chunk-activations for v = 2,
 # i.e. 5.5 micro-batches' worth against 4 for plain 1F1B: `p (1 + (p-1)/(p v))`, the factor
-# Narayanan et al. (2021b) give.
+# Korthikanti et al. (2022) give for the interleaved schedule's first stage.
+#
+# Now let every message cost `t_comm = 0.2` (a fifth of a forward). GPipe streams its forwards
+# and hides most of it; 1F1B alternates a forward and a backward, each waiting for a neighbour,
+# so every micro-batch pays two hops on the critical path and its bubble no longer vanishes as m
+# grows. Megatron's doubled warm-up (the `* 2`; "v = 1" below is Megatron's order with one chunk)
+# is the slack that absorbs it:
+
+# %% tags=["demo"]
+t_comm = Fraction(1, 5)
+print(f"{'m':>4} {'GPipe':>7} {'1F1B':>7} {'Megatron v=1':>13} {'v=2':>7}    bubble with t_comm = {float(t_comm)}")
+for m in [4, 8, 16, 32, 64]:
+    b = [simulate_schedule(gpipe_schedule(4, m), 1, 2, t_comm).bubble,
+         simulate_schedule(one_f_one_b_schedule(4, m), 1, 2, t_comm).bubble,
+         simulate_schedule(interleaved_schedule(4, m, 1), 1, 2, t_comm).bubble,
+         simulate_schedule(interleaved_schedule(4, m, 2), Fraction(1, 2), 1, t_comm).bubble]
+    print(f"{m:>4} " + " ".join(f"{float(x):>7.3f}" if i != 2 else f"{float(x):>13.3f}" for i, x in enumerate(b)))
+
+# %% [markdown]
+# At m = 32: GPipe 0.096, 1F1B 0.168, Megatron's order with v = 1 0.096 while holding at most
+# `2p - 1 = 7` micro-batches on stage 0 (GPipe: 32), and v = 2 0.071. In the steady state of
+# 1F1B a stage's period is `t_f + t_b + 2 t_comm`, so its bubble tends to
+# `2 t_comm / (t_f + t_b + 2 t_comm) = 0.118`, not to 0.
 
 # %% [markdown]
 # ## 4. Running a pipeline for real
@@ -490,14 +518,16 @@ plt.show()
 # **Why it cannot deadlock.** `send` never blocks (lesson 12: buffered), so a rank only ever
 # waits in `recv`, for a message that the step it depends on sends. If the schedule is valid (the
 # simulator of section 2 finds no cycle), every awaited step eventually runs, and so every
-# `recv` is eventually matched. Two details make it true in practice: a rank sends its output
-# *before* moving to its next step (never "receive, then send"), and every message carries a tag
-# naming its micro-batch, chunk and direction, so a receive can never take the wrong message when
-# two are in flight between the same pair of ranks (in the interleaved schedule a rank receives
-# activations for two chunks from the same neighbour, not necessarily in the order it uses them).
-# With blocking sends (`MPI_Ssend`, or NCCL, where a send waits for its receive), 1F1B's steady
-# state has neighbours sending to each other at the same time; Megatron pairs those transfers
-# into one batched `isend/irecv` (`send_forward_recv_backward`) for exactly that reason.
+# `recv` is eventually matched. Two details make it true in practice: a rank sends a step's
+# output as soon as the step is done, before it waits for anything else, and every message
+# carries a tag naming its micro-batch, virtual stage and direction, so a receive can never take
+# the wrong message when several are in flight between the same pair of ranks (a stage may use
+# micro-batches in another order than its neighbour produced them, and in the interleaved
+# schedule a rank receives activations for two chunks from the same neighbour). With sends that
+# wait for the matching receive (`MPI_Ssend`, or `MPI_Send` of a large message under MPI's
+# rendezvous protocol), 1F1B's steady state has neighbours sending to each other at the same
+# moment, each waiting for the other; Megatron issues such pairs as one batched isend/irecv (its
+# `send_forward_recv_backward`).
 #
 # Given: `stage_forward` and `stage_backward` run a chunk's forward and backward and put them on
 # the rank's timeline, as an "F" or "B" interval labelled with the micro-batch (on the simulator

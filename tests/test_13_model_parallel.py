@@ -227,7 +227,7 @@ def test_simulator_1f1b_and_comm(lesson, p, m):
 
 
 @pytest.mark.exercise("13.2")
-@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 2)])
+@pytest.mark.parametrize("p,m,v", [(1, 2, 3), (2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 2)])
 def test_simulator_virtual_stages(lesson, p, m, v):
     check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1, v), Fraction(2, v), 0, f"interleaved p={p} m={m} v={v}")
     check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1), Fraction(2), Fraction(1, 3),
