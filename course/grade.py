@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,34 +79,154 @@ class LessonResult:
         return list(found.values())
 
 
+def _child_env(extra: dict | None = None) -> dict:
+    # One BLAS thread: tests check correctness, and on a busy 2-core machine OpenBLAS's
+    # threads can make small matmuls 100x slower. Speed is measured by `make bench`.
+    from course.timing import time_scale
+
+    time_scale()  # measured once here, inherited by every child through MT_TIME_SCALE
+    return {"OPENBLAS_NUM_THREADS": "1", **os.environ, **(extra or {}), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written when we looked
+            pass
+    return out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the child and everything it started (its own process group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _watch(cmd: list[str], env: dict, report: str, limit_of, poll: float = 0.2) -> tuple[object, str]:
+    """Run cmd, killing it when the unit of work it reports as running (the last "start"
+    record in `report` without its "end") outlives limit_of(record). Returns (exit code or
+    "timeout", output)."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        started: dict[str, float] = {}
+        deadline = time.monotonic() + LESSON_TIME_LIMIT
+        rc: object = None
+        while rc is None:
+            try:
+                rc = proc.wait(timeout=poll)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            running = None
+            for rec in _read_jsonl(report):
+                key = str(rec.get("test", rec.get("cell")))
+                if rec["event"] == "start":
+                    running = rec
+                    started.setdefault(key, now)
+                elif rec["event"] == "end":
+                    running = None
+            if now > deadline or (running is not None and
+                                  now - started[str(running.get("test", running.get("cell")))] > limit_of(running)):
+                _kill(proc)
+                rc = "timeout"
+        out.seek(0)
+        return rc, out.read()
+
+
+def survey(lesson: Lesson, impl: str) -> dict[int, str]:
+    """{cell index: why} for the cells of a notebook that end the process or hang when loaded.
+
+    Loads the notebook cell by cell in a child process; a cell that kills it, or outlives the
+    per-cell limit (even inside compiled code, where no signal reaches), is recorded and the
+    survey starts again without it."""
+    from course.loader import cell_time_limit
+
+    env = _child_env()
+    limit = cell_time_limit()
+    bad: dict[int, str] = {}
+    for _attempt in range(100):
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
+            report = f.name
+        cmd = [sys.executable, "-m", "course.loader", "survey", lesson.number, impl, report]
+        rc, out = _watch(cmd, {**env, "MT_SKIP_CELLS": json.dumps(bad)}, report, lambda rec: limit + 5)
+        records = _read_jsonl(report)
+        os.unlink(report)
+        for rec in records:  # a cell the in-process limit stopped: skip it too, it would cost that again
+            if rec["event"] == "end" and "CellTimeout" in (rec["error"] or ""):
+                bad[rec["cell"]] = rec["error"].split(": ", 1)[-1] + "; it was skipped"
+        if any(r["event"] == "finished" for r in records):
+            break
+        running = None
+        for rec in records:
+            running = rec["cell"] if rec["event"] == "start" else None
+        if running is None:  # died outside any cell (an import of the machinery failed)
+            break
+        bad[running] = (f"ran longer than {limit:g} s while the notebook was loaded (an infinite loop at the top "
+                        "level of the cell?); it was skipped" if rc == "timeout" else
+                        f"ended the whole process while the notebook was loaded (exit code {rc}: os._exit, "
+                        "a crash?); it was skipped")
+    return bad
+
+
+def _exercise_at(lesson: Lesson, impl: str, cell: int) -> str | None:
+    """The exercise a notebook cell belongs to, or else the first exercise after it."""
+    from course.loader import _notebook
+    from course.source import directives
+
+    nb, _, _ = _notebook(lesson, impl)
+    after = [directives(c).get("exercise") for c in nb.cells[cell:]]
+    return next((ex for ex in after if ex), None)
+
+
 def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None = None) -> LessonResult:
-    """Run lesson's tests on `impl` in child processes until every test has a result."""
+    """Run lesson's tests on `impl` in child processes until every test has a result.
+
+    A notebook (a student's work) is first surveyed: cells that end the process or hang while
+    it loads are skipped everywhere and fail the exercise they belong to (or precede). A test
+    that kills its process, or outlives its time limit where pytest-timeout cannot stop it, is
+    recorded as failed, the other tests of its exercise are failed without being run (each
+    would cost the same again), and the rest run in a fresh process."""
     done: dict[str, dict] = {}
     problems: list[str] = []
     outputs: list[str] = []
-    for _attempt in range(50):
+    collected: dict[str, dict] = {}
+    generated = impl in ("reference", "solution", "stub") or impl.startswith("only:")
+    skip_cells = {} if generated else survey(lesson, impl)
+    for cell, why in skip_cells.items():
+        name = f"loading cell {cell}"
+        done[name] = {"test": name, "name": name, "exercise": _exercise_at(lesson, impl, cell),
+                      "outcome": "failed", "message": f"cell {cell} of the notebook {why}"}
+    child_env = _child_env({**(env or {}), "MT_SKIP_CELLS": json.dumps(skip_cells)})
+    while True:
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
             results_path = f.name
         cmd = [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl={impl}", "-q", "-rN",
-               "--no-header", "-p", "no:cacheprovider", "--timeout-method=thread", *extra]
-        cmd += [f"--deselect={nodeid}" for nodeid in done]
-        # One BLAS thread: tests check correctness, and on a busy 2-core machine OpenBLAS's
-        # threads can make small matmuls 100x slower. Speed is measured by `make bench`.
-        child_env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, **(env or {}),
-                     "MT_RESULTS": results_path, "PYTHONDONTWRITEBYTECODE": "1"}
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=child_env, capture_output=True, text=True,
-                                  timeout=LESSON_TIME_LIMIT, stdin=subprocess.DEVNULL)
-            rc, out = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, out = "timeout", (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+               "--no-header", "-p", "no:cacheprovider", "--timeout-method=signal", *extra]
+        cmd += [f"--deselect={nodeid}" for nodeid in done if "::" in nodeid]
+        # pytest-timeout's signal stops a test in Python code; the watchdog kills one stuck in
+        # compiled code, with some grace so pytest-timeout's clearer report comes first.
+        rc, out = _watch(cmd, {**child_env, "MT_RESULTS": results_path}, results_path,
+                         lambda rec: (rec.get("limit") or LESSON_TIME_LIMIT) * 1.5 + 10)
         outputs.append(out)
-        records = [json.loads(line) for line in Path(results_path).read_text().splitlines() if line.strip()]
+        records = _read_jsonl(results_path)
         os.unlink(results_path)
         running = None
         for rec in records:
-            if rec["event"] == "start":
-                running = rec["test"]
+            if rec["event"] == "collected":
+                collected.update({t["test"]: t for t in rec["tests"]})
+            elif rec["event"] == "start":
+                running = rec
             elif rec["event"] == "end":
                 done[rec["test"]] = rec
                 running = None
@@ -115,21 +237,19 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
                 tail = "\n".join(out.strip().splitlines()[-5:])
                 problems.append(f"the test process ended with exit code {rc}:\n{tail}")
             break
-        why = "ran past the time limit" if ("Timeout" in out or rc == "timeout") else f"killed the test process (exit code {rc})"
-        name = running.split("::")[-1]
-        done[running] = {"test": running, "name": name, "exercise": _exercise_from_source(lesson, name),
-                         "outcome": "failed", "message": f"this test {why}: an infinite loop, os._exit or a crash?"}
+        from course.timing import load_note
+
+        why = (f"ran past its time limit ({running.get('limit') or LESSON_TIME_LIMIT:g} s) and could not be "
+               "interrupted (a loop in compiled code?)." + load_note()) if rc == "timeout" else \
+              f"killed the test process (exit code {rc}): an os._exit, sys.exit in a thread, or a crash?"
+        ex = running.get("exercise")
+        done[running["test"]] = {"test": running["test"], "name": running["name"], "exercise": ex,
+                                 "outcome": "failed", "message": f"this test {why}"}
+        for nodeid, t in collected.items():
+            if nodeid not in done and ex is not None and t["exercise"] == ex:
+                done[nodeid] = {**t, "outcome": "failed",
+                                "message": f"not run: {running['name']} of this exercise {why.split(':')[0]}"}
     return LessonResult(lesson, impl, list(done.values()), problems, "\n".join(outputs))
-
-
-def _exercise_from_source(lesson: Lesson, test_name: str) -> str | None:
-    """The exercise marker of a test, read from the test file (for a test whose process died)."""
-    import re
-
-    base = test_name.split("[")[0]
-    text = lesson.tests.read_text()
-    m = re.search(rf'@pytest\.mark\.exercise\("([\d.]+)"\)(?:\s*\n\s*@[^\n]*)*\s*\n\s*def {re.escape(base)}\(', text)
-    return m.group(1) if m else None
 
 
 SYMBOL = {"passed": "PASS", "failed": "FAIL", "not attempted": "todo", "skipped": "skip", "no tests": "????"}

@@ -9,11 +9,17 @@
 Loading runs the code cells that are not tagged demo/gpu/check, one at a time, each under a
 time limit. A cell that raises (syntax error, NameError, sys.exit, a hang) is recorded and
 loading goes on, so one broken cell costs only the exercises that need what it defines.
+
+A cell that ends the process (os._exit, a crash) or hangs where a signal cannot interrupt it
+(inside compiled code) cannot be survived in-process: before grading a notebook, the grader
+runs `survey` in a child process, which loads the cells one by one and reports each cell's
+fate; such cells are then skipped in every test process (MT_SKIP_CELLS) and reported.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import sys
@@ -27,7 +33,7 @@ import nbformat
 
 from course.source import Lesson, exercises, loadable_code, read_source
 
-CELL_TIME_LIMIT = float(os.environ.get("MT_CELL_TIME_LIMIT", 60))  # seconds a cell may run while loading
+CELL_TIME_LIMIT = float(os.environ.get("MT_CELL_TIME_LIMIT", 20))  # seconds a cell may run while loading (x MT_TIME_SCALE)
 LIVE: dict = {}  # lesson number -> namespace of a running notebook (set by course.check)
 
 
@@ -62,42 +68,83 @@ class CellTimeout(Exception):
     pass
 
 
+def cell_time_limit() -> float:
+    """Seconds one cell may run while a notebook loads, scaled by the machine's slowness."""
+    from course.timing import time_scale
+
+    return round(CELL_TIME_LIMIT * time_scale(), 1)
+
+
 @contextmanager
 def time_limit(seconds: float):
-    """Raise CellTimeout in the main thread after `seconds` (no-op off the main thread)."""
+    """Raise CellTimeout in the main thread after `seconds` (no-op off the main thread).
+
+    Nests inside another SIGALRM timer (pytest-timeout's): the outer timer is re-armed with
+    what is left of it, and fires at once if it expired meanwhile."""
+    import time
+
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
 
     def on_alarm(signum, frame):
-        raise CellTimeout(f"ran longer than {seconds:g} s (infinite loop?)")
+        raise CellTimeout(f"ran longer than {seconds:g} s (an infinite loop at the top level of a cell?)")
 
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    if outer and outer < seconds:  # the outer limit comes first: keep it
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        signal.setitimer(signal.ITIMER_REAL, outer)
+        yield
+        return
+    t0 = time.monotonic()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGALRM, old_handler)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - t0), 1e-3))
 
 
-def run_cells(cells: list[tuple[int, str]], module_name: str, label: str) -> tuple[dict, list[str]]:
-    """Run code cells in a fresh module registered in sys.modules; return (names, errors)."""
+def skipped_cells() -> dict[int, str]:
+    """{cell index: why} for the cells the grader's survey found unsafe to run (MT_SKIP_CELLS)."""
+    return {int(k): v for k, v in json.loads(os.environ.get("MT_SKIP_CELLS") or "{}").items()}
+
+
+def run_cells(cells: list[tuple[int, str]], module_name: str, label: str,
+              progress=None) -> tuple[dict, list[str]]:
+    """Run code cells in a fresh module registered in sys.modules; return (names, errors).
+
+    progress(event, index, error) is called before and after each cell (the survey's report)."""
     module = types.ModuleType(module_name)
     module.__file__ = f"<{label}>"
     sys.modules[module_name] = module  # dataclasses, pickling and numba look modules up here
     errors = []
+    skip = skipped_cells()
+    limit = cell_time_limit()
     for index, source in cells:
         where = f"{label}, cell {index}"
+        if index in skip:
+            errors.append(f"  {where}: not run: {skip[index]}")
+            continue
+        if progress:
+            progress("start", index, None)
         try:
             code = compile(source, where, "exec")
-            with time_limit(CELL_TIME_LIMIT):
+            with time_limit(limit):
                 exec(code, module.__dict__)
         except BaseException as exc:  # noqa: BLE001 - student code may raise anything, incl. SystemExit
             if isinstance(exc, KeyboardInterrupt):
                 raise
             last = traceback.format_exception_only(type(exc), exc)[-1].strip()
             errors.append(f"  {where}: {last}")
+            if progress:
+                progress("end", index, last)
+            continue
+        if progress:
+            progress("end", index, None)
     return module.__dict__, errors
 
 
@@ -111,10 +158,8 @@ def load_reference(lesson: Lesson) -> LessonNamespace:
     return LessonNamespace(lesson, "reference", names, [])
 
 
-def load(lesson: Lesson, impl: str) -> LessonNamespace:
-    """Load `impl` ('reference', 'solution', 'stub' or a notebook path) of `lesson`."""
-    if impl == "reference":
-        return load_reference(lesson)
+def _notebook(lesson: Lesson, impl: str):
+    """(notebook, label, generated?) for an implementation other than the reference."""
     if impl == "solution":
         nb, label = read_source(lesson), f"solutions/{lesson.stem}.py"
     elif impl == "stub" or impl.startswith("only:"):
@@ -125,10 +170,30 @@ def load(lesson: Lesson, impl: str) -> LessonNamespace:
     else:
         path = Path(impl)
         nb, label = nbformat.read(path, as_version=4), path.name
-    generated = impl in ("solution", "stub") or impl.startswith("only:")
+    return nb, label, impl in ("solution", "stub") or impl.startswith("only:")
+
+
+def load(lesson: Lesson, impl: str) -> LessonNamespace:
+    """Load `impl` ('reference', 'solution', 'stub' or a notebook path) of `lesson`."""
+    if impl == "reference":
+        return load_reference(lesson)
+    nb, label, generated = _notebook(lesson, impl)
     module_name = f"lesson{lesson.number}_{'generated' if generated else 'notebook'}"
     names, errors = run_cells(loadable_code(nb), module_name, label)
     return LessonNamespace(lesson, impl if generated else "your notebook", names, errors)
+
+
+def survey(lesson: Lesson, impl: str, report: str) -> None:
+    """Load `impl` cell by cell, appending {"event", "cell", "error"} JSON lines to `report`
+    (flushed at once, so a parent sees which cell was running if this process dies)."""
+    nb, label, generated = _notebook(lesson, impl)
+
+    def progress(event: str, index: int, error: str | None) -> None:
+        with open(report, "a") as f:
+            f.write(json.dumps({"event": event, "cell": index, "error": error}) + "\n")
+
+    run_cells(loadable_code(nb), f"lesson{lesson.number}_survey", label, progress)
+    progress("finished", -1, None)
 
 
 def from_globals(lesson: Lesson, names: dict) -> LessonNamespace:
@@ -138,3 +203,10 @@ def from_globals(lesson: Lesson, names: dict) -> LessonNamespace:
 
 def exercise_titles(lesson: Lesson) -> dict[str, str]:
     return exercises(read_source(lesson))
+
+
+if __name__ == "__main__":  # python -m course.loader survey LESSON IMPL REPORT (used by course.grade)
+    from course.source import find_lesson
+
+    _, lesson_key, impl_arg, report_path = sys.argv[1:5]
+    survey(find_lesson(lesson_key), impl_arg, report_path)

@@ -27,17 +27,37 @@ from course.source import ROOT, Lesson, all_lessons, find_lesson
 BUILD = ROOT / "build"
 
 
-def execute_notebook(lesson: Lesson, out_dir: Path, small: bool) -> tuple[bool, str]:
-    """Run the lesson's solution notebook; GPU cells become a printed skip where no GPU works."""
+def _cell_text(cell) -> str:
+    """What a code cell printed (streams, results, errors), as plain text."""
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif out.get("output_type") in ("execute_result", "display_data"):
+            parts.append(out.get("data", {}).get("text/plain", ""))
+        elif out.get("output_type") == "error":
+            parts.append(f"{out.get('ename')}: {out.get('evalue')}")
+    return "".join(parts).strip()
+
+
+def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = False) -> tuple[bool, str, dict[str, str]]:
+    """Run the lesson's solution notebook (or, with stub=True, the student notebook's loaded and
+    check cells, going on past errors); GPU cells become a printed skip where no GPU works.
+
+    Returns (ok, error message, {exercise: what its check cell printed})."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
-    from course.build import solution_notebook
+    from course.build import solution_notebook, student_notebook
     from course.gpu import gpu_status
-    from course.source import tags
+    from course.source import directives, tags
 
-    nb = solution_notebook(lesson)
+    if stub:
+        nb = student_notebook(lesson)
+        nb.cells = [c for c in nb.cells if not (tags(c) & {"demo", "gpu"})]
+    else:
+        nb = solution_notebook(lesson)
     ok, reason = gpu_status()
     for cell in nb.cells:
         if cell.cell_type == "code" and "gpu" in tags(cell) and not ok:
@@ -46,8 +66,8 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool) -> tuple[bool, 
     if small:  # a correctness run on a shared machine: see course.grade
         os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / f"{lesson.stem}.ipynb"
-    client = NotebookClient(nb, timeout=900, kernel_name="python3",
+    out = out_dir / f"{lesson.stem}{'.stub' if stub else ''}.ipynb"
+    client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=stub,
                             resources={"metadata": {"path": str(lesson.notebook.parent)}})
     try:
         client.execute()
@@ -58,7 +78,36 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool) -> tuple[bool, 
     except Exception as exc:  # noqa: BLE001 - kernel death, timeouts: report, don't crash the check
         message = f"{type(exc).__name__}: {exc}"
     nbformat.write(nb, out)
-    return not message, message
+    checks = {}
+    for cell in nb.cells:
+        m = re.fullmatch(r"""check\(["']([\d.]+)["']\)""", cell.source.strip()) if "check" in tags(cell) else None
+        if m:
+            checks[m.group(1)] = _cell_text(cell)
+    return not message, message, checks
+
+
+def _check_cell_problems(checks: dict[str, str], lesson: Lesson, stub: bool) -> list[str]:
+    """Check cells that do not say what they must: on the solution, that all tests passed (or
+    were skipped for want of a GPU); on the stubs, that their own exercise is not attempted."""
+    from course.loader import exercise_titles
+
+    problems = []
+    for ex in exercise_titles(lesson):
+        if ex not in checks:
+            problems.append(f"exercise {ex} has no check cell `check(\"{ex}\")`")
+    for ex, text in checks.items():
+        first = text.splitlines()[0] if text else "(nothing printed)"
+        if stub:
+            good = first.startswith(f"Exercise {ex}: not attempted yet")
+            want = "not attempted"
+        else:
+            good = bool(re.match(rf"Exercise {re.escape(ex)}: (all \d+ tests passed|skipped: needs a CUDA GPU)", first))
+            want = "all tests passed"
+        if not good:
+            where = "stub" if stub else "solution"
+            problems.append(f"the check cell of exercise {ex} in the {where} notebook should say {want}, "
+                            f"but says:\n{text[:1200]}")
+    return problems
 
 
 def _stub_problems(result: LessonResult) -> list[str]:
@@ -107,6 +156,7 @@ def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
         "solution": pool.submit(timed, run_tests, lesson, "solution"),
         "stub": pool.submit(timed, run_tests, lesson, "stub"),
         "notebook": pool.submit(timed, execute_notebook, lesson, BUILD / "check", True),
+        "stub nb": pool.submit(timed, execute_notebook, lesson, BUILD / "check", True, True),
     }
     stages: dict[str, tuple[bool, float, list[str], int]] = {}
     ref, t = jobs["reference"].result()
@@ -125,8 +175,12 @@ def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
         if bad:
             iso_problems.append(f"exercise {ex_id} alone does not pass its tests: {bad[0]['name']}: {bad[0]['message']}")
     stages["isolation"] = (time.perf_counter() - t0, iso_problems, len(futures))
-    (ok, message), t = jobs["notebook"].result()
-    stages["notebook"] = (t, [] if ok else [f"solution notebook failed:\n{message}"], 1)
+    (ok, message, checks), t = jobs["notebook"].result()
+    stages["notebook"] = (t, ([] if ok else [f"solution notebook failed:\n{message}"])
+                          + _check_cell_problems(checks, lesson, stub=False), len(checks))
+    (ok, message, checks), t = jobs["stub nb"].result()
+    stages["stub nb"] = (t, ([] if ok else [f"stub notebook failed:\n{message}"])
+                         + _check_cell_problems(checks, lesson, stub=True), len(checks))
     return stages
 
 
@@ -147,16 +201,17 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
             for stage, (t, problems, n) in stages.items():
                 status = "ok" if not problems else "FAIL"
                 failures += bool(problems)
-                print(f"   {stage:<10} {status:<4} {n:>3} {'tests' if stage != 'isolation' else 'exercises'} {t:6.1f} s")
+                unit = {"isolation": "exercises", "notebook": "checks", "stub nb": "checks"}.get(stage, "tests")
+                print(f"   {stage:<10} {status:<4} {n:>3} {unit:<9} {t:6.1f} s")
                 for p in problems:
                     print("      " + p.replace("\n", "\n      "))
             rows.append((lesson.stem, stages))
     total = time.perf_counter() - start
     print("\n== summary")
-    print(f"{'lesson':<22}{'tests':>6}{'ref':>6}{'sol':>6}{'stub':>6}{'iso':>6}{'nb':>6}")
+    print(f"{'lesson':<22}{'tests':>6}{'ref':>6}{'sol':>6}{'stub':>6}{'iso':>6}{'nb':>6}{'stubnb':>8}")
     for stem, st in rows:
-        cells = ["ok" if not st[s][1] else "FAIL" for s in ("reference", "solution", "stub", "isolation", "notebook")]
-        print(f"{stem:<22}{st['reference'][2]:>6}" + "".join(f"{c:>6}" for c in cells))
+        cells = ["ok" if not st[s][1] else "FAIL" for s in ("reference", "solution", "stub", "isolation", "notebook", "stub nb")]
+        print(f"{stem:<22}{st['reference'][2]:>6}" + "".join(f"{c:>6}" for c in cells[:-1]) + f"{cells[-1]:>8}")
     print(f"make check: {'FAILED' if failures else 'passed'} in {total:.0f} s")
     return 1 if failures else 0
 
@@ -164,7 +219,7 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
 def demo(lesson: Lesson) -> int:
     out = BUILD / "demo"
     print(f"executing solutions/{lesson.stem}.py at full size -> {out.relative_to(ROOT)}/{lesson.stem}.ipynb")
-    ok, message = execute_notebook(lesson, out, small=False)
+    ok, message, _ = execute_notebook(lesson, out, small=False)
     print("done" if ok else message)
     return 0 if ok else 1
 

@@ -1,8 +1,15 @@
 """Pytest plugin: records one result per test (exercise, outcome, short message).
 
 Results go to `RESULTS` (in-process use, e.g. the notebook check cell) and, when the
-environment variable MT_RESULTS names a file, to that file as JSON lines written as each
-test starts and ends, so a grader can tell which test was running when a process died.
+environment variable MT_RESULTS names a file, to that file as JSON lines: every collected test
+(with its exercise) once, then each test as it starts (with its time limit) and ends, so a
+grader can tell which test was running when a process died and which tests belong to the
+same exercise.
+
+Time limits: every test's limit (its `timeout` marker, else the ini default) is multiplied by
+the machine's measured slowness (course.timing). A test that hits it fails with a message
+that says so, and the remaining tests of the same exercise fail at once instead of each
+waiting out the limit again.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import pytest
 
 RESULTS: list[dict] = []
 STUB_PREFIX = "Exercise "
+TIMEOUT_PREFIX = "Timeout (>"
 
 
 def _write(record: dict) -> None:
@@ -28,12 +36,22 @@ def exercise_of(item) -> str | None:
     return str(mark.args[0]) if mark and mark.args else None
 
 
-def _message(report) -> str:
-    """The first useful line(s) of a failure, for a scoreboard."""
+def _message(report, call=None) -> str:
+    """The first useful line(s) of a failure, for a scoreboard, followed by hypothesis's
+    failing example (an exception note) when there is one."""
+    exc = getattr(getattr(call, "excinfo", None), "value", None)
+    notes = [n for n in getattr(exc, "__notes__", None) or [] if n.strip()]
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
+    for note in notes:  # pytest appends the notes to the message: keep them apart
+        text = text.replace(note, "")
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return "\n".join(lines[:6])[:800]
+    message = "\n".join(lines[:6])[:800]
+    example = [n for n in notes if n.startswith(("Failing test case", "Falsifying", "Failing explicit example"))]
+    if example:
+        shown = [ln for ln in example[0].strip().splitlines() if "lesson=<lesson" not in ln]
+        message += "\n" + "\n".join(shown[:12])[:800]
+    return message
 
 
 def _is_stub(report, call) -> bool:
@@ -46,11 +64,43 @@ def _is_stub(report, call) -> bool:
 
 
 _current: dict[str, dict] = {}
+_timed_out: dict[str, str] = {}  # exercise -> name of its test that hit the time limit
+
+
+def pytest_collection_modifyitems(config, items):
+    """Scale every test's time limit by the machine's slowness; list the tests for a grader."""
+    from course.timing import time_scale
+
+    scale = time_scale()
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        mark = item.get_closest_marker("timeout")
+        base = float(mark.args[0]) if mark is not None and mark.args else default
+        if base:
+            item.add_marker(pytest.mark.timeout(round(base * scale, 1)), append=False)
+
+
+def pytest_sessionstart(session):
+    _timed_out.clear()
+
+
+def pytest_collection_finish(session):
+    _write({"event": "collected", "tests": [
+        {"test": it.nodeid, "name": it.name, "exercise": exercise_of(it)} for it in session.items]})
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_logstart(nodeid, location):
-    _write({"event": "start", "test": nodeid})
+def pytest_runtest_protocol(item, nextitem):
+    mark = item.get_closest_marker("timeout")
+    limit = float(mark.args[0]) if mark is not None and mark.args else None
+    _write({"event": "start", "test": item.nodeid, "name": item.name, "exercise": exercise_of(item),
+            "limit": limit})
+
+
+def pytest_runtest_setup(item):
+    ex = exercise_of(item)
+    if ex in _timed_out:
+        pytest.fail(f"not run: {_timed_out[ex]} of this exercise already ran past its time limit", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -65,8 +115,18 @@ def pytest_runtest_makereport(item, call):
         rec.update(outcome="skipped", message=reason.removeprefix("Skipped: "))
     elif report.failed and rec["outcome"] in ("passed", "skipped"):
         stub = _is_stub(report, call)
-        rec.update(outcome="stub" if stub else "failed", message=_message(report))
-        if report.when != "call" and not stub:
+        message = _message(report, call)
+        if message.removeprefix("Failed: ").startswith(TIMEOUT_PREFIX):
+            from course.timing import load_note
+
+            limit = message.removeprefix("Failed: ")[len(TIMEOUT_PREFIX):].split("s)")[0]
+            message = (f"ran past its time limit of {limit} s (an infinite loop, or far too much work?)."
+                       + load_note())
+            ex = exercise_of(item)
+            if ex:
+                _timed_out.setdefault(ex, item.name)
+        rec.update(outcome="stub" if stub else "failed", message=message)
+        if report.when != "call" and not stub and not message.startswith("not run:"):
             rec["message"] = f"(in test {report.when}) " + rec["message"]
 
 

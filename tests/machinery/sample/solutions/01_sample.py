@@ -34,6 +34,9 @@ class Circle:
         return math.pi * self.r**2
         ### END SOLUTION
 
+# %% tags=["check"]
+check("1.2")
+
 # %% tags=["demo"]
 print(Circle(1.0).area())
 
@@ -48,6 +51,9 @@ def plus3(x: int) -> int:
     return x + 3
     ### END SOLUTION
 
+# %% tags=["check"]
+check("1.3")
+
 # %%
 #| export
 #| exercise 1.4
@@ -55,6 +61,9 @@ def plus4(x: int) -> int:
     ### BEGIN SOLUTION
     return x + 4
     ### END SOLUTION
+
+# %% tags=["check"]
+check("1.4")
 
 # %%
 #| export
@@ -64,6 +73,9 @@ def plus5(x: int) -> int:
     return x + 5
     ### END SOLUTION
 
+# %% tags=["check"]
+check("1.5")
+
 # %%
 #| export
 #| exercise 1.6
@@ -72,6 +84,9 @@ def plus6(x: int) -> int:
     return x + 6
     ### END SOLUTION
 
+# %% tags=["check"]
+check("1.6")
+
 # %%
 #| export
 #| exercise 1.7
@@ -79,3 +94,42 @@ def plus7(x: int) -> int:
     ### BEGIN SOLUTION
     return x + 7
     ### END SOLUTION
+
+# %% tags=["check"]
+check("1.7")
+
+# %% [markdown]
+# Three more, for the ways a notebook can break that a signal cannot catch.
+
+# %%
+#| export
+#| exercise 1.8
+def plus8(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 8
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.8")
+
+# %%
+#| export
+#| exercise 1.9
+def plus9(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 9
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.9")
+
+# %%
+#| export
+#| exercise 1.10
+def plus10(x: int) -> int:
+    ### BEGIN SOLUTION
+    return x + 10
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.10")

@@ -38,3 +38,22 @@ def test_plus6(lesson):
 @pytest.mark.exercise("1.7")
 def test_plus7(lesson):
     assert lesson.plus7(1) == 8
+
+
+@pytest.mark.exercise("1.8")
+def test_plus8(lesson):
+    assert lesson.plus8(1) == 9
+
+
+@pytest.mark.exercise("1.9")
+@pytest.mark.parametrize(
+    "x",
+    [1, 2, 3],
+)
+def test_plus9(lesson, x):
+    assert lesson.plus9(x) == x + 9
+
+
+@pytest.mark.exercise("1.10")
+def test_plus10(lesson):
+    assert lesson.plus10(1) == 11
