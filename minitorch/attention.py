@@ -157,6 +157,30 @@ def attention_score_bytes(b: int, h: int, nq: int, nk: int, itemsize: int) -> in
     return b * h * nq * nk * itemsize
 
 
+def column_blocks(x: np.ndarray, width: int) -> Iterable[np.ndarray]:
+    """Yield x's columns in blocks of `width` (the last may be narrower) through one reused buffer:
+    each block is overwritten by the next, like a read buffer."""
+    buffer = np.empty((x.shape[0], width), dtype=x.dtype)
+    for start in range(0, x.shape[1], width):
+        w = min(width, x.shape[1] - start)
+        view = buffer[:, :w]
+        view[...] = x[:, start:start + w]
+        yield view
+    if x.shape[1] == 0:
+        yield buffer[:, :0]
+
+
+def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
+    """Row softmax of 2-D x: the statistics in one streaming pass over column blocks
+    (online_softmax_stats), then one pass writing exp(x - m) / l. A row of -inf gives zeros."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"online_softmax: expected a 2-D array, got shape {x.shape}")
+    m, l = online_softmax_stats(column_blocks(x, block))
+    shift = np.where(np.isfinite(m), m, 0.0)[:, None]
+    return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
+
+
 def softmax_merge(m1: np.ndarray, l1: np.ndarray, m2: np.ndarray, l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge the softmax statistics (max m, sum l of exp(x - m)) of two disjoint parts of the same
     rows. Arrays of one shape (rows,); an empty part is (-inf, 0). Returns (m, l) of the union."""
@@ -181,30 +205,6 @@ def online_softmax_stats(blocks: Iterable[np.ndarray]) -> tuple[np.ndarray, np.n
     if m is None:
         raise ValueError("online_softmax_stats: the stream has no blocks")
     return m, l
-
-
-def column_blocks(x: np.ndarray, width: int) -> Iterable[np.ndarray]:
-    """Yield x's columns in blocks of `width` (the last may be narrower) through one reused buffer:
-    each block is overwritten by the next, like a read buffer."""
-    buffer = np.empty((x.shape[0], width), dtype=x.dtype)
-    for start in range(0, x.shape[1], width):
-        w = min(width, x.shape[1] - start)
-        view = buffer[:, :w]
-        view[...] = x[:, start:start + w]
-        yield view
-    if x.shape[1] == 0:
-        yield buffer[:, :0]
-
-
-def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
-    """Row softmax of 2-D x: the statistics in one streaming pass over column blocks
-    (online_softmax_stats), then one pass writing exp(x - m) / l. A row of -inf gives zeros."""
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"online_softmax: expected a 2-D array, got shape {x.shape}")
-    m, l = online_softmax_stats(column_blocks(x, block))
-    shift = np.where(np.isfinite(m), m, 0.0)[:, None]
-    return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
 
 
 def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,

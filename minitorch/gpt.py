@@ -137,32 +137,6 @@ def bigram_loss(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int, al
     return float(-logp[eval_ids[:-1], eval_ids[1:]].mean())
 
 
-def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
-                       eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm over the last axis: y = (x - mean) / sqrt(var + eps) * weight + bias (biased var).
-
-    x (..., C); weight, bias (C,). Returns (y (..., C), xhat (..., C) the normalised x,
-    rstd (..., 1) = 1 / sqrt(var + eps)), all in x's dtype."""
-    mean = x.mean(axis=-1, keepdims=True)
-    centered = x - mean
-    var = (centered * centered).mean(axis=-1, keepdims=True)
-    rstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-    xhat = centered * rstd
-    return xhat * weight + bias, xhat, rstd
-
-
-def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
-                        weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of LayerNorm from the upstream gradient g (..., C) and the forward's saved xhat
-    (..., C) and rstd (..., 1). Returns (dx (..., C), dweight (C,), dbias (C,))."""
-    lead = tuple(range(g.ndim - 1))
-    dweight = (g * xhat).sum(axis=lead)
-    dbias = g.sum(axis=lead)
-    gw = g * weight
-    dx = rstd * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
-    return dx, dweight, dbias
-
-
 def _check_layer_norm(x: Tensor, weight: Tensor, bias: Tensor) -> None:
     c = x.shape[-1] if x.ndim else None
     if x.ndim == 0 or tuple(weight.shape) != (c,) or tuple(bias.shape) != (c,):
@@ -206,6 +180,32 @@ def gelu(x: Tensor) -> Tensor:
     return x._record(out, (x,), vjp, "gelu")
 
 
+def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                       eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm over the last axis: y = (x - mean) / sqrt(var + eps) * weight + bias (biased var).
+
+    x (..., C); weight, bias (C,). Returns (y (..., C), xhat (..., C) the normalised x,
+    rstd (..., 1) = 1 / sqrt(var + eps)), all in x's dtype."""
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    rstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+    xhat = centered * rstd
+    return xhat * weight + bias, xhat, rstd
+
+
+def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
+                        weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of LayerNorm from the upstream gradient g (..., C) and the forward's saved xhat
+    (..., C) and rstd (..., 1). Returns (dx (..., C), dweight (C,), dbias (C,))."""
+    lead = tuple(range(g.ndim - 1))
+    dweight = (g * xhat).sum(axis=lead)
+    dbias = g.sum(axis=lead)
+    gw = g * weight
+    dx = rstd * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
+    return dx, dweight, dbias
+
+
 ATTENTION_IMPLS = ("reference", "flash")
 
 
@@ -213,7 +213,7 @@ ATTENTION_IMPLS = ("reference", "flash")
 class GPTConfig:
     """The model's shape. block_size: the longest context (positions 0..block_size-1); the MLP is
     4 * n_embd wide; n_embd must be divisible by n_head. attention: "reference" (attention(),
-    exercise 9.1) or "flash" (flash_attention, exercise 9.8): the same function, computed differently."""
+    exercise 9.1) or "flash" (flash_attention, exercise 9.7): the same function, computed differently."""
 
     vocab_size: int = 103
     block_size: int = 64
@@ -275,6 +275,68 @@ class MLP(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(gelu(self.fc(x)))
+
+
+EVAL_WINDOWS = 64  # the fixed validation subset the tests use: the first 64 windows (4096 characters)
+
+
+def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64) -> float:
+    """Mean cross-entropy (nats per character) of `model` predicting ids over eval_windows(ids,
+    block_size, n_windows), in eval mode without gradients. Deterministic."""
+    x, y = eval_windows(ids, model.config.block_size, n_windows)
+    if len(x) == 0:
+        raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    with no_grad():
+        for start in range(0, len(x), batch_size):
+            _, loss = model(x[start:start + batch_size], y[start:start + batch_size])
+            total += loss.item() * len(x[start:start + batch_size])
+    model.train(was_training)
+    return total / len(x)
+
+
+DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
+TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
+
+
+def save_checkpoint(model: "GPT", path: str | Path, **meta: Any) -> None:
+    """Write path.npz (the state dict: name -> float32 array) and path.json ({"config": ..., **meta})."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path.with_suffix(".npz"), **model.state_dict())
+    info = {"config": asdict(model.config), **meta}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def load_checkpoint(path: str | Path, attention: str = "reference") -> tuple["GPT", dict[str, Any]]:
+    """(model in eval mode, meta dict) from path.npz and path.json written by save_checkpoint."""
+    path = Path(path)
+    for suffix in (".npz", ".json"):
+        if not path.with_suffix(suffix).exists():
+            raise FileNotFoundError(f"no checkpoint file {path.with_suffix(suffix)} (set MINITORCH_DATA to the "
+                                    "folder holding tiny_gpt.npz and tiny_gpt.json)")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    config = GPTConfig(**{**meta["config"], "attention": attention})
+    model = GPT(config)
+    with np.load(path.with_suffix(".npz")) as arrays:
+        model.load_state_dict({name: arrays[name] for name in arrays.files})
+    model.eval()
+    return model, meta
+
+
+def load_tiny_gpt(attention: str = "reference") -> tuple["GPT", CharTokenizer]:
+    """The shipped model (data/tiny_gpt.*) in eval mode and its tokenizer. Its json (tiny_gpt_meta())
+    records the config, the corpus SHA-256, the vocabulary and the losses it reached."""
+    model, meta = load_checkpoint(TINY_GPT, attention)
+    return model, CharTokenizer(meta["vocab"])
+
+
+def tiny_gpt_meta() -> dict[str, Any]:
+    """The shipped checkpoint's json: config, corpus_sha256, vocab, val_loss (all windows),
+    val_loss_subset (first eval_windows windows), steps, batch_size, lr, train_cpu_seconds, ..."""
+    return json.loads(TINY_GPT.with_suffix(".json").read_text())
 
 
 class CausalSelfAttention(Module):
@@ -350,9 +412,6 @@ class GPT(Module):
         return logits, loss
 
 
-EVAL_WINDOWS = 64  # the fixed validation subset the tests use: the first 64 windows (4096 characters)
-
-
 def lr_schedule(step: int, steps: int, lr: float, warmup: int = 50, min_ratio: float = 0.1) -> float:
     """Learning rate at `step` (0-based) of `steps`: linear warm-up over `warmup` steps, then a
     cosine from lr down to min_ratio * lr at the last step."""
@@ -362,24 +421,7 @@ def lr_schedule(step: int, steps: int, lr: float, warmup: int = 50, min_ratio: f
     return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64) -> float:
-    """Mean cross-entropy (nats per character) of `model` predicting ids over eval_windows(ids,
-    block_size, n_windows), in eval mode without gradients. Deterministic."""
-    x, y = eval_windows(ids, model.config.block_size, n_windows)
-    if len(x) == 0:
-        raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    with no_grad():
-        for start in range(0, len(x), batch_size):
-            _, loss = model(x[start:start + batch_size], y[start:start + batch_size])
-            total += loss.item() * len(x[start:start + batch_size])
-    model.train(was_training)
-    return total / len(x)
-
-
-def train_gpt(model: GPT, train_ids: np.ndarray, steps: int, batch_size: int = 32, lr: float = 3e-3,
+def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int = 32, lr: float = 3e-3,
               warmup: int = 50, seed: int = 0, val_ids: np.ndarray | None = None, eval_every: int = 100,
               eval_windows: int | None = EVAL_WINDOWS, progress: bool = True) -> dict[str, Any]:
     """Train `model` in place with Adam on random batches (get_batch, np.random.default_rng(seed))
@@ -415,7 +457,7 @@ def train_gpt(model: GPT, train_ids: np.ndarray, steps: int, batch_size: int = 3
     return history
 
 
-def generate(model: GPT, idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+def generate(model: "GPT", idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              rng: np.random.Generator | None = None) -> np.ndarray:
     """Sample max_new_tokens ids after idx ((B, t) ids, or 1-D for one sequence); returns idx with
     them appended (same number of dimensions). Each step runs the model on the last block_size ids
@@ -444,45 +486,3 @@ def generate(model: GPT, idx: Any, max_new_tokens: int, temperature: float = 1.0
             idx = np.concatenate([idx, nxt[:, None].astype(np.int64)], axis=1)
     model.train(was_training)
     return idx[0] if single else idx
-
-
-DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
-TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
-
-
-def save_checkpoint(model: GPT, path: str | Path, **meta: Any) -> None:
-    """Write path.npz (the state dict: name -> float32 array) and path.json ({"config": ..., **meta})."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path.with_suffix(".npz"), **model.state_dict())
-    info = {"config": asdict(model.config), **meta}
-    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
-
-
-def load_checkpoint(path: str | Path, attention: str = "reference") -> tuple[GPT, dict[str, Any]]:
-    """(model in eval mode, meta dict) from path.npz and path.json written by save_checkpoint."""
-    path = Path(path)
-    for suffix in (".npz", ".json"):
-        if not path.with_suffix(suffix).exists():
-            raise FileNotFoundError(f"no checkpoint file {path.with_suffix(suffix)} (set MINITORCH_DATA to the "
-                                    "folder holding tiny_gpt.npz and tiny_gpt.json)")
-    meta = json.loads(path.with_suffix(".json").read_text())
-    config = GPTConfig(**{**meta["config"], "attention": attention})
-    model = GPT(config)
-    with np.load(path.with_suffix(".npz")) as arrays:
-        model.load_state_dict({name: arrays[name] for name in arrays.files})
-    model.eval()
-    return model, meta
-
-
-def load_tiny_gpt(attention: str = "reference") -> tuple[GPT, CharTokenizer]:
-    """The shipped model (data/tiny_gpt.*) in eval mode and its tokenizer. Its json (tiny_gpt_meta())
-    records the config, the corpus SHA-256, the vocabulary and the losses it reached."""
-    model, meta = load_checkpoint(TINY_GPT, attention)
-    return model, CharTokenizer(meta["vocab"])
-
-
-def tiny_gpt_meta() -> dict[str, Any]:
-    """The shipped checkpoint's json: config, corpus_sha256, vocab, val_loss (all windows),
-    val_loss_subset (first eval_windows windows), steps, batch_size, lr, train_seconds, ..."""
-    return json.loads(TINY_GPT.with_suffix(".json").read_text())

@@ -25,9 +25,11 @@
 # `minitorch/attention.py` (attention and its kernels) and `minitorch/gpt.py` (the model).
 #
 # Hardware background: why the N x N matrix costs time as well as memory is a question of
-# bytes moved per FLOP ([the roofline note](../hardware_notes/roofline.md)); the fast on-chip
-# memory that FlashAttention's tiles live in (shared memory, SRAM) versus the GPU's HBM is in
-# [the GPU note](../hardware_notes/gpu.md).
+# bytes moved per FLOP ([roofline](../hardware_notes/roofline.md)); why attention is
+# memory-bound, and FlashAttention's count of HBM accesses, in
+# [memory](../hardware_notes/memory.md#why-decode-and-attention-are-memory-bound); the on-chip
+# SRAM (shared memory) that its tiles live in, against the GPU's HBM, in
+# [the GPU's memory hierarchy](../hardware_notes/gpu.md#the-memory-hierarchy).
 #
 # Conventions: activations and parameters are float32; the tests compare with float64 NumPy.
 # Attention tensors are (..., N, d): batch and head axes first, then positions, then features.
@@ -567,43 +569,8 @@ print(f"baselines on val: uniform {uniform_loss:.3f} nats/char, bigram {bigram_v
 # change the normalised output's mean or scale.
 #
 # **Exercise 9.3.** Write `layer_norm_forward` (returning y and what the backward needs) and
-# `layer_norm_backward`, in NumPy, in the input's dtype. `layer_norm` below makes them one
-# differentiable node.
-
-# %%
-#| export gpt
-#| exercise 9.3
-def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
-                       eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """LayerNorm over the last axis: y = (x - mean) / sqrt(var + eps) * weight + bias (biased var).
-
-    x (..., C); weight, bias (C,). Returns (y (..., C), xhat (..., C) the normalised x,
-    rstd (..., 1) = 1 / sqrt(var + eps)), all in x's dtype."""
-    ### BEGIN SOLUTION
-    mean = x.mean(axis=-1, keepdims=True)
-    centered = x - mean
-    var = (centered * centered).mean(axis=-1, keepdims=True)
-    rstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-    xhat = centered * rstd
-    return xhat * weight + bias, xhat, rstd
-    ### END SOLUTION
-
-
-def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
-                        weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gradients of LayerNorm from the upstream gradient g (..., C) and the forward's saved xhat
-    (..., C) and rstd (..., 1). Returns (dx (..., C), dweight (C,), dbias (C,))."""
-    ### BEGIN SOLUTION
-    lead = tuple(range(g.ndim - 1))
-    dweight = (g * xhat).sum(axis=lead)
-    dbias = g.sum(axis=lead)
-    gw = g * weight
-    dx = rstd * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
-    return dx, dweight, dbias
-    ### END SOLUTION
-
-# %% tags=["check"]
-check("9.3")
+# `layer_norm_backward`, in NumPy, in the input's dtype. `layer_norm` in the next cell makes them
+# one differentiable node (with GELU, the other element-wise layer of the model).
 
 # %%
 #| export gpt
@@ -649,6 +616,41 @@ def gelu(x: Tensor) -> Tensor:
 
     return x._record(out, (x,), vjp, "gelu")
 
+# %%
+#| export gpt
+#| exercise 9.3
+def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                       eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """LayerNorm over the last axis: y = (x - mean) / sqrt(var + eps) * weight + bias (biased var).
+
+    x (..., C); weight, bias (C,). Returns (y (..., C), xhat (..., C) the normalised x,
+    rstd (..., 1) = 1 / sqrt(var + eps)), all in x's dtype."""
+    ### BEGIN SOLUTION
+    mean = x.mean(axis=-1, keepdims=True)
+    centered = x - mean
+    var = (centered * centered).mean(axis=-1, keepdims=True)
+    rstd = (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+    xhat = centered * rstd
+    return xhat * weight + bias, xhat, rstd
+    ### END SOLUTION
+
+
+def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
+                        weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients of LayerNorm from the upstream gradient g (..., C) and the forward's saved xhat
+    (..., C) and rstd (..., 1). Returns (dx (..., C), dweight (C,), dbias (C,))."""
+    ### BEGIN SOLUTION
+    lead = tuple(range(g.ndim - 1))
+    dweight = (g * xhat).sum(axis=lead)
+    dbias = g.sum(axis=lead)
+    gw = g * weight
+    dx = rstd * (gw - gw.mean(axis=-1, keepdims=True) - xhat * (gw * xhat).mean(axis=-1, keepdims=True))
+    return dx, dweight, dbias
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("9.3")
+
 # %% [markdown]
 # ### The model
 #
@@ -692,7 +694,7 @@ ATTENTION_IMPLS = ("reference", "flash")
 class GPTConfig:
     """The model's shape. block_size: the longest context (positions 0..block_size-1); the MLP is
     4 * n_embd wide; n_embd must be divisible by n_head. attention: "reference" (attention(),
-    exercise 9.1) or "flash" (flash_attention, exercise 9.8): the same function, computed differently."""
+    exercise 9.1) or "flash" (flash_attention, exercise 9.7): the same function, computed differently."""
 
     vocab_size: int = 103
     block_size: int = 64
@@ -754,6 +756,79 @@ class MLP(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.proj(gelu(self.fc(x)))
+
+# %% [markdown]
+# ### The shipped checkpoint, and evaluation
+#
+# The model trained later in this section ships in `data/tiny_gpt.npz` (the state dict: parameter
+# name -> float32 array) and `data/tiny_gpt.json` (its config, the corpus SHA-256, the
+# vocabulary, how it was trained and the losses it reached). Validation is deterministic: the
+# mean loss over consecutive non-overlapping windows of the validation text (all 726 windows of
+# 64 characters, or the first `EVAL_WINDOWS` for a quick check; both are recorded). The check of
+# exercise 9.4 loads those weights into your model and must reach the recorded loss.
+
+# %%
+#| export gpt
+EVAL_WINDOWS = 64  # the fixed validation subset the tests use: the first 64 windows (4096 characters)
+
+
+def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64) -> float:
+    """Mean cross-entropy (nats per character) of `model` predicting ids over eval_windows(ids,
+    block_size, n_windows), in eval mode without gradients. Deterministic."""
+    x, y = eval_windows(ids, model.config.block_size, n_windows)
+    if len(x) == 0:
+        raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    with no_grad():
+        for start in range(0, len(x), batch_size):
+            _, loss = model(x[start:start + batch_size], y[start:start + batch_size])
+            total += loss.item() * len(x[start:start + batch_size])
+    model.train(was_training)
+    return total / len(x)
+
+
+DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
+TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
+
+
+def save_checkpoint(model: "GPT", path: str | Path, **meta: Any) -> None:
+    """Write path.npz (the state dict: name -> float32 array) and path.json ({"config": ..., **meta})."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path.with_suffix(".npz"), **model.state_dict())
+    info = {"config": asdict(model.config), **meta}
+    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+def load_checkpoint(path: str | Path, attention: str = "reference") -> tuple["GPT", dict[str, Any]]:
+    """(model in eval mode, meta dict) from path.npz and path.json written by save_checkpoint."""
+    path = Path(path)
+    for suffix in (".npz", ".json"):
+        if not path.with_suffix(suffix).exists():
+            raise FileNotFoundError(f"no checkpoint file {path.with_suffix(suffix)} (set MINITORCH_DATA to the "
+                                    "folder holding tiny_gpt.npz and tiny_gpt.json)")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    config = GPTConfig(**{**meta["config"], "attention": attention})
+    model = GPT(config)
+    with np.load(path.with_suffix(".npz")) as arrays:
+        model.load_state_dict({name: arrays[name] for name in arrays.files})
+    model.eval()
+    return model, meta
+
+
+def load_tiny_gpt(attention: str = "reference") -> tuple["GPT", CharTokenizer]:
+    """The shipped model (data/tiny_gpt.*) in eval mode and its tokenizer. Its json (tiny_gpt_meta())
+    records the config, the corpus SHA-256, the vocabulary and the losses it reached."""
+    model, meta = load_checkpoint(TINY_GPT, attention)
+    return model, CharTokenizer(meta["vocab"])
+
+
+def tiny_gpt_meta() -> dict[str, Any]:
+    """The shipped checkpoint's json: config, corpus_sha256, vocab, val_loss (all windows),
+    val_loss_subset (first eval_windows windows), steps, batch_size, lr, train_cpu_seconds, ..."""
+    return json.loads(TINY_GPT.with_suffix(".json").read_text())
 
 # %% [markdown]
 # **Exercise 9.4.** Write the three `forward` methods: the attention sub-layer (project to q, k
@@ -846,18 +921,13 @@ class GPT(Module):
 check("9.4")
 
 # %% [markdown]
-# ### Training, evaluation, sampling, the checkpoint
+# ### Training and sampling
 #
 # The loop is lesson 03's with Adam, a short linear warm-up of the learning rate and a cosine
-# decay to a tenth of it. Validation is deterministic: the mean loss over consecutive
-# non-overlapping windows of the validation text (all 726 windows of 64 characters, or the
-# first `EVAL_WINDOWS` for a quick check; both are recorded with the checkpoint).
+# decay to a tenth of it, validating every 100 steps on the first `EVAL_WINDOWS` windows.
 
 # %%
 #| export gpt
-EVAL_WINDOWS = 64  # the fixed validation subset the tests use: the first 64 windows (4096 characters)
-
-
 def lr_schedule(step: int, steps: int, lr: float, warmup: int = 50, min_ratio: float = 0.1) -> float:
     """Learning rate at `step` (0-based) of `steps`: linear warm-up over `warmup` steps, then a
     cosine from lr down to min_ratio * lr at the last step."""
@@ -867,24 +937,7 @@ def lr_schedule(step: int, steps: int, lr: float, warmup: int = 50, min_ratio: f
     return lr * (min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64) -> float:
-    """Mean cross-entropy (nats per character) of `model` predicting ids over eval_windows(ids,
-    block_size, n_windows), in eval mode without gradients. Deterministic."""
-    x, y = eval_windows(ids, model.config.block_size, n_windows)
-    if len(x) == 0:
-        raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
-    was_training = model.training
-    model.eval()
-    total = 0.0
-    with no_grad():
-        for start in range(0, len(x), batch_size):
-            _, loss = model(x[start:start + batch_size], y[start:start + batch_size])
-            total += loss.item() * len(x[start:start + batch_size])
-    model.train(was_training)
-    return total / len(x)
-
-
-def train_gpt(model: GPT, train_ids: np.ndarray, steps: int, batch_size: int = 32, lr: float = 3e-3,
+def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int = 32, lr: float = 3e-3,
               warmup: int = 50, seed: int = 0, val_ids: np.ndarray | None = None, eval_every: int = 100,
               eval_windows: int | None = EVAL_WINDOWS, progress: bool = True) -> dict[str, Any]:
     """Train `model` in place with Adam on random batches (get_batch, np.random.default_rng(seed))
@@ -920,7 +973,7 @@ def train_gpt(model: GPT, train_ids: np.ndarray, steps: int, batch_size: int = 3
     return history
 
 
-def generate(model: GPT, idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+def generate(model: "GPT", idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              rng: np.random.Generator | None = None) -> np.ndarray:
     """Sample max_new_tokens ids after idx ((B, t) ids, or 1-D for one sequence); returns idx with
     them appended (same number of dimensions). Each step runs the model on the last block_size ids
@@ -949,48 +1002,6 @@ def generate(model: GPT, idx: Any, max_new_tokens: int, temperature: float = 1.0
             idx = np.concatenate([idx, nxt[:, None].astype(np.int64)], axis=1)
     model.train(was_training)
     return idx[0] if single else idx
-
-
-DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
-TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
-
-
-def save_checkpoint(model: GPT, path: str | Path, **meta: Any) -> None:
-    """Write path.npz (the state dict: name -> float32 array) and path.json ({"config": ..., **meta})."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path.with_suffix(".npz"), **model.state_dict())
-    info = {"config": asdict(model.config), **meta}
-    path.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
-
-
-def load_checkpoint(path: str | Path, attention: str = "reference") -> tuple[GPT, dict[str, Any]]:
-    """(model in eval mode, meta dict) from path.npz and path.json written by save_checkpoint."""
-    path = Path(path)
-    for suffix in (".npz", ".json"):
-        if not path.with_suffix(suffix).exists():
-            raise FileNotFoundError(f"no checkpoint file {path.with_suffix(suffix)} (set MINITORCH_DATA to the "
-                                    "folder holding tiny_gpt.npz and tiny_gpt.json)")
-    meta = json.loads(path.with_suffix(".json").read_text())
-    config = GPTConfig(**{**meta["config"], "attention": attention})
-    model = GPT(config)
-    with np.load(path.with_suffix(".npz")) as arrays:
-        model.load_state_dict({name: arrays[name] for name in arrays.files})
-    model.eval()
-    return model, meta
-
-
-def load_tiny_gpt(attention: str = "reference") -> tuple[GPT, CharTokenizer]:
-    """The shipped model (data/tiny_gpt.*) in eval mode and its tokenizer. Its json (tiny_gpt_meta())
-    records the config, the corpus SHA-256, the vocabulary and the losses it reached."""
-    model, meta = load_checkpoint(TINY_GPT, attention)
-    return model, CharTokenizer(meta["vocab"])
-
-
-def tiny_gpt_meta() -> dict[str, Any]:
-    """The shipped checkpoint's json: config, corpus_sha256, vocab, val_loss (all windows),
-    val_loss_subset (first eval_windows windows), steps, batch_size, lr, train_seconds, ..."""
-    return json.loads(TINY_GPT.with_suffix(".json").read_text())
 
 # %% [markdown]
 # At initialisation the loss should be ln V (the uniform guess), and the model is small: lesson
@@ -1071,7 +1082,7 @@ plt.show()
 
 # %% tags=["demo"]
 prompt = "The with statement"
-out_ids = generate(tiny, tiny_tok.encode(prompt), 300, temperature=0.8, rng=np.random.default_rng(7))
+out_ids = generate(tiny, tiny_tok.encode(prompt), 100 if SMALL else 300, temperature=0.8, rng=np.random.default_rng(7))
 print(tiny_tok.decode(out_ids))
 
 # %% [markdown]
@@ -1104,10 +1115,35 @@ print(tiny_tok.decode(out_ids))
 # fully masked part is $(-\infty, 0)$, the identity of the merge; merging two of them must not
 # produce $e^{-\infty - (-\infty)}$ = NaN.
 #
-# **Exercise 9.5.** Write `softmax_merge` and `online_softmax_stats`: the row statistics of x from
+# **Exercise 9.5, first part.** Write `softmax_merge` and `online_softmax_stats`: the row statistics of x from
 # a *stream* of column blocks of x, each seen once. Like data read from disk into a buffer, a
 # block is only valid until you ask for the next one (the tests reuse one buffer), so keep the
 # running statistics, not the blocks. A block may have zero columns; entries may be -inf.
+
+# %%
+#| export
+def column_blocks(x: np.ndarray, width: int) -> Iterable[np.ndarray]:
+    """Yield x's columns in blocks of `width` (the last may be narrower) through one reused buffer:
+    each block is overwritten by the next, like a read buffer."""
+    buffer = np.empty((x.shape[0], width), dtype=x.dtype)
+    for start in range(0, x.shape[1], width):
+        w = min(width, x.shape[1] - start)
+        view = buffer[:, :w]
+        view[...] = x[:, start:start + w]
+        yield view
+    if x.shape[1] == 0:
+        yield buffer[:, :0]
+
+
+def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
+    """Row softmax of 2-D x: the statistics in one streaming pass over column blocks
+    (online_softmax_stats), then one pass writing exp(x - m) / l. A row of -inf gives zeros."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"online_softmax: expected a 2-D array, got shape {x.shape}")
+    m, l = online_softmax_stats(column_blocks(x, block))
+    shift = np.where(np.isfinite(m), m, 0.0)[:, None]
+    return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
 
 # %%
 #| export
@@ -1140,34 +1176,6 @@ def online_softmax_stats(blocks: Iterable[np.ndarray]) -> tuple[np.ndarray, np.n
         raise ValueError("online_softmax_stats: the stream has no blocks")
     return m, l
     ### END SOLUTION
-
-# %% tags=["check"]
-check("9.5")
-
-# %%
-#| export
-def column_blocks(x: np.ndarray, width: int) -> Iterable[np.ndarray]:
-    """Yield x's columns in blocks of `width` (the last may be narrower) through one reused buffer:
-    each block is overwritten by the next, like a read buffer."""
-    buffer = np.empty((x.shape[0], width), dtype=x.dtype)
-    for start in range(0, x.shape[1], width):
-        w = min(width, x.shape[1] - start)
-        view = buffer[:, :w]
-        view[...] = x[:, start:start + w]
-        yield view
-    if x.shape[1] == 0:
-        yield buffer[:, :0]
-
-
-def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
-    """Row softmax of 2-D x: the statistics in one streaming pass over column blocks
-    (online_softmax_stats), then one pass writing exp(x - m) / l. A row of -inf gives zeros."""
-    x = np.asarray(x)
-    if x.ndim != 2:
-        raise ValueError(f"online_softmax: expected a 2-D array, got shape {x.shape}")
-    m, l = online_softmax_stats(column_blocks(x, block))
-    shift = np.where(np.isfinite(m), m, 0.0)[:, None]
-    return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
 
 # %% [markdown]
 # What fusion buys on this CPU, for a 4096 x 4096 float32 matrix (64 MiB, far larger than the
@@ -1243,11 +1251,11 @@ for name, t in (("NumPy, unfused", t_unfused), ("NumPy, blocks of 32 rows", t_bl
 # devices and merges (lesson 13). A part with no visible key has lse = -inf and o = 0 and must
 # drop out; two such parts merge to lse = -inf, o = 0.
 #
-# **Exercise 9.6.** Write `merge_attention`.
+# **Exercise 9.5, second part.** Write `merge_attention`. The check below grades both parts.
 
 # %%
 #| export
-#| exercise 9.6
+#| exercise 9.5
 def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,
                     lse2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Combine attention over two disjoint sets of keys. o1, o2 (..., dv): outputs normalised within
@@ -1266,7 +1274,7 @@ def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,
     ### END SOLUTION
 
 # %% tags=["check"]
-check("9.6")
+check("9.5")
 
 # %% tags=["demo"]
 q, k, v = (rng.standard_normal((5, n, 8)) for n in (3, 40, 40))
@@ -1314,7 +1322,7 @@ print("three parts merged in another order == attention over all 40 keys:",
 # is 16 KiB. Numba compiles the loops; each call processes one query tile, and `flash_attention_forward`
 # runs the (head, query tile) pairs on a thread pool (Numba releases the GIL with `nogil=True`).
 #
-# **Exercise 9.7.** Write `flash_forward_tile`: query rows [i0, i1) of one head against all key
+# **Exercise 9.6.** Write `flash_forward_tile`: query rows [i0, i1) of one head against all key
 # tiles in order, with the running max, sum and accumulator, skipping key tiles no row of the tile
 # can see, masking per row inside partly visible tiles, writing `o[i0:i1]` and `lse[i0:i1]` once
 # at the end (0 and -inf for a row that sees no key). Return the number of scores computed
@@ -1382,7 +1390,7 @@ def flash_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal:
 
 # %%
 #| export
-#| exercise 9.7
+#| exercise 9.6
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
 def flash_forward_tile(q, k, v, scale, causal, i0, i1, block_k, o, lse):
     """Attention for query rows [i0, i1) of one head, streaming over key tiles of block_k rows.
@@ -1442,7 +1450,7 @@ def flash_forward_tile(q, k, v, scale, causal, i0, i1, block_k, o, lse):
     ### END SOLUTION
 
 # %% tags=["check"]
-check("9.7")
+check("9.6")
 
 # %% [markdown]
 # Memory, measured: `tracemalloc` sees NumPy's allocations (not the few block-sized arrays inside
@@ -1506,7 +1514,7 @@ for n_ in (512, 1024) if SMALL else (512, 1024, 2048, 4096):
 # key tiles of one head run in order, heads in parallel). With a causal mask, the query rows
 # i < j0 - (Nk - Nq) see nothing of a key tile starting at j0 and are skipped.
 #
-# **Exercise 9.8.** Write `flash_backward_tile` (one key tile [j0, j1) of one head: add into dq,
+# **Exercise 9.7.** Write `flash_backward_tile` (one key tile [j0, j1) of one head: add into dq,
 # write dk[j0:j1] and dv[j0:j1]; rows with lse = -inf contribute nothing; return the number of
 # scores recomputed), and `flash_attention`, the autograd operation: the forward runs
 # `flash_attention_forward` on q, k, v reshaped to (G, N, d) and records a node whose backward calls
@@ -1542,7 +1550,7 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.
 
 # %%
 #| export
-#| exercise 9.8
+#| exercise 9.7
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
 def flash_backward_tile(q, k, v, do, lse, delta, scale, causal, j0, j1, dq, dk, dv):
     """Gradients through key rows [j0, j1) of one head, recomputing the probabilities from lse.
@@ -1614,7 +1622,7 @@ def flash_attention(q: Any, k: Any, v: Any, causal: bool = False, block_q: int =
     ### END SOLUTION
 
 # %% tags=["check"]
-check("9.8")
+check("9.7")
 
 # %% [markdown]
 # Now the GPT trains on it: the same model from the same initial weights, with
@@ -1653,7 +1661,7 @@ print(f"reference: {losses['reference'][1]:.1f} s, flash: {losses['flash'][1]:.1
 # Key rows past the end are loaded as zeros and never used. -inf is `__int_as_float(0xff800000)`
 # (NVRTC has no `INFINITY`).
 #
-# **Exercise 9.9.** Write `flash_forward` in CUDA C: float32 q, k (G, nk, HEAD_DIM), v, o, lse
+# **Exercise 9.8.** Write `flash_forward` in CUDA C: float32 q, k (G, nk, HEAD_DIM), v, o, lse
 # as in `flash_attention_forward` with dv = d, `causal` 0 or 1 (skip the key tiles no row of the
 # block can see), `scale` = 1/sqrt(d). It is graded without a GPU: NVRTC compiles it and its PTX
 # must show the shared-memory tiles and barriers; the emulator of lesson 08 runs it on ragged sizes,
@@ -1742,7 +1750,7 @@ def attention_cupy_unfused(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
 
 # %%
 #| export
-#| exercise 9.9
+#| exercise 9.8
 def flash_cuda_source() -> str:
     """CUDA C of `flash_forward(q, k, v, o, lse, nq, nk, causal, scale)`: tiled attention forward, one
     block of BLOCK_Q threads per (query tile blockIdx.x, head blockIdx.y), K and V tiles of BLOCK_K
@@ -1819,7 +1827,7 @@ extern "C" __global__ void flash_forward(const float* __restrict__ q, const floa
     ### END SOLUTION
 
 # %% tags=["check"]
-check("9.9")
+check("9.8")
 
 # %% [markdown]
 # The PTX shows the structure: loads from shared memory, two barriers, 16 KiB of shared memory at
