@@ -265,9 +265,9 @@ print(causal_mask(3, 5).astype(int), "  <- 3 queries, 5 keys: the queries are po
 #
 # The score matrix itself is Nq x Nk numbers per head, which naive attention writes to memory,
 # reads back for the softmax, writes again as probabilities, and, to train, keeps for the
-# backward. Its FLOPs grow like N^2 d but its bytes like N^2 alone: at d = 64 the two products
-# do about 2d = 128 FLOPs per score, while the softmax moves at least 8 bytes (float32 in and out)
-# per score for its 5 FLOPs, far left on the roofline. For GPT-2 small's context (N = 1024,
+# backward. Its FLOPs grow like N^2 d but its bytes like N^2 alone: at d = dv = 64 the two
+# products do 4d = 256 FLOPs per score, while the softmax moves at least 8 bytes (float32 in and
+# out) per score for its 5 FLOPs, far left on the roofline. For GPT-2 small's context (N = 1024,
 # 12 heads) one layer's float32 scores are 1024 * 1024 * 12 * 4 bytes = 48 MiB per sequence.
 #
 # Lesson 04's `transformer_flops_per_token` charges 2 n_ctx d_model FLOPs per layer and token for
@@ -664,8 +664,8 @@ check("9.3")
 # ```
 #
 # *Pre-norm* (the normalisation inside the residual branch, GPT-2's order) leaves an
-# un-normalised path from the embeddings to the output, which is what lets deep stacks train
-# without warm-up tricks (Xiong et al., 2020). *Weight tying* (Press and Wolf, 2017) uses the
+# un-normalised path from the embeddings to the output; Xiong et al. (2020) show that it trains
+# without the learning-rate warm-up the original post-norm order needs. *Weight tying* (Press and Wolf, 2017) uses the
 # token embedding matrix as the output layer too, which saves V x C parameters. At
 # initialisation every weight is N(0, 0.02^2) (the output projections of each residual branch
 # N(0, (0.02/sqrt(2 n_layer))^2), so the residual stream's variance does not grow with depth),
@@ -1228,9 +1228,9 @@ for name, t in (("NumPy, unfused", t_unfused), ("NumPy, blocks of 32 rows", t_bl
 
 # %% [markdown]
 # On the machine this lesson was written on (one core of a shared AMD EPYC, float32, 4096 x
-# 4096) the row-blocked NumPy softmax was about 1.3x faster than the unfused one: same
-# arithmetic, a sixth of the DRAM traffic. The Numba kernel moves the least memory and was
-# still about 3x *slower*: NumPy's `exp` is vectorised (several exponentials per instruction)
+# 4096; 47 ms, 25 ms and 155 ms in a quiet moment) the row-blocked NumPy softmax was about 1.9x
+# faster than the unfused one: the same arithmetic, about a quarter of the DRAM traffic. The
+# Numba kernel moves the least memory and was still about 3x *slower*: NumPy's `exp` is vectorised (several exponentials per instruction)
 # while Numba calls the scalar `exp` of the C library once per element, so after fusion the
 # exponentials, not the bytes, set the time. Fusion removes memory traffic; what is left then
 # decides. On a GPU the exponential is a hardware instruction and lesson 08's fused softmax kernel
@@ -1478,10 +1478,12 @@ for n_ in (256, 512, 1024) if SMALL else (512, 1024, 2048, 4096):
     print(f"{n_:>5} {p_naive / 2**20:>8.1f} MiB {p_flash / 2**20:>8.2f} MiB {p_naive / p_flash:>6.0f}x")
 
 # %% [markdown]
-# Time, on one head with d = 64 and a causal mask (float32; `make bench L=attention` measures it
-# more carefully, see the table there): the tiled kernel does half of the naive FLOPs (it skips
-# the hidden tiles) with scalar exponentials, naive attention does all of them with BLAS and
-# vectorised NumPy but moves N^2 floats several times.
+# Time, on one head with d = 64 and a causal mask, float32. The tiled kernel does half of the
+# naive FLOPs (it skips the hidden tiles) but with scalar exponentials and Numba's loops; naive
+# attention does all of them with BLAS and vectorised NumPy but moves N^2 floats several times.
+# `make bench L=attention` measured, on the 2-core machine of this course with both sides on two
+# threads, the tiled forward 1.5 to 1.7x faster than naive at every N from 512 to 4096, with a
+# peak memory 21x (N = 512) to 181x (N = 4096) smaller.
 
 # %% tags=["demo"]
 for n_ in (512, 1024) if SMALL else (512, 1024, 2048, 4096):
@@ -1504,8 +1506,9 @@ for n_ in (512, 1024) if SMALL else (512, 1024, 2048, 4096):
 # K and the saved logsumexp: $P_{ij} = e^{s_{ij} - \mathrm{lse}_i}$, exact and already
 # normalised, with no running max needed. The state saved for the backward is Q, K, V, O and
 # lse: O(N d), against the O(N^2) probabilities naive attention keeps. The price is computing
-# the scores twice, about 25% more FLOPs for training; the saved memory traffic makes it faster
-# anyway on a GPU (Dao et al., 2022, section 3.1). $D_i = dO_i \cdot O_i$ is one dot product per
+# the scores twice: seven N x N x d matrix products per training step instead of six (two
+# forward, four backward, plus S again), 17% more attention FLOPs; the saved memory traffic
+# makes it faster anyway on a GPU (Dao et al., 2022, section 3.1). $D_i = dO_i \cdot O_i$ is one dot product per
 # row, computed before the tiles (FlashAttention-2's preprocessing step).
 #
 # FlashAttention-2's backward loop order is the other way round from the forward: key tiles
@@ -1626,9 +1629,9 @@ check("9.7")
 
 # %% [markdown]
 # Now the GPT trains on it: the same model from the same initial weights, with
-# `GPTConfig(attention="flash")`, follows the reference run to float32 rounding. (At T = 64 the
-# tiled kernels have no memory to save and are slower than BLAS; the point is that the model
-# cannot tell the difference.)
+# `GPTConfig(attention="flash")`, follows the reference run to float32 rounding. (At T = 64 there
+# is no memory to save, and the first flash run includes Numba's compilation; the point here is
+# that the model cannot tell the difference.)
 
 # %% tags=["demo"]
 losses = {}
