@@ -1895,6 +1895,18 @@ for n_ in (512, 1024, 2048, 4096):
 # with the reference attention or the tiled one, is the model lessons 10, 11 and 13 quantize,
 # serve and split.
 #
+# What those lessons use, all documented in the modules (shapes, dtypes):
+# - `minitorch.gpt`: `load_tiny_gpt(attention="reference") -> (GPT, CharTokenizer)`,
+#   `tiny_gpt_meta()`, `load_corpus()`, `CORPUS_SHA256`, `split_ids`, `get_batch`, `eval_windows`,
+#   `evaluate_loss(model, ids, n_windows=None)`, `EVAL_WINDOWS`, `GPTConfig`, `GPT` (and its
+#   parts `Block`, `CausalSelfAttention` with `attend(q, k, v)`, `MLP`, `LayerNorm`, `Embedding`),
+#   `state_dict()` / `load_state_dict()` (lesson 03), `save_checkpoint`, `load_checkpoint`,
+#   `generate`, `train_gpt`, `layer_norm` / `layer_norm_np`, `gelu` / `gelu_np`.
+# - `minitorch.attention`: `attention` (autograd) and `attention_np` (NumPy, optionally with the
+#   logsumexp), `causal_mask`, `padding_mask`, `split_heads`, `merge_heads`, `merge_attention`,
+#   `flash_attention` (autograd), `flash_attention_forward`, `flash_attention_backward`, and the
+#   CUDA C kernel's `flash_attention_cuda` / `flash_attention_emulated`.
+#
 # - A. Vaswani et al., *Attention Is All You Need*, NeurIPS 2017.
 # - A. Radford et al., *Improving Language Understanding by Generative Pre-Training*, 2018, and
 #   *Language Models are Unsupervised Multitask Learners*, 2019 (GPT, GPT-2).
