@@ -1149,6 +1149,24 @@ def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
     shift = np.where(np.isfinite(m), m, 0.0)[:, None]
     return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
 
+# %% [markdown]
+# ### Merging partial attention results
+#
+# The same algebra works for attention outputs. If keys are split into parts, attention over each
+# part gives an output $o_p$ (normalised within the part) and the part's logsumexp $\mathrm{lse}_p$.
+# The attention over all keys is their weighted average, with the weights the softmax of the
+# logsumexps:
+#
+# $$\mathrm{lse} = \log\left(e^{\mathrm{lse}_1} + e^{\mathrm{lse}_2}\right), \qquad
+#   o = e^{\mathrm{lse}_1 - \mathrm{lse}}\, o_1 + e^{\mathrm{lse}_2 - \mathrm{lse}}\, o_2 .$$
+#
+# FlashAttention applies this per tile; split-K decoding (Flash-Decoding, Dao et al. 2023) splits a
+# long KV cache across GPU blocks and merges (lesson 11); ring attention passes key blocks between
+# devices and merges (lesson 13). A part with no visible key has lse = -inf and o = 0 and must
+# drop out; two such parts merge to lse = -inf, o = 0.
+#
+# **Exercise 9.5, second part.** Write `merge_attention`, in the same cell.
+
 # %%
 #| export
 #| exercise 9.5
@@ -1180,6 +1198,27 @@ def online_softmax_stats(blocks: Iterable[np.ndarray]) -> tuple[np.ndarray, np.n
         raise ValueError("online_softmax_stats: the stream has no blocks")
     return m, l
     ### END SOLUTION
+
+
+def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,
+                    lse2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Combine attention over two disjoint sets of keys. o1, o2 (..., dv): outputs normalised within
+    each set; lse1, lse2 (...): logsumexp of each set's scores (-inf: no visible key, o = 0).
+    Returns (o, lse) of attention over the union, in the inputs' dtype; (0, -inf) if both are empty."""
+    ### BEGIN SOLUTION
+    m = np.maximum(lse1, lse2)
+    shift = np.where(np.isfinite(m), m, 0.0)
+    w1, w2 = np.exp(lse1 - shift), np.exp(lse2 - shift)
+    total = w1 + w2
+    with np.errstate(divide="ignore"):
+        lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    safe = np.where(total > 0, total, 1.0)
+    o = (w1 / safe)[..., None] * o1 + (w2 / safe)[..., None] * o2
+    return o.astype(o1.dtype, copy=False), lse.astype(lse1.dtype, copy=False)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("9.5")
 
 # %% [markdown]
 # What fusion buys on this CPU, for a 4096 x 4096 float32 matrix (64 MiB, far larger than the
@@ -1240,45 +1279,8 @@ for name, t in (("NumPy, unfused", t_unfused), ("NumPy, blocks of 32 rows", t_bl
 # traffic; what is left then decides. On a GPU the exponential is a hardware instruction and
 # lesson 08's fused softmax kernel wins outright.
 #
-# ### Merging partial attention results
-#
-# The same algebra works for attention outputs. If keys are split into parts, attention over each
-# part gives an output $o_p$ (normalised within the part) and the part's logsumexp $\mathrm{lse}_p$.
-# The attention over all keys is their weighted average, with the weights the softmax of the
-# logsumexps:
-#
-# $$\mathrm{lse} = \log\left(e^{\mathrm{lse}_1} + e^{\mathrm{lse}_2}\right), \qquad
-#   o = e^{\mathrm{lse}_1 - \mathrm{lse}}\, o_1 + e^{\mathrm{lse}_2 - \mathrm{lse}}\, o_2 .$$
-#
-# FlashAttention applies this per tile; split-K decoding (Flash-Decoding, Dao et al. 2023) splits a
-# long KV cache across GPU blocks and merges (lesson 11); ring attention passes key blocks between
-# devices and merges (lesson 13). A part with no visible key has lse = -inf and o = 0 and must
-# drop out; two such parts merge to lse = -inf, o = 0.
-#
-# **Exercise 9.5, second part.** Write `merge_attention`. The check below grades both parts.
-
-# %%
-#| export
-#| exercise 9.5
-def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,
-                    lse2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Combine attention over two disjoint sets of keys. o1, o2 (..., dv): outputs normalised within
-    each set; lse1, lse2 (...): logsumexp of each set's scores (-inf: no visible key, o = 0).
-    Returns (o, lse) of attention over the union, in the inputs' dtype; (0, -inf) if both are empty."""
-    ### BEGIN SOLUTION
-    m = np.maximum(lse1, lse2)
-    shift = np.where(np.isfinite(m), m, 0.0)
-    w1, w2 = np.exp(lse1 - shift), np.exp(lse2 - shift)
-    total = w1 + w2
-    with np.errstate(divide="ignore"):
-        lse = np.where(total > 0, shift + np.log(np.where(total > 0, total, 1.0)), -np.inf)
-    safe = np.where(total > 0, total, 1.0)
-    o = (w1 / safe)[..., None] * o1 + (w2 / safe)[..., None] * o2
-    return o.astype(o1.dtype, copy=False), lse.astype(lse1.dtype, copy=False)
-    ### END SOLUTION
-
-# %% tags=["check"]
-check("9.5")
+# And the merge of partial attention results: keys split in three parts, merged in another order
+# than they come, give attention over all the keys.
 
 # %% tags=["demo"]
 q, k, v = (rng.standard_normal((5, n, 8)) for n in (3, 40, 40))
