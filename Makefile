@@ -4,7 +4,7 @@ STAMP   := .venv/.installed
 L       ?=
 FORCE   ?=
 
-.PHONY: setup lab build test check demo bench clean
+.PHONY: setup lab build test check demo bench gpucheck clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,10 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)
+
+# On a GPU machine, with its own Python (no venv, no Jupyter needed): make gpucheck PY=python3
+gpucheck:
+	$(PY) -m course.gpu_report
 
 clean:
 	rm -rf build .pytest_cache

@@ -1,11 +1,14 @@
-"""Lesson 08 on a GPU: SGEMM kernels against cuBLAS, fused kernels against unfused CuPy.
+"""Lesson 08 on a GPU: the SGEMM ladder against cuBLAS, fused kernels against unfused CuPy.
 
-SGEMM float32, square n = 1024, 2048, 4096: TFLOP/s of lesson 08's naive, tiled and
-register-tiled kernels and of cuBLAS (`cp.matmul`, FP32 without tensor cores), each kernel as a
-fraction of cuBLAS in the same run. Then the fused row softmax and the fused bias+GELU against
-the unfused CuPy expressions at 4096x4096 float32. Times are medians of CUDA-event measurements
-after a warm-up. Targets (issue 4): regtile >= 50 % of cuBLAS at n = 4096 on an H100; fused
-softmax >= 2x the unfused expression. Saves gpu.json and gpu.png into build/bench/.
+SGEMM float32, square n = 1024, 2048, 4096: TFLOP/s of each of lesson 08's kernels (naive, tiled,
+regtile, vec4, warptile, dbuf) and of cuBLAS (`cp.matmul`, FP32 without tensor cores), each kernel
+as a fraction of cuBLAS in the same run. The tensor-core kernel (hgemm_wmma, half inputs, float
+accumulation) against cuBLAS's half GEMM (`cp.matmul` on float16, tensor cores, float16 output).
+Then the fused row softmax and the fused bias+GELU against the unfused CuPy expressions at
+4096x4096 float32. Times are medians of CUDA-event measurements after a warm-up (cuda_time_ms:
+3 warm-up launches, then the median of 20, or of 5 for the slow naive kernel). Targets
+(issue 4): regtile >= 50 % of cuBLAS at n = 4096 on an H100; fused softmax >= 2x the unfused
+expression. Saves gpu.json (and gpu.png where matplotlib is installed) into build/bench/.
 
 Without a CUDA GPU this benchmark prints why and does nothing else.
 """
@@ -20,7 +23,6 @@ from course.gpu import gpu_status
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 SIZES = (512, 1024) if SMALL else (1024, 2048, 4096)
-KERNELS = ("naive", "tiled", "regtile")
 
 
 def main(out_dir: Path) -> None:
@@ -29,29 +31,37 @@ def main(out_dir: Path) -> None:
         print(f"skipped: needs a CUDA GPU ({reason})")
         return
     import cupy as cp
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from minitorch.cupy_kernels import (
+        SGEMM_KERNELS, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, sgemm, softmax, softmax_unfused,
+    )
 
-    from minitorch.cupy_kernels import bias_gelu, cuda_time_ms, gelu_unfused, sgemm, softmax, softmax_unfused
-
+    kernels = tuple(SGEMM_KERNELS)
     print(f"device: {reason}")
-    results: dict = {"device": reason, "sgemm": {}, "fusion": {}}
-    print(f"{'n':>6} {'cuBLAS TFLOP/s':>15} " + " ".join(f"{k + ' TFLOP/s (of cuBLAS)':>28}" for k in KERNELS))
+    results: dict = {"device": reason, "sgemm": {}, "hgemm": {}, "fusion": {}}
+    print(f"{'n':>6} {'cuBLAS':>8} " + " ".join(f"{k:>16}" for k in kernels) + "   TFLOP/s (fraction of cuBLAS)")
     for n in SIZES:
         a = cp.random.standard_normal((n, n), dtype=cp.float32)
         b = cp.random.standard_normal((n, n), dtype=cp.float32)
         ref = a @ b
         flops = 2 * n**3
         row = {"cublas": flops / cuda_time_ms(lambda: cp.matmul(a, b)) / 1e9}
-        for k in KERNELS:
+        for k in kernels:
             if not cp.allclose(sgemm(a, b, k), ref, rtol=1e-3, atol=1e-2):
                 raise AssertionError(f"sgemm {k} gives wrong results at n={n}")
             row[k] = flops / cuda_time_ms(lambda: sgemm(a, b, k), repeat=5 if k == "naive" else 20) / 1e9
         results["sgemm"][n] = row
-        print(f"{n:>6} {row['cublas']:>15.2f} " + " ".join(
-            f"{row[k]:>18.2f} ({row[k] / row['cublas']:>6.1%})" for k in KERNELS))
+        print(f"{n:>6} {row['cublas']:>8.2f} " + " ".join(
+            f"{row[k]:>7.2f} ({row[k] / row['cublas']:>6.1%})" for k in kernels))
+
+        ah, bh = a.astype(cp.float16), b.astype(cp.float16)
+        if not cp.allclose(hgemm(ah, bh), ah.astype(cp.float32) @ bh.astype(cp.float32), rtol=1e-2, atol=1e-1):
+            raise AssertionError(f"hgemm_wmma gives wrong results at n={n}")
+        h = {"cublas_half": flops / cuda_time_ms(lambda: cp.matmul(ah, bh)) / 1e9,
+             "hgemm_wmma": flops / cuda_time_ms(lambda: hgemm(ah, bh)) / 1e9}
+        results["hgemm"][n] = h
+        print(f"{'':>6} tensor cores: hgemm_wmma {h['hgemm_wmma']:.2f} TFLOP/s, cuBLAS half GEMM "
+              f"{h['cublas_half']:.2f} ({h['hgemm_wmma'] / h['cublas_half']:.1%})")
 
     x = cp.random.standard_normal((4096, 4096), dtype=cp.float32) * 10
     bias = cp.random.standard_normal(4096, dtype=cp.float32)
@@ -65,8 +75,16 @@ def main(out_dir: Path) -> None:
               f"unfused {tu:.3f} ms -> {tu / tf:.1f}x")
 
     (out_dir / "gpu.json").write_text(json.dumps(results, indent=1))
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"saved {out_dir / 'gpu.json'} (no matplotlib: no plot)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
-    for k in ("cublas",) + KERNELS:
+    for k in ("cublas",) + kernels:
         ax.plot(SIZES, [results["sgemm"][n][k] for n in SIZES], "o-", label=k)
     ax.set(xscale="log", xlabel="n", ylabel="TFLOP/s", title=f"SGEMM float32 on {reason}")
     ax.set_xticks(SIZES, [str(n) for n in SIZES])

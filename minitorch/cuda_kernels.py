@@ -127,6 +127,24 @@ class Trace:
         over the steps between barriers and over blocks."""
         return len({(e[2], e[6], e[4]) for e in self.of(name, kind)})
 
+    def per_thread(self, name: str, kind: str = "r") -> dict[tuple, int]:
+        """{(block, thread): number of accesses of this kind to `name`}: the work of each thread."""
+        out: dict[tuple, int] = defaultdict(int)
+        for e in self.of(name, kind):
+            out[(e[2], e[3])] += 1
+        return dict(out)
+
+    def steps(self, name: str) -> int:
+        """The most barriers any thread had passed when it accessed `name`, plus one: the number
+        of barrier-separated steps in which the array was used."""
+        return 1 + max((e[6] for e in self.of(name)), default=-1)
+
+    def lane_utilization(self, name: str, kind: str = "w") -> float:
+        """Control divergence: the average fraction of a warp's 32 lanes active in its requests to
+        `name` (1.0 = every lane of every warp that issued the instruction did work)."""
+        req = self.requests(name, kind)
+        return sum(len(v) for v in req.values()) / (32 * len(req)) if req else 1.0
+
 
 class TracedArray:
     """A NumPy array whose element reads and writes are recorded in a Trace (simulator only).
@@ -274,7 +292,7 @@ def bias_relu_kernel(x, bias, out):
     col, row = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
         v = x[row, col] + bias[col]
-        out[row, col] = v if v > 0 else 0.0
+        out[row, col] = v if v > 0 else np.float32(0.0)
 
 
 BLOCK_2D = (32, 4)
@@ -301,7 +319,7 @@ def interleaved_block_sum_kernel(x, partial):
     s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    s_data[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     s = 1
     while s < REDUCE_THREADS:
@@ -321,7 +339,7 @@ def block_sum_kernel(x, partial):
     s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    s_data[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     s = REDUCE_THREADS // 2
     while s > 0:
@@ -359,11 +377,11 @@ def block_scan_kernel(x, out, block_sums):
     buf = cuda.shared.array(SCAN_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    buf[tid] = x[i] if i < x.shape[0] else 0.0
+    buf[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     d = 1
     while d < SCAN_THREADS:
-        v = buf[tid - d] if tid >= d else 0.0
+        v = buf[tid - d] if tid >= d else np.float32(0.0)
         cuda.syncthreads()  # everyone has read the old values
         buf[tid] += v
         cuda.syncthreads()  # everyone has written the new ones
@@ -405,7 +423,7 @@ def matmul_naive_kernel(a, b, out):
     (n, m) in (x, y); one thread per output element, accumulating in a register."""
     col, row = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
-        acc = 0.0
+        acc = np.float32(0.0)  # 0.0 would make acc, and every += below, float64
         for k in range(a.shape[1]):
             acc += a[row, k] * b[k, col]
         out[row, col] = acc
@@ -446,12 +464,12 @@ def matmul_tiled_kernel(a, b, out):
     row = cuda.blockIdx.y * TILE + ty
     m, k_dim = a.shape
     n = b.shape[1]
-    acc = 0.0
+    acc = np.float32(0.0)
     for t in range((k_dim + TILE - 1) // TILE):
         ka = t * TILE + tx
-        a_tile[ty, tx] = a[row, ka] if row < m and ka < k_dim else 0.0
+        a_tile[ty, tx] = a[row, ka] if row < m and ka < k_dim else np.float32(0.0)
         kb = t * TILE + ty
-        b_tile[ty, tx] = b[kb, col] if kb < k_dim and col < n else 0.0
+        b_tile[ty, tx] = b[kb, col] if kb < k_dim and col < n else np.float32(0.0)
         cuda.syncthreads()
         for kk in range(TILE):
             acc += a_tile[ty, kk] * b_tile[kk, tx]
@@ -503,3 +521,109 @@ def transpose(a: np.ndarray) -> np.ndarray:
     grid = (blocks_for(cols, T_TILE), blocks_for(rows, T_TILE))
     transpose_kernel[grid, (T_TILE, T_ROWS)](cuda.to_device(a), d_out)
     return d_out.copy_to_host()
+
+
+BSCAN_THREADS = 64
+BSCAN_N = 2 * BSCAN_THREADS
+
+
+@cuda.jit
+def blelloch_scan_kernel(x, out, block_sums):
+    """Per block of N = BSCAN_N elements (BSCAN_THREADS threads, two elements each):
+    out[b*N + i] = x[b*N] + ... + x[b*N + i] (inclusive), block_sums[b] = the block's total.
+    Work-efficient: an up-sweep and a down-sweep over a balanced tree in shared memory.
+    x, out: (n,) float32; block_sums: (blocks,) float32; launch [blocks, BSCAN_THREADS]."""
+    buf = cuda.shared.array(BSCAN_N, np.float32)
+    tid = cuda.threadIdx.x
+    base = cuda.blockIdx.x * BSCAN_N
+    n = x.shape[0]
+    i0, i1 = base + tid, base + tid + BSCAN_THREADS
+    v0 = x[i0] if i0 < n else np.float32(0.0)
+    v1 = x[i1] if i1 < n else np.float32(0.0)
+    buf[tid] = v0
+    buf[tid + BSCAN_THREADS] = v1
+    stride = 1
+    while stride < BSCAN_N:  # up-sweep: partial sums up the tree
+        cuda.syncthreads()
+        j = (tid + 1) * 2 * stride - 1
+        if j < BSCAN_N:
+            buf[j] += buf[j - stride]
+        stride *= 2
+    cuda.syncthreads()
+    if tid == 0:
+        block_sums[cuda.blockIdx.x] = buf[BSCAN_N - 1]
+        buf[BSCAN_N - 1] = np.float32(0.0)
+    stride = BSCAN_N // 2
+    while stride > 0:  # down-sweep: each node passes its prefix left and prefix + left sum right
+        cuda.syncthreads()
+        j = (tid + 1) * 2 * stride - 1
+        if j < BSCAN_N:
+            t = buf[j - stride]
+            buf[j - stride] = buf[j]
+            buf[j] += t
+        stride //= 2
+    cuda.syncthreads()
+    if i0 < n:
+        out[i0] = buf[tid] + v0
+    if i1 < n:
+        out[i1] = buf[tid + BSCAN_THREADS] + v1
+
+
+def gpu_cumsum_blelloch(x: np.ndarray) -> np.ndarray:
+    """Inclusive cumulative sum of a 1-D float32 array with `blelloch_scan_kernel` per block and
+    the carried block totals added by `add_offsets_kernel` (one thread per element)."""
+    x = _as_f32("x", x, 1)
+    n = x.shape[0]
+    if n == 0:
+        return x.copy()
+    blocks = blocks_for(n, BSCAN_N)
+    d_out = cuda.device_array(n, np.float32)
+    d_sums = cuda.device_array(blocks, np.float32)
+    blelloch_scan_kernel[blocks, BSCAN_THREADS](cuda.to_device(x), d_out, d_sums)
+    if blocks > 1:
+        sums = d_sums.copy_to_host().astype(np.float64)
+        offsets = np.concatenate([[0.0], np.cumsum(sums[:-1])]).astype(np.float32)
+        add_offsets_kernel[blocks, BSCAN_N](d_out, cuda.to_device(offsets))
+    return d_out.copy_to_host()
+
+
+COARSEN = 4
+
+
+@cuda.jit
+def coarse_sum_kernel(x, partial):
+    """partial[b] = sum of x[b*C*R : (b+1)*C*R] (C = COARSEN, R = REDUCE_THREADS; missing
+    elements count 0): each thread adds C elements strided by R in a register, then a
+    sequential-addressing tree in shared memory. Launch [ceil(n / (C*R)), REDUCE_THREADS]."""
+    s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    base = cuda.blockIdx.x * COARSEN * REDUCE_THREADS + tid
+    acc = np.float32(0.0)
+    for c in range(COARSEN):
+        i = base + c * REDUCE_THREADS
+        if i < x.shape[0]:
+            acc += x[i]
+    s_data[tid] = acc
+    cuda.syncthreads()
+    s = REDUCE_THREADS // 2
+    while s > 0:
+        if tid < s:
+            s_data[tid] += s_data[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = s_data[0]
+
+
+def gpu_sum_coarse(x: np.ndarray) -> float:
+    """Sum of a 1-D float32 array with `coarse_sum_kernel`, pass after pass."""
+    x = _as_f32("x", x, 1)
+    if x.shape[0] == 0:
+        return 0.0
+    d, n = cuda.to_device(x), x.shape[0]
+    while n > 1:
+        blocks = blocks_for(n, COARSEN * REDUCE_THREADS)
+        d_partial = cuda.device_array(blocks, np.float32)
+        coarse_sum_kernel[blocks, REDUCE_THREADS](d, d_partial)
+        d, n = d_partial, blocks
+    return float(d.copy_to_host()[0])

@@ -4,7 +4,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from course.cuda_c import check_args, emulate, kernel_params
+from course.cuda_c import check_args, emulate, kernel_params, raw_kernel
 from minitorch.tensor import Backend, register_backend
 
 
@@ -214,55 +214,69 @@ sgemm_regtile(const float* __restrict__ A, const float* __restrict__ B, float* _
 """
 
 
-SGEMM_KERNELS: dict[str, tuple[Callable[[], str], str, Callable]] = {
-    "naive": (sgemm_naive_source, "sgemm_naive", sgemm_naive_launch),
-    "tiled": (sgemm_tiled_source, "sgemm_tiled", sgemm_tiled_launch),
-    "regtile": (sgemm_regtile_source, "sgemm_regtile", sgemm_regtile_launch),
+# name -> (source, kernel name, launch, multiple): the kernel needs N and K to be multiples of
+# `multiple` (float4 loads need 16-byte aligned rows); the wrappers pad with zeros otherwise.
+# Section 10's kernels join this table when they are defined.
+SGEMM_KERNELS: dict[str, tuple[Callable[[], str], str, Callable, int]] = {
+    "naive": (sgemm_naive_source, "sgemm_naive", sgemm_naive_launch, 1),
+    "tiled": (sgemm_tiled_source, "sgemm_tiled", sgemm_tiled_launch, 1),
+    "regtile": (sgemm_regtile_source, "sgemm_regtile", sgemm_regtile_launch, 1),
 }
 
 
-def _sgemm_operands(a: Any, b: Any, xp: Any) -> tuple[Any, Any, int, int, int]:
+def _sgemm_operands(a: Any, b: Any, xp: Any, dtype: Any = np.float32, what: str = "sgemm") -> tuple[Any, Any, int, int, int]:
     if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"sgemm: operands must be 2-D, got shapes {a.shape} and {b.shape}")
+        raise ValueError(f"{what}: operands must be 2-D, got shapes {a.shape} and {b.shape}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"sgemm shape mismatch: {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} and {b.shape[0]} differ")
-    _check_float(a, "sgemm a", (np.float32,))
-    _check_float(b, "sgemm b", (np.float32,))
+        raise ValueError(f"{what} shape mismatch: {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} and {b.shape[0]} differ")
+    _check_float(a, f"{what} a", (dtype,))
+    _check_float(b, f"{what} b", (dtype,))
     return xp.ascontiguousarray(a), xp.ascontiguousarray(b), a.shape[0], b.shape[1], a.shape[1]
+
+
+def _pad_to(x: Any, xp: Any, rows: int, cols: int) -> Any:
+    """x zero-padded to (rows, cols) (x itself if it has that shape already)."""
+    if x.shape == (rows, cols):
+        return x
+    out = xp.zeros((rows, cols), dtype=x.dtype)
+    out[:x.shape[0], :x.shape[1]] = x
+    return out
 
 
 def _raw_kernel(source: str, name: str) -> Any:
     key = ("raw", name, source)
     if key not in _KERNELS:
-        _KERNELS[key] = _cupy().RawKernel(source, name, options=("-std=c++17",))
+        _KERNELS[key] = raw_kernel(source, name)
     return _KERNELS[key]
 
 
-def sgemm(a: Any, b: Any, kernel: str = "regtile") -> Any:
-    """a @ b on the GPU with this lesson's SGEMM `kernel` (naive | tiled | regtile).
-    a: (M, K), b: (K, N) float32 CuPy arrays -> (M, N) float32 CuPy array."""
-    cp = _cupy()
-    source_fn, name, launch = SGEMM_KERNELS[kernel]
-    a, b, M, N, K = _sgemm_operands(a, b, cp)
-    c = cp.zeros((M, N), dtype=cp.float32)
+def _run_sgemm(a: Any, b: Any, kernel: str, xp: Any, launch_fn: Callable) -> Any:
+    if kernel not in SGEMM_KERNELS:
+        raise ValueError(f"sgemm: unknown kernel {kernel!r}; kernels: {sorted(SGEMM_KERNELS)}")
+    source_fn, name, launch, multiple = SGEMM_KERNELS[kernel]
+    a, b, M, N, K = _sgemm_operands(a, b, xp)
     if M == 0 or N == 0 or K == 0:
-        return c
+        return xp.zeros((M, N), dtype=np.float32)
+    Np, Kp = ceil_div(N, multiple) * multiple, ceil_div(K, multiple) * multiple
+    a, b = _pad_to(a, xp, M, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((M, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(M), np.int32(Np), np.int32(Kp))
     source = source_fn()
-    args = (a, b, c, np.int32(M), np.int32(N), np.int32(K))
     check_args(kernel_params(source, name), args, name)
-    grid, block = launch(M, N)
-    _raw_kernel(source, name)(grid, block, args)
-    return c
+    launch_fn(source, name, *launch(M, Np), args)
+    return c if Np == N else xp.ascontiguousarray(c[:, :N])
+
+
+def sgemm(a: Any, b: Any, kernel: str = "regtile") -> Any:
+    """a @ b on the GPU with this lesson's SGEMM `kernel` (a key of SGEMM_KERNELS).
+    a: (M, K), b: (K, N) float32 CuPy arrays -> (M, N) float32 CuPy array."""
+    return _run_sgemm(a, b, kernel, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
 
 
 def sgemm_emulated(a: np.ndarray, b: np.ndarray, kernel: str = "regtile") -> np.ndarray:
     """a @ b computed by this lesson's SGEMM `kernel` on the CPU emulator (NumPy in and out)."""
-    source_fn, name, launch = SGEMM_KERNELS[kernel]
-    a, b, M, N, K = _sgemm_operands(np.asarray(a), np.asarray(b), np)
-    c = np.zeros((M, N), dtype=np.float32)
-    if M and N and K:
-        emulate(source_fn(), name, *launch(M, N), [a, b, c, np.int32(M), np.int32(N), np.int32(K)])
-    return c
+    return _run_sgemm(np.asarray(a), np.asarray(b), kernel, np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
 
 
 SOFTMAX_THREADS = 256
@@ -391,3 +405,300 @@ def enable_cuda(kernel: str = "regtile") -> CupyBackend:
     backend = CupyBackend(lambda a, b: sgemm(a, b, kernel))
     register_backend("cuda", backend)
     return backend
+
+
+SGEMM_KERNELS.update({
+    "vec4": (lambda: sgemm_vec4_source(), "sgemm_vec4", sgemm_regtile_launch, 4),
+    "warptile": (lambda: sgemm_warptile_source(), "sgemm_warptile", sgemm_regtile_launch, 4),
+    "dbuf": (lambda: sgemm_dbuf_source(), "sgemm_dbuf", sgemm_regtile_launch, 4),
+})
+
+
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
+    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
+    if M == 0 or N == 0 or K == 0:
+        return xp.zeros((M, N), dtype=np.float32)
+    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
+    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((Mp, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
+    source = hgemm_wmma_source()
+    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
+    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
+
+
+def hgemm(a: Any, b: Any) -> Any:
+    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+
+
+def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+
+
+def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
+    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
+
+
+def sgemm_vec4_source() -> str:
+    """CUDA C source of sgemm_vec4(A, B, C, M, N, K): sgemm_regtile with float4 loads and stores;
+    N and K multiples of 4; block (256,) computes a 128x128 tile of C."""
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define NT 256
+
+// N and K must be multiples of 4 (sgemm() pads them): every float4 below is then 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_vec4(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+           int M, int N, int K) {
+    __shared__ __align__(16) float As[BK][BM + 4];   // A tile transposed: As[k][m]
+    __shared__ __align__(16) float Bs[BK][BN];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int ar = tid / 2, ak = (tid % 2) * 4;      // this thread's float4 of A: row ar, columns ak..ak+3
+    const int bk = tid / 32, bc = (tid % 32) * 4;    // and of B: row bk, columns bc..bc+3
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+        if (row0 + ar < M && k0 + ak < K)
+            va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k0 + ak]);
+        if (k0 + bk < K && col0 + bc < N)
+            vb = *reinterpret_cast<const float4*>(&B[(size_t)(k0 + bk) * N + col0 + bc]);
+        As[ak + 0][ar] = va.x; As[ak + 1][ar] = va.y; As[ak + 2][ar] = va.z; As[ak + 3][ar] = va.w;
+        *reinterpret_cast<float4*>(&Bs[bk][bc]) = vb;
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[k][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[k][64 + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[k][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[k][64 + tx * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + h * 64 + tx * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+
+
+def sgemm_warptile_source() -> str:
+    """CUDA C source of sgemm_warptile(A, B, C, M, N, K): sgemm_vec4 where warp w computes the
+    64x32 tile of C at ((w / 4) * 64, (w % 4) * 32) of the block's 128x128 tile."""
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define WM 64    // each warp computes a WM x WN tile of C: 8 warps as 2 x 4
+#define WN 32
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_warptile(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+               int M, int N, int K) {
+    __shared__ __align__(16) float As[BK][BM + 4];
+    __shared__ __align__(16) float Bs[BK][BN];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wr = (warp / 4) * WM, wc = (warp % 4) * WN;   // the warp's tile inside the block tile
+    const int tr = lane / 4, tc = lane % 4;                  // lanes as 8 x 4, each 2 x 2 blocks of 4 x 4
+    const int ar = tid / 2, ak = (tid % 2) * 4;
+    const int bk = tid / 32, bc = (tid % 32) * 4;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+        if (row0 + ar < M && k0 + ak < K)
+            va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k0 + ak]);
+        if (k0 + bk < K && col0 + bc < N)
+            vb = *reinterpret_cast<const float4*>(&B[(size_t)(k0 + bk) * N + col0 + bc]);
+        As[ak + 0][ar] = va.x; As[ak + 1][ar] = va.y; As[ak + 2][ar] = va.z; As[ak + 3][ar] = va.w;
+        *reinterpret_cast<float4*>(&Bs[bk][bc]) = vb;
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wr + tr * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[k][wr + 32 + tr * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[k][wc + tc * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[k][wc + 16 + tc * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + wr + (i / 4) * 32 + tr * 4 + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + wc + h * 16 + tc * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+
+
+def sgemm_dbuf_source() -> str:
+    """CUDA C source of sgemm_dbuf(A, B, C, M, N, K): sgemm_warptile with two shared-memory stages
+    and one barrier per K step (loads of the next tile overlap the FMAs of this one)."""
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define WM 64
+#define WN 32
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_dbuf(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+           int M, int N, int K) {
+    __shared__ __align__(16) float As[2][BK][BM + 4];   // two stages: compute on one, fill the other
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wr = (warp / 4) * WM, wc = (warp % 4) * WN;
+    const int tr = lane / 4, tc = lane % 4;
+    const int ar = tid / 2, ak = (tid % 2) * 4;
+    const int bk = tid / 32, bc = (tid % 32) * 4;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;   // the next tile, on its way through registers
+    if (row0 + ar < M && ak < K) va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + ak]);
+    if (bk < K && col0 + bc < N) vb = *reinterpret_cast<const float4*>(&B[(size_t)bk * N + col0 + bc]);
+    As[0][ak + 0][ar] = va.x; As[0][ak + 1][ar] = va.y; As[0][ak + 2][ar] = va.z; As[0][ak + 3][ar] = va.w;
+    *reinterpret_cast<float4*>(&Bs[0][bk][bc]) = vb;
+    __syncthreads();
+
+    int s = 0;
+    for (int k0 = 0; k0 < K; k0 += BK, s ^= 1) {
+        const bool more = k0 + BK < K;
+        if (more) {   // issue the loads of tile k0 + BK: their latency hides behind the FMAs below
+            const int k1 = k0 + BK;
+            va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+            if (row0 + ar < M && k1 + ak < K) va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k1 + ak]);
+            if (k1 + bk < K && col0 + bc < N) vb = *reinterpret_cast<const float4*>(&B[(size_t)(k1 + bk) * N + col0 + bc]);
+        }
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][wr + tr * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][wr + 32 + tr * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + tc * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + 16 + tc * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        if (more) {   // fill the other stage: nobody reads it during this step
+            As[s ^ 1][ak + 0][ar] = va.x; As[s ^ 1][ak + 1][ar] = va.y;
+            As[s ^ 1][ak + 2][ar] = va.z; As[s ^ 1][ak + 3][ar] = va.w;
+            *reinterpret_cast<float4*>(&Bs[s ^ 1][bk][bc]) = vb;
+        }
+        __syncthreads();   // one barrier per step: stage s is free again, stage s ^ 1 is complete
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + wr + (i / 4) * 32 + tr * 4 + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + wc + h * 16 + tc * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+
+
+def hgemm_wmma_source() -> str:
+    """CUDA C source of hgemm_wmma(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
+    row-major inputs, M, N, K multiples of 16; each warp computes a 32x32 tile with WMMA."""
+    return r"""
+#include <mma.h>
+using namespace nvcuda;
+
+extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __restrict__ B,
+                                      float* __restrict__ C, int M, int N, int K) {
+    const int warp = threadIdx.x / 32;
+    const int row0 = blockIdx.y * 64 + (warp / 2) * 32, col0 = blockIdx.x * 64 + (warp % 2) * 32;
+    if (row0 >= M || col0 >= N) return;   // the whole warp leaves: no tile here
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[2];
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (row0 + 16 * i < M) wmma::load_matrix_sync(a[i], A + (size_t)(row0 + 16 * i) * K + k, K);
+            else wmma::fill_fragment(a[i], __float2half(0.0f));
+        }
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (col0 + 16 * j < N) wmma::load_matrix_sync(b[j], B + (size_t)k * N + col0 + 16 * j, N);
+            else wmma::fill_fragment(b[j], __float2half(0.0f));
+        }
+        #pragma unroll
+        for (int i = 0; i < 2; ++i)
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j)
+            if (row0 + 16 * i < M && col0 + 16 * j < N)
+                wmma::store_matrix_sync(C + (size_t)(row0 + 16 * i) * N + col0 + 16 * j, acc[i][j], N,
+                                        wmma::mem_row_major);
+}
+"""

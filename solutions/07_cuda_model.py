@@ -122,6 +122,11 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 #   distinct words fall k to a bank takes k passes. 1 means conflict-free.
 # - `active_warps(name)`: summed over the steps between barriers, how many warps touched the
 #   array. A warp with one active thread costs as much issue time as a full one.
+# - `lane_utilization(name)`: control divergence. The lanes of a warp issue each instruction
+#   together; lanes whose branch is not taken sit idle. This is the average fraction of the 32
+#   lanes that took part in the warp's requests to the array.
+# - `per_thread(name)` and `steps(name)`: each thread's number of accesses, and the number of
+#   barrier-separated steps: the work and the depth of a parallel algorithm.
 #
 # These model the hardware rules described in the CUDA C++ Programming Guide (sections on
 # device memory accesses and shared memory); they are not a cycle-accurate simulator.
@@ -195,6 +200,24 @@ class Trace:
         """Distinct (block, epoch, warp) with an access to `name`: warps doing work, summed
         over the steps between barriers and over blocks."""
         return len({(e[2], e[6], e[4]) for e in self.of(name, kind)})
+
+    def per_thread(self, name: str, kind: str = "r") -> dict[tuple, int]:
+        """{(block, thread): number of accesses of this kind to `name`}: the work of each thread."""
+        out: dict[tuple, int] = defaultdict(int)
+        for e in self.of(name, kind):
+            out[(e[2], e[3])] += 1
+        return dict(out)
+
+    def steps(self, name: str) -> int:
+        """The most barriers any thread had passed when it accessed `name`, plus one: the number
+        of barrier-separated steps in which the array was used."""
+        return 1 + max((e[6] for e in self.of(name)), default=-1)
+
+    def lane_utilization(self, name: str, kind: str = "w") -> float:
+        """Control divergence: the average fraction of a warp's 32 lanes active in its requests to
+        `name` (1.0 = every lane of every warp that issued the instruction did work)."""
+        req = self.requests(name, kind)
+        return sum(len(v) for v in req.values()) / (32 * len(req)) if req else 1.0
 
 
 class TracedArray:
@@ -421,7 +444,7 @@ def bias_relu_kernel(x, bias, out):
     col, row = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
         v = x[row, col] + bias[col]
-        out[row, col] = v if v > 0 else 0.0
+        out[row, col] = v if v > 0 else np.float32(0.0)
     ### END SOLUTION
 
 # %%
@@ -455,7 +478,7 @@ def bias_relu_swapped(x, bias, out):
     row, col = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
         v = x[row, col] + bias[col]
-        out[row, col] = v if v > 0 else 0.0
+        out[row, col] = v if v > 0 else np.float32(0.0)
 
 
 rng = np.random.default_rng(0)
@@ -495,9 +518,11 @@ for kern, grid, block in [(bias_relu_kernel, (2, 10), (32, 4)), (bias_relu_swapp
 #
 # **Exercise 7.3.** Write `block_sum_kernel` with sequential addressing. Block size is the
 # module constant `REDUCE_THREADS`; the grid may have threads past the end of `x` (load 0
-# there). The tests check the sum, that each element of `x` is read once, and count active
-# warps: at most 1.5 times the ideal for sequential addressing (the interleaved version uses
-# about 2.25 times).
+# there). The tests check the sum, that each element of `x` is read once, and the shape of the
+# tree from the trace: log2(REDUCE_THREADS) barrier-separated steps, no thread reading more than
+# 2 log2(REDUCE_THREADS) + 2 partial sums (thread 0 adding all 128 in a loop reads 128), and
+# active warps at most 1.5 times the ideal for sequential addressing (the interleaved version
+# uses about 2.25 times).
 
 # %%
 #| export
@@ -511,7 +536,7 @@ def interleaved_block_sum_kernel(x, partial):
     s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    s_data[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     s = 1
     while s < REDUCE_THREADS:
@@ -534,7 +559,7 @@ def block_sum_kernel(x, partial):
     s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    s_data[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     s = REDUCE_THREADS // 2
     while s > 0:
@@ -566,12 +591,14 @@ def gpu_sum(x: np.ndarray, kernel=None) -> float:
 check("7.3")
 
 # %% [markdown]
-# Both trees give the same sum; the trace shows how many warps had to issue instructions.
-# For 128 threads (4 warps) per block, sequential addressing needs 4 warps for the load plus
-# 2+1+1+1+1+1+1 for the seven steps, 12 per block; the interleaved tree needs 27. Then the
-# same kernel with the barrier inside the loop deleted: partial sums are read before the
-# threads that own them have added into them, and the sum is wrong (on a GPU the error depends
-# on timing, and a run may even come out right by luck).
+# Both trees give the same sum; the trace shows how many warps had to issue instructions, and
+# how many of their lanes did work when they did (control divergence: a warp issues an `if`'s
+# body once for all 32 lanes, and lanes whose condition is false idle through it). For 128
+# threads (4 warps) per block, sequential addressing needs 4 warps for the load plus
+# 2+1+1+1+1+1+1 for the seven steps, 12 per block; the interleaved tree needs 27, each
+# running mostly idle lanes (measured: 30 % of lanes busy per warp request, against 66 %). Then the same kernel with the barrier inside the loop deleted:
+# partial sums are read before the threads that own them have added into them, and the sum is
+# wrong (on a GPU the error depends on timing, and a run may even come out right by luck).
 
 # %% tags=["demo"]
 xs = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
@@ -579,8 +606,10 @@ blocks = blocks_for(xs.size, REDUCE_THREADS)
 for kern in (interleaved_block_sum_kernel, block_sum_kernel):
     tr, part = Trace(), np.zeros(blocks, np.float32)
     simulate(kern, blocks, REDUCE_THREADS, xs, part, trace=tr)
+    sh = tr.shared_names()[0]
     print(f"{kern.__name__:30s} sum {part.sum():9.4f} (numpy {xs.sum():9.4f})  "
-          f"active warps per block: {tr.active_warps(tr.shared_names()[0]) / blocks:.0f}")
+          f"active warps per block: {tr.active_warps(sh) / blocks:.0f}, "
+          f"lanes busy per warp request: {tr.lane_utilization(sh):.0%}")
 
 
 @cuda.jit
@@ -588,7 +617,7 @@ def block_sum_no_barrier(x, partial):
     s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    s_data[tid] = x[i] if i < x.shape[0] else 0.0
+    s_data[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     s = REDUCE_THREADS // 2
     while s > 0:
@@ -646,11 +675,11 @@ def block_scan_kernel(x, out, block_sums):
     buf = cuda.shared.array(SCAN_THREADS, np.float32)
     tid = cuda.threadIdx.x
     i = cuda.grid(1)
-    buf[tid] = x[i] if i < x.shape[0] else 0.0
+    buf[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
     cuda.syncthreads()
     d = 1
     while d < SCAN_THREADS:
-        v = buf[tid - d] if tid >= d else 0.0
+        v = buf[tid - d] if tid >= d else np.float32(0.0)
         cuda.syncthreads()  # everyone has read the old values
         buf[tid] += v
         cuda.syncthreads()  # everyone has written the new ones
@@ -702,8 +731,16 @@ check("7.4")
 # [GPU note](../hardware_notes/gpu.md)), a kernel needing 8 bytes per 2 flops would reach a few
 # percent of peak if every load went to DRAM; caches help, but the fix is to reuse data on chip.
 #
-# **Exercise 7.5.** Write `matmul_naive_kernel`: guarded, x on columns. The tests check the
-# result against NumPy and count reads: exactly `n` per element of `a`, `m` per element of `b`.
+# One detail from lesson 06 matters even more here: Numba types the literal `0.0` as float64,
+# so `acc = 0.0` makes the accumulator, and every `acc += a[row, k] * b[k, col]`, double
+# precision. On a GPU that is a different, slower unit: FP64 runs at half the FP32 rate on an
+# H100 and at 1/64 of it on GeForce cards (NVIDIA's H100 and Ada whitepapers). Start float32
+# accumulators from `np.float32(0.0)`. (Under the simulator both give float32 results, because
+# NumPy 2 keeps `float32 + Python float` in float32; the compiled kernel does not.)
+#
+# **Exercise 7.5.** Write `matmul_naive_kernel`: guarded, x on columns, accumulating in float32.
+# The tests check the result against NumPy, count reads (exactly `n` per element of `a`, `m` per
+# element of `b`), and look for accumulators started from a float literal.
 
 # %%
 #| export
@@ -715,7 +752,7 @@ def matmul_naive_kernel(a, b, out):
     ### BEGIN SOLUTION
     col, row = cuda.grid(2)
     if row < out.shape[0] and col < out.shape[1]:
-        acc = 0.0
+        acc = np.float32(0.0)  # 0.0 would make acc, and every += below, float64
         for k in range(a.shape[1]):
             acc += a[row, k] * b[k, col]
         out[row, col] = acc
@@ -767,10 +804,10 @@ check("7.5")
 # `a_tile[ty, tx]` from `a[row, t*TILE + tx]` and `b_tile[ty, tx]` from `b[t*TILE + ty, col]`
 # keeps both loads coalesced (consecutive `tx`, consecutive addresses).
 #
-# **Exercise 7.6.** Write `matmul_tiled_kernel` for a launch with blocks of (TILE, TILE).
-# The tests check the result on sizes that are not multiples of TILE, and that each element of
-# `a` is read from global memory exactly ceil(n / TILE) times, each element of `b` exactly
-# ceil(m / TILE) times, and each element of `out` written once.
+# **Exercise 7.6.** Write `matmul_tiled_kernel` for a launch with blocks of (TILE, TILE),
+# accumulating in float32. The tests check the result on sizes that are not multiples of TILE,
+# and that each element of `a` is read from global memory exactly ceil(n / TILE) times, each
+# element of `b` exactly ceil(m / TILE) times, and each element of `out` written once.
 
 # %%
 #| export
@@ -791,12 +828,12 @@ def matmul_tiled_kernel(a, b, out):
     row = cuda.blockIdx.y * TILE + ty
     m, k_dim = a.shape
     n = b.shape[1]
-    acc = 0.0
+    acc = np.float32(0.0)
     for t in range((k_dim + TILE - 1) // TILE):
         ka = t * TILE + tx
-        a_tile[ty, tx] = a[row, ka] if row < m and ka < k_dim else 0.0
+        a_tile[ty, tx] = a[row, ka] if row < m and ka < k_dim else np.float32(0.0)
         kb = t * TILE + ty
-        b_tile[ty, tx] = b[kb, col] if kb < k_dim and col < n else 0.0
+        b_tile[ty, tx] = b[kb, col] if kb < k_dim and col < n else np.float32(0.0)
         cuda.syncthreads()
         for kk in range(TILE):
             acc += a_tile[ty, kk] * b_tile[kk, tx]
@@ -848,11 +885,11 @@ def matmul_tiled_no_barrier(a, b, out):
     b_tile = cuda.shared.array((TILE, TILE), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     col, row = cuda.blockIdx.x * TILE + tx, cuda.blockIdx.y * TILE + ty
-    acc = 0.0
+    acc = np.float32(0.0)
     for t in range((a.shape[1] + TILE - 1) // TILE):
         ka, kb = t * TILE + tx, t * TILE + ty
-        a_tile[ty, tx] = a[row, ka] if row < a.shape[0] and ka < a.shape[1] else 0.0
-        b_tile[ty, tx] = b[kb, col] if kb < b.shape[0] and col < b.shape[1] else 0.0
+        a_tile[ty, tx] = a[row, ka] if row < a.shape[0] and ka < a.shape[1] else np.float32(0.0)
+        b_tile[ty, tx] = b[kb, col] if kb < b.shape[0] and col < b.shape[1] else np.float32(0.0)
         for kk in range(TILE):  # no barrier before reading the tiles
             acc += a_tile[ty, kk] * b_tile[kk, tx]
         cuda.syncthreads()
@@ -970,6 +1007,231 @@ for kern, g, block in [(transpose_direct, (blocks_for(X.shape[1], 32), blocks_fo
           f"worst bank conflict: {conflicts or '-'}")
 
 # %% [markdown]
+# ## 8. Work efficiency: a Blelloch scan, and thread coarsening
+#
+# Two parallel algorithms can have the same depth and very different *work*. The Hillis-Steele
+# scan of section 4 takes log2(B) steps, but in each step nearly every thread adds: about
+# B log2(B) additions for B elements, against B - 1 for a sequential loop. On a GPU that
+# extra work is not free: each addition is a shared-memory read and write that competes for
+# the same bandwidth. Blelloch's scan (Blelloch, 1990; Harris, Sengupta and Owens, 2007) is
+# *work-efficient*: about 2B additions in 2 log2(B) steps, on a balanced tree.
+#
+# For B = 2T elements and T threads (each thread owns two elements):
+#
+# 1. **Up-sweep (reduce).** For stride = 1, 2, 4, ..., B/2: thread t with j = 2 stride (t + 1) - 1 < B
+#    adds `buf[j - stride]` into `buf[j]`. Afterwards `buf[B - 1]` holds the total, and the other
+#    right-hand nodes hold the sums of their subtrees. Barrier before each step.
+# 2. Thread 0 saves the total (the block sum) and sets `buf[B - 1] = 0`.
+# 3. **Down-sweep.** For stride = B/2, ..., 2, 1: thread t with the same j swaps and adds:
+#    `t = buf[j - stride]; buf[j - stride] = buf[j]; buf[j] += t`. Afterwards `buf` holds the
+#    *exclusive* scan (each element the sum of those before it). Barrier before each step.
+# 4. The inclusive scan is the exclusive one plus each element's own value: keep the two values
+#    each thread loaded in registers, so `x` is read once.
+#
+# The up-sweep is Brent and Kung's (1982) reduction tree; the down-sweep distributes the partial
+# sums back down it. The active threads halve and double from step to step, so most steps run
+# few warps: the work goes down while the depth doubles, which is why libraries switch to warp
+# shuffles for the last levels.
+#
+# **Exercise 7.8.** Write `blelloch_scan_kernel(x, out, block_sums)`: the same contract as
+# `block_scan_kernel`, but each block of `BSCAN_THREADS` threads scans `BSCAN_N = 2 *
+# BSCAN_THREADS` elements (thread t owns elements t and t + BSCAN_THREADS of its block: both
+# loads coalesce). The tests check the results and, from the trace, the work: each element of
+# `x` read once, about 4 shared-memory writes per element (1 load, 1 up, 2 down; Hillis-Steele
+# does log2(B) + 1 = 8 for B = 128).
+
+# %%
+#| export
+#| exercise 7.8
+BSCAN_THREADS = 64
+BSCAN_N = 2 * BSCAN_THREADS
+
+
+@cuda.jit
+def blelloch_scan_kernel(x, out, block_sums):
+    """Per block of N = BSCAN_N elements (BSCAN_THREADS threads, two elements each):
+    out[b*N + i] = x[b*N] + ... + x[b*N + i] (inclusive), block_sums[b] = the block's total.
+    Work-efficient: an up-sweep and a down-sweep over a balanced tree in shared memory.
+    x, out: (n,) float32; block_sums: (blocks,) float32; launch [blocks, BSCAN_THREADS]."""
+    ### BEGIN SOLUTION
+    buf = cuda.shared.array(BSCAN_N, np.float32)
+    tid = cuda.threadIdx.x
+    base = cuda.blockIdx.x * BSCAN_N
+    n = x.shape[0]
+    i0, i1 = base + tid, base + tid + BSCAN_THREADS
+    v0 = x[i0] if i0 < n else np.float32(0.0)
+    v1 = x[i1] if i1 < n else np.float32(0.0)
+    buf[tid] = v0
+    buf[tid + BSCAN_THREADS] = v1
+    stride = 1
+    while stride < BSCAN_N:  # up-sweep: partial sums up the tree
+        cuda.syncthreads()
+        j = (tid + 1) * 2 * stride - 1
+        if j < BSCAN_N:
+            buf[j] += buf[j - stride]
+        stride *= 2
+    cuda.syncthreads()
+    if tid == 0:
+        block_sums[cuda.blockIdx.x] = buf[BSCAN_N - 1]
+        buf[BSCAN_N - 1] = np.float32(0.0)
+    stride = BSCAN_N // 2
+    while stride > 0:  # down-sweep: each node passes its prefix left and prefix + left sum right
+        cuda.syncthreads()
+        j = (tid + 1) * 2 * stride - 1
+        if j < BSCAN_N:
+            t = buf[j - stride]
+            buf[j - stride] = buf[j]
+            buf[j] += t
+        stride //= 2
+    cuda.syncthreads()
+    if i0 < n:
+        out[i0] = buf[tid] + v0
+    if i1 < n:
+        out[i1] = buf[tid + BSCAN_THREADS] + v1
+    ### END SOLUTION
+
+# %%
+#| export
+def gpu_cumsum_blelloch(x: np.ndarray) -> np.ndarray:
+    """Inclusive cumulative sum of a 1-D float32 array with `blelloch_scan_kernel` per block and
+    the carried block totals added by `add_offsets_kernel` (one thread per element)."""
+    x = _as_f32("x", x, 1)
+    n = x.shape[0]
+    if n == 0:
+        return x.copy()
+    blocks = blocks_for(n, BSCAN_N)
+    d_out = cuda.device_array(n, np.float32)
+    d_sums = cuda.device_array(blocks, np.float32)
+    blelloch_scan_kernel[blocks, BSCAN_THREADS](cuda.to_device(x), d_out, d_sums)
+    if blocks > 1:
+        sums = d_sums.copy_to_host().astype(np.float64)
+        offsets = np.concatenate([[0.0], np.cumsum(sums[:-1])]).astype(np.float32)
+        add_offsets_kernel[blocks, BSCAN_N](d_out, cuda.to_device(offsets))
+    return d_out.copy_to_host()
+
+# %% tags=["check"]
+check("7.8")
+
+# %% [markdown]
+# The two scans, traced on the same 128-element blocks (Hillis-Steele with 128 threads here):
+# shared-memory writes and reads per element, barrier-separated steps, and lane utilization.
+# Expect about half the writes and well under half the reads for Blelloch, and fewer busy lanes:
+# in the narrow levels of its tree most lanes of the active warps have nothing to add.
+
+# %% tags=["demo"]
+xs = np.random.default_rng(4).standard_normal(2 * BSCAN_N).astype(np.float32)
+
+
+@cuda.jit
+def hillis_steele_128(x, out, block_sums):
+    buf = cuda.shared.array(BSCAN_N, np.float32)
+    tid, i = cuda.threadIdx.x, cuda.grid(1)
+    buf[tid] = x[i] if i < x.shape[0] else np.float32(0.0)
+    cuda.syncthreads()
+    d = 1
+    while d < BSCAN_N:
+        v = buf[tid - d] if tid >= d else np.float32(0.0)
+        cuda.syncthreads()
+        buf[tid] += v
+        cuda.syncthreads()
+        d *= 2
+    if i < x.shape[0]:
+        out[i] = buf[tid]
+
+
+for name, kern, threads in [("Hillis-Steele", hillis_steele_128, BSCAN_N), ("Blelloch", blelloch_scan_kernel, BSCAN_THREADS)]:
+    tr, out = Trace(), np.zeros_like(xs)
+    simulate(kern, 2, threads, xs, TracedArray(out, "out", tr), np.zeros(2, np.float32), trace=tr)
+    sh = tr.shared_names()[0]
+    assert np.allclose(out, np.concatenate([np.cumsum(xs[:BSCAN_N]), np.cumsum(xs[BSCAN_N:])]), atol=1e-4)
+    print(f"{name:13s} shared writes/element {len(tr.of(sh, 'w')) / xs.size:4.1f}  reads/element "
+          f"{len(tr.of(sh, 'r')) / xs.size:4.1f}  steps {tr.steps(sh):2d}  lanes busy {tr.lane_utilization(sh):.0%}")
+
+# %% [markdown]
+# **Thread coarsening.** In `block_sum_kernel` every thread loads one element and then takes
+# part in a log2(128)-step tree: 128 shared-memory writes and 7 barriers per 128 elements, and
+# as many blocks as elements / 128. If each thread first adds C elements in a register (a
+# float32 accumulator, no shared memory, no barriers) and only then enters the tree, the tree's
+# cost is spread over C times more elements and the grid needs C times fewer blocks. This is
+# *thread coarsening* (Kirk and Hwu, *Programming Massively Parallel Processors*, 4th ed., 2022,
+# ch. 6 and 10): trading parallelism the hardware cannot use anyway for less overhead per
+# element. Which elements a thread adds matters: thread t of block b takes
+# x[b C R + c R + t] for c = 0 .. C - 1 (R = REDUCE_THREADS), so in each of the C loads the
+# warp's 32 threads read 32 consecutive floats (coalesced); a contiguous chunk per thread
+# (x[(b R + t) C + c]) would put the threads of a warp C floats apart.
+#
+# **Exercise 7.9.** Write `coarse_sum_kernel(x, partial)`: block b sums
+# x[b C R : (b + 1) C R] with C = `COARSEN`, R = `REDUCE_THREADS` threads, each thread first
+# adding its C elements (strided by R, guarded) in a float32 register, then the sequential-
+# addressing tree of 7.3. The tests check the sums, one read per element, exactly C reads of `x`
+# per thread, coalescing >= 0.5, and that the tree writes shared memory about once per thread
+# per step (so about C times less per element than 7.3).
+
+# %%
+#| export
+#| exercise 7.9
+COARSEN = 4
+
+
+@cuda.jit
+def coarse_sum_kernel(x, partial):
+    """partial[b] = sum of x[b*C*R : (b+1)*C*R] (C = COARSEN, R = REDUCE_THREADS; missing
+    elements count 0): each thread adds C elements strided by R in a register, then a
+    sequential-addressing tree in shared memory. Launch [ceil(n / (C*R)), REDUCE_THREADS]."""
+    ### BEGIN SOLUTION
+    s_data = cuda.shared.array(REDUCE_THREADS, np.float32)
+    tid = cuda.threadIdx.x
+    base = cuda.blockIdx.x * COARSEN * REDUCE_THREADS + tid
+    acc = np.float32(0.0)
+    for c in range(COARSEN):
+        i = base + c * REDUCE_THREADS
+        if i < x.shape[0]:
+            acc += x[i]
+    s_data[tid] = acc
+    cuda.syncthreads()
+    s = REDUCE_THREADS // 2
+    while s > 0:
+        if tid < s:
+            s_data[tid] += s_data[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        partial[cuda.blockIdx.x] = s_data[0]
+    ### END SOLUTION
+
+# %%
+#| export
+def gpu_sum_coarse(x: np.ndarray) -> float:
+    """Sum of a 1-D float32 array with `coarse_sum_kernel`, pass after pass."""
+    x = _as_f32("x", x, 1)
+    if x.shape[0] == 0:
+        return 0.0
+    d, n = cuda.to_device(x), x.shape[0]
+    while n > 1:
+        blocks = blocks_for(n, COARSEN * REDUCE_THREADS)
+        d_partial = cuda.device_array(blocks, np.float32)
+        coarse_sum_kernel[blocks, REDUCE_THREADS](d, d_partial)
+        d, n = d_partial, blocks
+    return float(d.copy_to_host()[0])
+
+# %% tags=["check"]
+check("7.9")
+
+# %% [markdown]
+# The same 4096 elements summed with and without coarsening: blocks, barrier steps and
+# shared-memory writes per input element.
+
+# %% tags=["demo"]
+xs = np.random.default_rng(5).standard_normal(1024 if SMALL else 4096).astype(np.float32)
+for kern, per_block in [(block_sum_kernel, REDUCE_THREADS), (coarse_sum_kernel, COARSEN * REDUCE_THREADS)]:
+    blocks = blocks_for(xs.size, per_block)
+    tr, part = Trace(), np.zeros(blocks, np.float32)
+    simulate(kern, blocks, REDUCE_THREADS, TracedArray(xs, "x", tr), part, trace=tr)
+    sh = tr.shared_names()[0]
+    print(f"{kern.__name__:18s} blocks {blocks:3d}  shared writes per element {len(tr.of(sh, 'w')) / xs.size:.2f}  "
+          f"sum {part.sum():.4f} (numpy {xs.sum():.4f})")
+
+# %% [markdown]
 # ## On a real GPU
 #
 # With a GPU present (this cell is skipped otherwise) the same kernels run compiled. The timing
@@ -1018,6 +1280,13 @@ for name, fn in {
 }.items():
     ms = gpu_time(fn)
     print(f"{name:17s} {ms:8.3f} ms  {2 * A.nbytes / ms / 1e6:8.1f} GB/s")
+X = cp.random.standard_normal(1 << 24, dtype=cp.float32)
+for name, kern, per_block in [("block sum", block_sum_kernel, REDUCE_THREADS),
+                              (f"coarsened x{COARSEN}", coarse_sum_kernel, COARSEN * REDUCE_THREADS)]:
+    nb = blocks_for(X.size, per_block)
+    P = cp.empty(nb, dtype=cp.float32)
+    ms = gpu_time(lambda: kern[nb, REDUCE_THREADS](X, P))
+    print(f"{name:17s} {ms:8.3f} ms  {X.nbytes / ms / 1e6:8.1f} GB/s  ({nb} blocks)")
 
 # %% [markdown]
 # ## What you measured / what to remember
@@ -1032,7 +1301,15 @@ for name, fn in {
 #   separated from that read by `syncthreads`, and all threads must reach every barrier.
 #   Each race in this lesson produced wrong results under the simulator.
 # - Reductions and scans are log-depth trees. Keep active threads contiguous (sequential
-#   addressing): 12 active warp-steps per 128-thread block instead of 27.
+#   addressing): 12 active warp-steps per 128-thread block instead of 27, and 66 % instead of
+#   30 % of the lanes busy in the warps that work (control divergence, as lane utilization).
+# - Depth is not work: Hillis-Steele scans in log2(B) steps with B log2(B) additions, Blelloch
+#   in 2 log2(B) steps with about 2B (the traces counted 8 and 4 shared writes per element;
+#   the price is idle lanes: 55 % busy against 100 %).
+#   Coarsening gives each thread several elements in registers before the tree: fewer blocks,
+#   fewer barriers and shared writes per element.
+# - Accumulate float32 data in float32 (`np.float32(0.0)`): the literal `0.0` is float64 in
+#   Numba, and float64 arithmetic is a slower unit on every GPU.
 # - Tiling through shared memory divides global reads by the tile width: each element of `a`
 #   read ceil(n / TILE) times instead of n. Reuse on chip is what turns a memory-bound kernel
 #   into a compute-bound one (lesson 04's roofline).
@@ -1055,6 +1332,10 @@ for name, fn in {
 #   ch. 39, 2007, https://developer.nvidia.com/gpugems/gpugems3/part-vi-gpu-computing/chapter-39-parallel-prefix-sum-scan-cuda
 # - W. D. Hillis, G. L. Steele Jr., *Data Parallel Algorithms*, CACM 29(12), 1986,
 #   https://doi.org/10.1145/7902.7903
+# - G. E. Blelloch, *Prefix Sums and Their Applications*, CMU-CS-90-190, 1990
+# - R. P. Brent, H. T. Kung, *A Regular Layout for Parallel Adders*, IEEE Trans. Computers C-31(3), 1982
+# - D. B. Kirk, W. W. Hwu, I. El Hajj, *Programming Massively Parallel Processors*, 4th ed., 2022
+#   (control divergence, thread coarsening, work-efficient scans)
 # - M. Harris, *An Efficient Matrix Transpose in CUDA C/C++*, NVIDIA blog, 2013,
 #   https://developer.nvidia.com/blog/efficient-matrix-transpose-cuda-cc/
 # - S. Boehm, *How to Optimize a CUDA Matmul Kernel for cuBLAS-like Performance*, 2022,

@@ -13,18 +13,25 @@
 # With `RawKernel` we build single-precision matrix multiply (SGEMM) three times: naive,
 # shared-memory tiled (lesson 07 in CUDA C), and register-blocked, where each thread computes an
 # 8x8 block of C. Then a fused, numerically stable row softmax, compared with the unfused CuPy
-# expression. We compare each against cuBLAS (`cp.matmul`) and time with CUDA events. Finally
+# expression. We compare each against cuBLAS (`cp.matmul`) and time with CUDA events. Then
 # minitorch gets a `"cuda"` device whose matmul is your kernel, and lesson 03's MLP trains on it.
+# The last section climbs the rest of the SGEMM ladder: vector loads, warp tiles, double
+# buffering, and the tensor cores.
 #
 # **Without a GPU** (a laptop, CI) everything here is still graded:
 # - NVRTC, NVIDIA's runtime compiler (shipped as a pip wheel, no driver needed), compiles your
 #   CUDA C to PTX, the GPU's virtual assembly. Compile errors come back with line numbers, and
 #   the PTX shows structure: how many fused multiply-adds, shared-memory loads, barriers.
 # - `course.cuda_c.emulate` runs a kernel on the CPU: the CUDA C is compiled with g++ against a
-#   small runtime where each GPU thread is a coroutine (a *fiber*), blocks run one at a time and
-#   threads run in a fixed order up to each barrier. A missing `__syncthreads()` therefore gives
-#   the same wrong answer every run (shared memory starts as NaN), an out-of-bounds access is
-#   reported with the argument's name and the thread that made it, and a hang is stopped.
+#   small runtime where each GPU thread is a coroutine (a *fiber*) and blocks run one at a time.
+#   Every load and store is checked as it happens (the compiler instruments them, as
+#   ThreadSanitizer does): an access one element past an array is reported with the argument,
+#   the index, the thread and the source line; so is a `float4` load from a misaligned address
+#   and an out-of-range shared-memory index. A *race*, a shared-memory word that one thread writes
+#   and another reads (or writes) with no `__syncthreads()` between them, is reported with both
+#   threads and both lines, the way NVIDIA's `compute-sanitizer --tool racecheck` does on a GPU.
+#   Each kernel also runs twice, warps and lanes once in forward and once in reverse order, and
+#   any difference in the results is reported as a race. A hang is stopped.
 #
 # Cells tagged `gpu` need a CUDA GPU; elsewhere they are skipped with the reason. GPU background:
 # [the GPU note](../hardware_notes/gpu.md); why matmul can be compute-bound and softmax cannot:
@@ -32,12 +39,13 @@
 
 # %%
 import os
+import re
 import time
 
 import numpy as np
 
 from course.check import check
-from course.cuda_c import compile_ptx, emulate, ptx_stats
+from course.cuda_c import KernelError, compile_ptx, emulate, ptx_stats, run_kernel
 from course.gpu import gpu_status
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
@@ -52,7 +60,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from course.cuda_c import check_args, emulate, kernel_params
+from course.cuda_c import check_args, emulate, kernel_params, raw_kernel
 from minitorch.tensor import Backend, register_backend
 
 
@@ -368,17 +376,24 @@ print(st)
 print(f"shared loads per FMA: {st.ld_shared / st.fma_f32:.2f}")
 
 # %% [markdown]
-# Remove a barrier and run it on the emulator: threads run in a fixed order, so the race gives
-# the same wrong answer every time (NaN where a thread read a tile slot nobody had written yet).
+# Remove either barrier and run it on the emulator: the race is reported, with the two threads
+# and the two lines. Without the first, a thread reads a tile slot another thread writes in the
+# same step; without the second, the next step's load overwrites a slot another thread is
+# still reading. On a GPU both bugs give wrong answers only sometimes, depending on timing.
 
 # %% tags=["demo"]
 A = rng.standard_normal((37, 29), dtype=np.float32)
 B = rng.standard_normal((29, 45), dtype=np.float32)
+first, second = (m.start() for m in re.finditer(r"__syncthreads\(\);", sgemm_tiled_source()))
 for label, src in [("both barriers", sgemm_tiled_source()),
-                   ("first barrier removed", sgemm_tiled_source().replace("__syncthreads();", "", 1))]:
+                   ("first barrier removed", sgemm_tiled_source()[:first] + sgemm_tiled_source()[first + 16:]),
+                   ("second barrier removed", sgemm_tiled_source()[:second] + sgemm_tiled_source()[second + 16:])]:
     C = np.zeros((37, 45), dtype=np.float32)
-    emulate(src, "sgemm_tiled", *sgemm_tiled_launch(37, 45), [A, B, C, np.int32(37), np.int32(45), np.int32(29)])
-    print(f"{label:22s}: max |C - A@B| = {np.nanmax(np.abs(C - A @ B)):.2e}, NaNs: {np.isnan(C).sum()}")
+    try:
+        emulate(src, "sgemm_tiled", *sgemm_tiled_launch(37, 45), [A, B, C, np.int32(37), np.int32(45), np.int32(29)])
+        print(f"{label}: max |C - A@B| = {np.abs(C - A @ B).max():.2e}")
+    except KernelError as exc:
+        print(f"{label}: {str(exc)[:330]}...")
 
 # %% [markdown]
 # ## 5. Register blocking: each thread computes 8x8 outputs
@@ -521,8 +536,10 @@ print(f"shared loads per FMA: {st.ld_shared / st.fma_f32:.2f} (tiled: 2.00)")
 # %% [markdown]
 # ## 6. Launching, timing, and the comparison with cuBLAS
 #
-# The host side: compile each source once with `cp.RawKernel`, check the arguments, launch with
-# the kernel's own grid and block. GPU work is asynchronous: a launch returns before the kernel
+# The host side: compile each source once with `cp.RawKernel` (here through `course.cuda_c.
+# raw_kernel`, which gives NVRTC the same header path and pre-included `FLT_MAX`/`INFINITY`/`uint`
+# definitions as `compile_ptx`, so what compiled there compiles here), check the arguments, launch
+# with the kernel's own grid and block. GPU work is asynchronous: a launch returns before the kernel
 # runs, so a CPU timer measures the launch, not the kernel. CUDA events are timestamps recorded
 # *in the GPU's stream*: `start.record(); fn(); stop.record(); stop.synchronize()` and
 # `get_elapsed_time(start, stop)` measure the GPU's time between them (resolution about 0.5 us).
@@ -530,55 +547,69 @@ print(f"shared loads per FMA: {st.ld_shared / st.fma_f32:.2f} (tiled: 2.00)")
 
 # %%
 #| export
-SGEMM_KERNELS: dict[str, tuple[Callable[[], str], str, Callable]] = {
-    "naive": (sgemm_naive_source, "sgemm_naive", sgemm_naive_launch),
-    "tiled": (sgemm_tiled_source, "sgemm_tiled", sgemm_tiled_launch),
-    "regtile": (sgemm_regtile_source, "sgemm_regtile", sgemm_regtile_launch),
+# name -> (source, kernel name, launch, multiple): the kernel needs N and K to be multiples of
+# `multiple` (float4 loads need 16-byte aligned rows); the wrappers pad with zeros otherwise.
+# Section 10's kernels join this table when they are defined.
+SGEMM_KERNELS: dict[str, tuple[Callable[[], str], str, Callable, int]] = {
+    "naive": (sgemm_naive_source, "sgemm_naive", sgemm_naive_launch, 1),
+    "tiled": (sgemm_tiled_source, "sgemm_tiled", sgemm_tiled_launch, 1),
+    "regtile": (sgemm_regtile_source, "sgemm_regtile", sgemm_regtile_launch, 1),
 }
 
 
-def _sgemm_operands(a: Any, b: Any, xp: Any) -> tuple[Any, Any, int, int, int]:
+def _sgemm_operands(a: Any, b: Any, xp: Any, dtype: Any = np.float32, what: str = "sgemm") -> tuple[Any, Any, int, int, int]:
     if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"sgemm: operands must be 2-D, got shapes {a.shape} and {b.shape}")
+        raise ValueError(f"{what}: operands must be 2-D, got shapes {a.shape} and {b.shape}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"sgemm shape mismatch: {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} and {b.shape[0]} differ")
-    _check_float(a, "sgemm a", (np.float32,))
-    _check_float(b, "sgemm b", (np.float32,))
+        raise ValueError(f"{what} shape mismatch: {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} and {b.shape[0]} differ")
+    _check_float(a, f"{what} a", (dtype,))
+    _check_float(b, f"{what} b", (dtype,))
     return xp.ascontiguousarray(a), xp.ascontiguousarray(b), a.shape[0], b.shape[1], a.shape[1]
+
+
+def _pad_to(x: Any, xp: Any, rows: int, cols: int) -> Any:
+    """x zero-padded to (rows, cols) (x itself if it has that shape already)."""
+    if x.shape == (rows, cols):
+        return x
+    out = xp.zeros((rows, cols), dtype=x.dtype)
+    out[:x.shape[0], :x.shape[1]] = x
+    return out
 
 
 def _raw_kernel(source: str, name: str) -> Any:
     key = ("raw", name, source)
     if key not in _KERNELS:
-        _KERNELS[key] = _cupy().RawKernel(source, name, options=("-std=c++17",))
+        _KERNELS[key] = raw_kernel(source, name)
     return _KERNELS[key]
 
 
-def sgemm(a: Any, b: Any, kernel: str = "regtile") -> Any:
-    """a @ b on the GPU with this lesson's SGEMM `kernel` (naive | tiled | regtile).
-    a: (M, K), b: (K, N) float32 CuPy arrays -> (M, N) float32 CuPy array."""
-    cp = _cupy()
-    source_fn, name, launch = SGEMM_KERNELS[kernel]
-    a, b, M, N, K = _sgemm_operands(a, b, cp)
-    c = cp.zeros((M, N), dtype=cp.float32)
+def _run_sgemm(a: Any, b: Any, kernel: str, xp: Any, launch_fn: Callable) -> Any:
+    if kernel not in SGEMM_KERNELS:
+        raise ValueError(f"sgemm: unknown kernel {kernel!r}; kernels: {sorted(SGEMM_KERNELS)}")
+    source_fn, name, launch, multiple = SGEMM_KERNELS[kernel]
+    a, b, M, N, K = _sgemm_operands(a, b, xp)
     if M == 0 or N == 0 or K == 0:
-        return c
+        return xp.zeros((M, N), dtype=np.float32)
+    Np, Kp = ceil_div(N, multiple) * multiple, ceil_div(K, multiple) * multiple
+    a, b = _pad_to(a, xp, M, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((M, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(M), np.int32(Np), np.int32(Kp))
     source = source_fn()
-    args = (a, b, c, np.int32(M), np.int32(N), np.int32(K))
     check_args(kernel_params(source, name), args, name)
-    grid, block = launch(M, N)
-    _raw_kernel(source, name)(grid, block, args)
-    return c
+    launch_fn(source, name, *launch(M, Np), args)
+    return c if Np == N else xp.ascontiguousarray(c[:, :N])
+
+
+def sgemm(a: Any, b: Any, kernel: str = "regtile") -> Any:
+    """a @ b on the GPU with this lesson's SGEMM `kernel` (a key of SGEMM_KERNELS).
+    a: (M, K), b: (K, N) float32 CuPy arrays -> (M, N) float32 CuPy array."""
+    return _run_sgemm(a, b, kernel, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
 
 
 def sgemm_emulated(a: np.ndarray, b: np.ndarray, kernel: str = "regtile") -> np.ndarray:
     """a @ b computed by this lesson's SGEMM `kernel` on the CPU emulator (NumPy in and out)."""
-    source_fn, name, launch = SGEMM_KERNELS[kernel]
-    a, b, M, N, K = _sgemm_operands(np.asarray(a), np.asarray(b), np)
-    c = np.zeros((M, N), dtype=np.float32)
-    if M and N and K:
-        emulate(source_fn(), name, *launch(M, N), [a, b, c, np.int32(M), np.int32(N), np.int32(K)])
-    return c
+    return _run_sgemm(np.asarray(a), np.asarray(b), kernel, np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
 
 
 
@@ -620,10 +651,19 @@ for n in sizes:
 # each warp writes it to a `__shared__` array, a barrier, then every thread combines the
 # `blockDim.x / 32` partials. A second barrier before the array is reused.
 #
+# The running maximum must start at minus infinity, not at 0: a row of masked attention logits
+# is all very negative (-1e4, or `-inf` except a few entries), and a maximum that starts at 0
+# stays 0, every `expf(x - 0)` underflows to 0, and the row becomes 0 / 0 = NaN. CUDA C has
+# `-INFINITY` (through `math.h`, which NVRTC lacks; `course.cuda_c` pre-includes a definition) or
+# `__int_as_float(0xff800000)`, its bit pattern.
+#
 # **Exercise 8.6.** Write `softmax_rows(const float* x, float* y, int rows, int cols)`:
 # y = softmax of each row of x (rows, cols), row-major, launched by `softmax_launch` (one
-# block of 256 threads per row). Any `cols` >= 1; rows may contain `-inf` (probability 0) and
-# large values (1e4 must not overflow). Use `expf`.
+# block of 256 threads per row). Any `cols` >= 1; rows may contain `-inf` (probability 0),
+# large values (1e4 must not overflow) and only very negative values. Use `expf`. Besides the
+# values, the tests check the structure: warp shuffles in the PTX (`shfl.sync`), and, on the
+# emulator, that the work is spread over the block: no thread reads more than about
+# 3 cols / 256 elements of its row, and a row's outputs are written by many threads.
 
 # %%
 #| export
@@ -858,6 +898,499 @@ cpu_losses = train(steps, "cpu", n=2048)
 print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1]:.4f}, CPU {cpu_losses[-1]:.4f}")
 
 # %% [markdown]
+# ## 10. Further up the ladder: vector loads, warp tiles, double buffering, tensor cores
+#
+# `sgemm_regtile` is kernel 5 of Boehm's worklog (2022), which measured it at 69 % of cuBLAS on
+# an RTX A6000; his later kernels reached 78 % with vector loads (kernel 6) and 94 % with warp
+# tiling (kernel 10). CUTLASS's SGEMM adds double buffering, and past FP32 the tensor cores
+# multiply whole tiles per instruction. Each step below is a small change to the kernel before
+# it, graded without a GPU by what it changes: the instructions in the PTX, which warp writes
+# which outputs, how many barriers a block passes. `make bench` measures each against cuBLAS.
+
+# %% [markdown]
+# The host side first: the kernels of this section join `SGEMM_KERNELS` (the wrappers pad N and
+# K to multiples of 4 for them), and `hgemm` runs the tensor-core kernel of exercise 8.11,
+# padding all three dimensions to multiples of 16. Each looks its kernel's source up when called.
+
+# %%
+#| export
+SGEMM_KERNELS.update({
+    "vec4": (lambda: sgemm_vec4_source(), "sgemm_vec4", sgemm_regtile_launch, 4),
+    "warptile": (lambda: sgemm_warptile_source(), "sgemm_warptile", sgemm_regtile_launch, 4),
+    "dbuf": (lambda: sgemm_dbuf_source(), "sgemm_dbuf", sgemm_regtile_launch, 4),
+})
+
+
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
+    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
+    if M == 0 or N == 0 or K == 0:
+        return xp.zeros((M, N), dtype=np.float32)
+    Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
+    a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
+    c = xp.zeros((Mp, Np), dtype=np.float32)
+    args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
+    source = hgemm_wmma_source()
+    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
+    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
+
+
+def hgemm(a: Any, b: Any) -> Any:
+    """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+
+
+def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+
+# %%
+#| export
+def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma: one 128-thread block (4 warps) per 64x64 tile of C."""
+    return (ceil_div(N, 64), ceil_div(M, 64)), (128,)
+
+# %% [markdown]
+# ### Vector loads
+#
+# `float4` is four floats in one 16-byte struct. Loading one through a `float4*` is a single
+# instruction (`ld.global.v4.f32`, `ld.shared.v4.f32`) instead of four: fewer instructions to
+# issue for the same bytes, and shared memory serves a warp's 16-byte loads in as few
+# *wavefronts* (128 bytes each) as the distinct addresses need. The address must be a
+# multiple of 16 bytes, or the load faults ("misaligned address"). A row of A starts at element
+# `r * K`, so the rows are aligned only if K is a multiple of 4; likewise N for B and C. The
+# wrappers (`sgemm`) pad N and K with zeros to a multiple of 4 for these kernels, and the
+# emulator reports a misaligned `float4` access with the argument and the offset.
+#
+# **Exercise 8.8.** Write `sgemm_vec4` (same signature, launched like `sgemm_regtile`: BM = BN =
+# 128, BK = 8, 256 threads, 8 x 8 outputs per thread), with N and K multiples of 4 (M any):
+#
+# 1. each thread loads one `float4` of A (row `tid / 2`, columns `(tid % 2) * 4` to `+3`) and
+#    stores its four values transposed into `As[k][m]` (`BM + 4` columns, `__align__(16)`), and one
+#    `float4` of B (row `tid / 32`, columns `(tid % 32) * 4` to `+3`) stored as a `float4` into
+#    `Bs`; zeros outside the matrices;
+# 2. thread (ty, tx) = (tid / 16, tid % 16) owns rows `4 ty` to `+3` and `64 + 4 ty` to `+3` of the
+#    block tile, columns `4 tx` to `+3` and `64 + 4 tx` to `+3`: per k, two `float4` loads from
+#    `As[k]` and two from `Bs[k]` feed its 64 FMAs (a sixteenth of a shared load per FMA);
+# 3. the results are stored as `float4`s (guarded by row, and by column: `c < N` covers all four).
+#
+# The tests read the PTX (vector loads from global and shared memory, 4 shared loads per 64 FMAs)
+# and run odd M with N, K multiples of 4 on the emulator.
+
+# %%
+#| export
+#| exercise 8.8
+def sgemm_vec4_source() -> str:
+    """CUDA C source of sgemm_vec4(A, B, C, M, N, K): sgemm_regtile with float4 loads and stores;
+    N and K multiples of 4; block (256,) computes a 128x128 tile of C."""
+    ### BEGIN SOLUTION
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define NT 256
+
+// N and K must be multiples of 4 (sgemm() pads them): every float4 below is then 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_vec4(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+           int M, int N, int K) {
+    __shared__ __align__(16) float As[BK][BM + 4];   // A tile transposed: As[k][m]
+    __shared__ __align__(16) float Bs[BK][BN];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int ar = tid / 2, ak = (tid % 2) * 4;      // this thread's float4 of A: row ar, columns ak..ak+3
+    const int bk = tid / 32, bc = (tid % 32) * 4;    // and of B: row bk, columns bc..bc+3
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+        if (row0 + ar < M && k0 + ak < K)
+            va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k0 + ak]);
+        if (k0 + bk < K && col0 + bc < N)
+            vb = *reinterpret_cast<const float4*>(&B[(size_t)(k0 + bk) * N + col0 + bc]);
+        As[ak + 0][ar] = va.x; As[ak + 1][ar] = va.y; As[ak + 2][ar] = va.z; As[ak + 3][ar] = va.w;
+        *reinterpret_cast<float4*>(&Bs[bk][bc]) = vb;
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[k][ty * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[k][64 + ty * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[k][tx * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[k][64 + tx * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + h * 64 + tx * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.8")
+
+# %% tags=["demo"]
+for fn in (sgemm_regtile_source, sgemm_vec4_source):
+    st = ptx_stats(compile_ptx(fn()))
+    print(f"{fn.__name__:22s} ld.global.v4 {st.ld_global_v4:2d}  ld.shared.v4 {st.ld_shared_v4:2d}  "
+          f"shared loads per FMA {st.ld_shared / st.fma_f32:.4f}")
+
+# %% [markdown]
+# ### Warp tiles
+#
+# In `sgemm_vec4` warp w is threads 32w to 32w + 31: ty is 2w or 2w + 1 and tx takes all 16
+# values, so the warp owns 16 rows of the block tile across all 128 columns. Per k it reads 16
+# distinct floats of `As` and all 128 of `Bs`; as 16-byte loads that is 6 wavefronts of 128 bytes
+# (a0 and a1 one each, b0 and b1 two each). *Warp tiling* gives each warp a compact tile instead:
+# 8 warps as 2 x 4 tiles of 64 x 32, and inside a warp each lane (tr, tc) = (lane / 4, lane % 4)
+# owns the four 4 x 4 blocks at rows `wr + 4 tr` and `wr + 32 + 4 tr`, columns `wc + 4 tc` and
+# `wc + 16 + 4 tc` (each to `+3`), where (wr, wc) = ((warp / 4) * 64, (warp % 4) * 32) is the
+# warp's corner. Per k the warp now reads 64 floats of `As` and 32 of `Bs`: 4 wavefronts
+# instead of 6, for the same 64 FMAs per thread. The warp tile is also the unit the hardware's
+# warp-level matrix instructions work on (the tensor-core step below), which is why CUTLASS
+# organises every GEMM as block tile, warp tile, thread tile (NVIDIA, *CUTLASS: Efficient GEMM
+# in CUDA*).
+#
+# **Exercise 8.9.** Write `sgemm_warptile`: `sgemm_vec4` with the warp-tiled ownership above
+# (global loads and shared layout unchanged). The tests run it on the emulator and check, from
+# which thread wrote each element of C, that every warp writes one dense 64 x 32 rectangle.
+
+# %%
+#| export
+#| exercise 8.9
+def sgemm_warptile_source() -> str:
+    """CUDA C source of sgemm_warptile(A, B, C, M, N, K): sgemm_vec4 where warp w computes the
+    64x32 tile of C at ((w / 4) * 64, (w % 4) * 32) of the block's 128x128 tile."""
+    ### BEGIN SOLUTION
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define WM 64    // each warp computes a WM x WN tile of C: 8 warps as 2 x 4
+#define WN 32
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_warptile(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+               int M, int N, int K) {
+    __shared__ __align__(16) float As[BK][BM + 4];
+    __shared__ __align__(16) float Bs[BK][BN];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wr = (warp / 4) * WM, wc = (warp % 4) * WN;   // the warp's tile inside the block tile
+    const int tr = lane / 4, tc = lane % 4;                  // lanes as 8 x 4, each 2 x 2 blocks of 4 x 4
+    const int ar = tid / 2, ak = (tid % 2) * 4;
+    const int bk = tid / 32, bc = (tid % 32) * 4;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+        if (row0 + ar < M && k0 + ak < K)
+            va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k0 + ak]);
+        if (k0 + bk < K && col0 + bc < N)
+            vb = *reinterpret_cast<const float4*>(&B[(size_t)(k0 + bk) * N + col0 + bc]);
+        As[ak + 0][ar] = va.x; As[ak + 1][ar] = va.y; As[ak + 2][ar] = va.z; As[ak + 3][ar] = va.w;
+        *reinterpret_cast<float4*>(&Bs[bk][bc]) = vb;
+        __syncthreads();
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[k][wr + tr * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[k][wr + 32 + tr * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[k][wc + tc * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[k][wc + 16 + tc * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + wr + (i / 4) * 32 + tr * 4 + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + wc + h * 16 + tc * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.9")
+
+# %% [markdown]
+# Which warp wrote each element of C, on the emulator (`profile=True` records the writer of every
+# element): one 128 x 128 block tile, shown as its 8 x 8 grid of 16 x 16 patches, each patch
+# labelled by the warp that wrote it (or `*` where several did).
+
+# %% tags=["demo"]
+def warp_map(source_fn, name):
+    A1, B1 = np.ones((128, 8), np.float32), np.ones((8, 128), np.float32)
+    C1 = np.zeros((128, 128), np.float32)
+    run = run_kernel(source_fn(), name, (1, 1), 256, [A1, B1, C1, np.int32(128), np.int32(128), np.int32(8)],
+                     profile=True, schedules=("forward",))
+    warps = run.profile["C"]["writer"] // 32
+    return "\n".join(" ".join(str(set(warps[16 * i:16 * i + 16, 16 * j:16 * j + 16].ravel()).pop())
+                              if len(set(warps[16 * i:16 * i + 16, 16 * j:16 * j + 16].ravel())) == 1 else "*"
+                              for j in range(8)) for i in range(8))
+
+
+for fn, name in [(sgemm_vec4_source, "sgemm_vec4"), (sgemm_warptile_source, "sgemm_warptile")]:
+    print(name), print(warp_map(fn, name))
+
+# %% [markdown]
+# ### Double buffering
+#
+# Each step of `sgemm_warptile` loads a tile, waits at a barrier, computes, and waits again
+# before the next load may overwrite the tile. While a block waits for global memory its FMA
+# units idle, unless other blocks on the same SM have work ready. *Double buffering* keeps two
+# stages of the tiles in shared memory: in step k the threads first issue the global loads of
+# tile k + 1 into registers, then do the 512 FMAs of tile k from stage `s`, then store the
+# registers into stage `s ^ 1`. The load latency hides behind the FMAs, and one barrier per step
+# is enough: within a step, stage `s` is only read and stage `s ^ 1` only written; the barrier at
+# the end of the step orders this step's reads of `s` before the next step's writes to it, and
+# this step's writes to `s ^ 1` before the next step's reads. The cost is twice the shared memory
+# (16.6 KB per block). CUTLASS calls it a two-stage software pipeline; Hopper kernels run more
+# stages with asynchronous copies.
+#
+# **Exercise 8.10.** Write `sgemm_dbuf`: `sgemm_warptile` with `__shared__ float As[2][BK][BM +
+# 4], Bs[2][BK][BN]`, a prologue that loads tile 0 into stage 0 and waits, and a main loop with
+# one `__syncthreads()` per step as above. The tests check two stages in the PTX's shared
+# memory, the barriers each block passes on the emulator (ceil(K / 8) + 1, instead of 2 ceil(K /
+# 8)), the results, and the race check: a single-buffered kernel with one barrier per step is
+# a race the emulator reports.
+
+# %%
+#| export
+#| exercise 8.10
+def sgemm_dbuf_source() -> str:
+    """CUDA C source of sgemm_dbuf(A, B, C, M, N, K): sgemm_warptile with two shared-memory stages
+    and one barrier per K step (loads of the next tile overlap the FMAs of this one)."""
+    ### BEGIN SOLUTION
+    return r"""
+#define BM 128
+#define BN 128
+#define BK 8
+#define WM 64
+#define WN 32
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+sgemm_dbuf(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C,
+           int M, int N, int K) {
+    __shared__ __align__(16) float As[2][BK][BM + 4];   // two stages: compute on one, fill the other
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wr = (warp / 4) * WM, wc = (warp % 4) * WN;
+    const int tr = lane / 4, tc = lane % 4;
+    const int ar = tid / 2, ak = (tid % 2) * 4;
+    const int bk = tid / 32, bc = (tid % 32) * 4;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    float4 va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;   // the next tile, on its way through registers
+    if (row0 + ar < M && ak < K) va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + ak]);
+    if (bk < K && col0 + bc < N) vb = *reinterpret_cast<const float4*>(&B[(size_t)bk * N + col0 + bc]);
+    As[0][ak + 0][ar] = va.x; As[0][ak + 1][ar] = va.y; As[0][ak + 2][ar] = va.z; As[0][ak + 3][ar] = va.w;
+    *reinterpret_cast<float4*>(&Bs[0][bk][bc]) = vb;
+    __syncthreads();
+
+    int s = 0;
+    for (int k0 = 0; k0 < K; k0 += BK, s ^= 1) {
+        const bool more = k0 + BK < K;
+        if (more) {   // issue the loads of tile k0 + BK: their latency hides behind the FMAs below
+            const int k1 = k0 + BK;
+            va = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vb = va;
+            if (row0 + ar < M && k1 + ak < K) va = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k1 + ak]);
+            if (k1 + bk < K && col0 + bc < N) vb = *reinterpret_cast<const float4*>(&B[(size_t)(k1 + bk) * N + col0 + bc]);
+        }
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][wr + tr * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][wr + 32 + tr * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + tc * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + 16 + tc * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        if (more) {   // fill the other stage: nobody reads it during this step
+            As[s ^ 1][ak + 0][ar] = va.x; As[s ^ 1][ak + 1][ar] = va.y;
+            As[s ^ 1][ak + 2][ar] = va.z; As[s ^ 1][ak + 3][ar] = va.w;
+            *reinterpret_cast<float4*>(&Bs[s ^ 1][bk][bc]) = vb;
+        }
+        __syncthreads();   // one barrier per step: stage s is free again, stage s ^ 1 is complete
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + wr + (i / 4) * 32 + tr * 4 + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + wc + h * 16 + tc * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.10")
+
+# %% [markdown]
+# Barriers per block for K = 300 (38 steps of 8), and the shared memory each kernel declares:
+
+# %% tags=["demo"]
+A3, B3 = rng.standard_normal((128, 300), dtype=np.float32), rng.standard_normal((300, 128), dtype=np.float32)
+for fn, name in [(sgemm_warptile_source, "sgemm_warptile"), (sgemm_dbuf_source, "sgemm_dbuf")]:
+    C3 = np.zeros((128, 128), np.float32)
+    run = run_kernel(fn(), name, (1, 1), 256, [A3, B3, C3, np.int32(128), np.int32(128), np.int32(300)],
+                     schedules=("forward",))
+    print(f"{name:15s} barriers per block {run.barriers:3d}, shared memory {ptx_stats(compile_ptx(fn())).shared_bytes} "
+          f"bytes, max |C - A@B| = {np.abs(C3 - A3 @ B3).max():.1e}")
+
+# %% [markdown]
+# ### Tensor cores
+#
+# An H100 SXM does 67 TFLOP/s of FP32 on its CUDA cores and 989 TFLOP/s of dense FP16 matrix
+# products with FP32 accumulation on its tensor cores (NVIDIA, *H100 Tensor Core GPU
+# Architecture*, 2022): fifteen times more, for inputs in half precision. A tensor core
+# multiplies small matrix tiles per instruction, issued by a whole warp. CUDA's WMMA API
+# (`#include <mma.h>`, namespace `nvcuda::wmma`; Appleyard and Yokim, 2017) exposes them at
+# the 16 x 16 x 16 shape: `load_matrix_sync(frag, ptr, ldm)` loads a 16 x 16 tile of A or B into
+# a *fragment* (registers spread over the warp's lanes in an unspecified layout),
+# `mma_sync(acc, a, b, acc)` computes acc += a b, and `store_matrix_sync(ptr, acc, ldm,
+# wmma::mem_row_major)` writes the result. Every lane of the warp must call each of them; the
+# pointers must be 32-byte aligned and `ldm` a multiple of 8 halves.
+#
+# **Exercise 8.11.** Write `hgemm_wmma(const half* A, const half* B, float* C, int M, int N, int K)`:
+# C = A @ B for row-major half A (M, K) and B (K, N), float C, with M, N, K multiples of 16
+# (`hgemm` pads). Launch `hgemm_launch`: blocks of 128 threads, 4 warps as 2 x 2, each warp a
+# 32 x 32 tile of C as 2 x 2 `float` accumulator fragments, stepping K by 16 (load 2 fragments of
+# A and 2 of B, 4 `mma_sync`). Skip tiles outside C (a whole warp may return; load zeros with
+# `fill_fragment` for a fragment past the edge). The tests count `wmma.mma.sync` in the PTX and run
+# it on the emulator (which computes each fragment product in software); its speed needs a GPU.
+
+# %%
+#| export
+#| exercise 8.11
+def hgemm_wmma_source() -> str:
+    """CUDA C source of hgemm_wmma(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
+    row-major inputs, M, N, K multiples of 16; each warp computes a 32x32 tile with WMMA."""
+    ### BEGIN SOLUTION
+    return r"""
+#include <mma.h>
+using namespace nvcuda;
+
+extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __restrict__ B,
+                                      float* __restrict__ C, int M, int N, int K) {
+    const int warp = threadIdx.x / 32;
+    const int row0 = blockIdx.y * 64 + (warp / 2) * 32, col0 = blockIdx.x * 64 + (warp % 2) * 32;
+    if (row0 >= M || col0 >= N) return;   // the whole warp leaves: no tile here
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[2];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[2];
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (row0 + 16 * i < M) wmma::load_matrix_sync(a[i], A + (size_t)(row0 + 16 * i) * K + k, K);
+            else wmma::fill_fragment(a[i], __float2half(0.0f));
+        }
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            if (col0 + 16 * j < N) wmma::load_matrix_sync(b[j], B + (size_t)k * N + col0 + 16 * j, N);
+            else wmma::fill_fragment(b[j], __float2half(0.0f));
+        }
+        #pragma unroll
+        for (int i = 0; i < 2; ++i)
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+    }
+    #pragma unroll
+    for (int i = 0; i < 2; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j)
+            if (row0 + 16 * i < M && col0 + 16 * j < N)
+                wmma::store_matrix_sync(C + (size_t)(row0 + 16 * i) * N + col0 + 16 * j, acc[i][j], N,
+                                        wmma::mem_row_major);
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.11")
+
+# %% [markdown]
+# On a GPU: the whole ladder against cuBLAS at n = 4096, and the tensor-core kernel against
+# cuBLAS's half-precision GEMM (`cp.matmul` on float16 arrays, which uses the tensor cores and
+# writes float16). `make bench` records the same table.
+
+# %% tags=["gpu"]
+n = 2048 if SMALL else 4096
+Ag = cp.random.standard_normal((n, n), dtype=cp.float32)
+Bg = cp.random.standard_normal((n, n), dtype=cp.float32)
+ref = Ag @ Bg
+t_blas = cuda_time_ms(lambda: Ag @ Bg)
+print(f"n = {n}: cuBLAS SGEMM {2 * n**3 / t_blas / 1e9:.1f} TFLOP/s")
+for kname in SGEMM_KERNELS:
+    assert cp.allclose(sgemm(Ag, Bg, kname), ref, rtol=1e-3, atol=1e-2), kname
+    t = cuda_time_ms(lambda: sgemm(Ag, Bg, kname), repeat=5 if kname == "naive" else 20)
+    print(f"  {kname:9s} {2 * n**3 / t / 1e9:6.1f} TFLOP/s  {t_blas / t:6.1%} of cuBLAS")
+Ah, Bh = Ag.astype(cp.float16), Bg.astype(cp.float16)
+assert cp.allclose(hgemm(Ah, Bh), Ah.astype(cp.float32) @ Bh.astype(cp.float32), rtol=1e-2, atol=1e-1)
+t_h, t_hblas = cuda_time_ms(lambda: hgemm(Ah, Bh)), cuda_time_ms(lambda: cp.matmul(Ah, Bh))
+print(f"  hgemm_wmma {2 * n**3 / t_h / 1e9:6.1f} TFLOP/s; cuBLAS half GEMM {2 * n**3 / t_hblas / 1e9:6.1f} TFLOP/s "
+      f"({t_hblas / t_h:.1%})")
+
+# %% [markdown]
 # ## What you measured / what to remember
 #
 # - Fusion is the cheapest speed-up on a GPU: elementwise chains and softmax are memory-bound
@@ -868,13 +1401,17 @@ print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1
 #   and contiguity are the caller's job. Check them in the wrapper.
 # - SGEMM is a ladder of reuse: naive (two global loads per FMA), shared-memory tiles (two
 #   shared loads per FMA, global traffic / 16), register blocking (a quarter shared load per
-#   FMA, global traffic / 128). The PTX counts in this notebook show each step without a GPU.
-# - Barriers and guards are semantics, not performance: under the deterministic emulator a
-#   missing `__syncthreads()` gives NaN every run, a missing guard is reported with the
-#   argument it overran.
+#   FMA, global traffic / 128), vector loads (a sixteenth), warp tiles (6 -> 4 shared-memory
+#   wavefronts per warp and step), double buffering (one barrier per step, loads overlapping
+#   FMAs), tensor cores (a 16 x 16 x 16 product per warp instruction). The PTX counts, the
+#   emulator's writer map and barrier counts show each step without a GPU.
+# - Barriers and guards are semantics, not performance: the emulator reports a missing
+#   `__syncthreads()` as a race with both threads and lines (on a GPU it gives wrong answers only
+#   sometimes), a missing guard with the argument, index and line it overran.
 # - Time GPU work with CUDA events after a warm-up; CPU timers measure launches.
 # - GPU figures: the `gpu` cells print them on your machine, and `make bench` records SGEMM
-#   as a fraction of cuBLAS at n = 1024, 2048, 4096 and fused vs unfused softmax at 4096².
+#   as a fraction of cuBLAS at n = 1024, 2048, 4096 (every kernel of the ladder, and the
+#   tensor-core kernel against cuBLAS's half GEMM) and fused vs unfused softmax at 4096².
 #   (This lesson was written on a machine without a GPU; its GPU cells have not been timed yet,
 #   so no GPU numbers are quoted here.)
 #
@@ -890,8 +1427,13 @@ print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1
 #   https://siboehm.com/articles/22/CUDA-MMM
 # - V. Volkov, J. Demmel, *Benchmarking GPUs to Tune Dense Linear Algebra*, SC 2008
 #   (register blocking on GPUs), https://doi.org/10.1109/SC.2008.5214359
-# - NVIDIA, CUTLASS, *Efficient GEMM in CUDA*, https://github.com/NVIDIA/cutlass/blob/main/media/docs/efficient_gemm.md
+# - NVIDIA, CUTLASS, *Efficient GEMM in CUDA* (block, warp and thread tiles; software pipelining),
+#   https://github.com/NVIDIA/cutlass/blob/main/media/docs/efficient_gemm.md
+# - J. Appleyard, S. Yokim, *Programming Tensor Cores in CUDA 9*, NVIDIA blog, 2017 (WMMA),
+#   https://developer.nvidia.com/blog/programming-tensor-cores-cuda-9/
+# - NVIDIA, *Compute Sanitizer* (racecheck, memcheck), https://docs.nvidia.com/compute-sanitizer/
 # - M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*, 2018,
 #   https://arxiv.org/abs/1805.02867 (the next step: max and sum in one pass, lesson 09)
 # - D. Hendrycks, K. Gimpel, *Gaussian Error Linear Units (GELUs)*, 2016, https://arxiv.org/abs/1606.08415
-# - NVIDIA, *H100 Tensor Core GPU Architecture* whitepaper, 2022 (FP32 67 TFLOP/s SXM5)
+# - NVIDIA, *H100 Tensor Core GPU Architecture* whitepaper, 2022 (SXM5: FP32 67 TFLOP/s, dense FP16
+#   tensor 989 TFLOP/s)

@@ -22,6 +22,13 @@ from hypothesis import settings  # noqa: E402
 
 # Write nothing to disk; the same examples every run (the same code always gets the same
 # verdict); one failure reported, with its falsifying example, not "N distinct failures".
+# Hypothesis caches what it learns in a .hypothesis folder beside the current directory (the
+# lessons/ folder when a check cell runs): keep it in the temp dir, away from students' files.
+import tempfile  # noqa: E402
+
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+
+set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), f"minitorch-hypothesis-{os.getuid()}"))
 settings.register_profile("course", database=None, deadline=None, derandomize=True,
                           report_multiple_bugs=False, print_blob=False)
 settings.load_profile("course")

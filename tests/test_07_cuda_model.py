@@ -6,6 +6,7 @@ properties (reads per element, coalescing, bank conflicts, active warps, races) 
 shared memory as NaN, so a missing barrier shows up as a wrong answer.
 """
 
+import dis
 import math
 import re
 from contextlib import contextmanager
@@ -41,8 +42,37 @@ def assert_close(got, want, what, rtol=1e-5, atol=1e-5):
     if not np.allclose(got, want, rtol=rtol, atol=atol):
         bad = np.argwhere(~np.isclose(got, want, rtol=rtol, atol=atol))
         i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements wrong; first at index {i}: "
-                             f"expected {want[i]}, got {got[i]}")
+        msg = (f"{what}: {len(bad)} of {want.size} elements wrong; first at index {i}: "
+               f"expected {want[i]}, got {got[i]}")
+        nan = np.isnan(got) & ~np.isnan(want)
+        if nan.any():
+            msg += (f". {int(nan.sum())} results are NaN: traced shared memory starts as NaN, so a NaN usually means "
+                    "a thread read a shared slot before any thread wrote it (a missing cuda.syncthreads(), or a slot "
+                    "never loaded)")
+        raise AssertionError(msg)
+
+
+def float_literal_accumulators(kernel) -> list[str]:
+    """Names a kernel starts from a float literal (`acc = 0.0`, float64 in Numba) and then updates
+    with `+=`/`-=`/`*=`: on a GPU every such update runs in double precision."""
+    fn = getattr(kernel, "py_func", kernel)
+    ins = list(dis.get_instructions(fn.__code__))
+    literal = {b.argval for a, b in zip(ins, ins[1:])
+               if a.opname == "LOAD_CONST" and isinstance(a.argval, float) and b.opname == "STORE_FAST"}
+    found = set()
+    for i, x in enumerate(ins):
+        if x.opname in ("BINARY_OP", "INPLACE_ADD", "INPLACE_SUBTRACT", "INPLACE_MULTIPLY") and \
+                (x.opname != "BINARY_OP" or x.argrepr.endswith("=")):
+            nxt = next((y for y in ins[i + 1:i + 3] if y.opname == "STORE_FAST"), None)
+            if nxt is not None and nxt.argval in literal:
+                found.add(nxt.argval)
+    return sorted(found)
+
+
+def assert_float32_accumulators(kernel, what):
+    bad = float_literal_accumulators(kernel)
+    assert not bad, (f"{what} starts {', '.join(bad)} from a float literal: Numba types 0.0 as float64, so on a GPU "
+                     f"every += runs in double precision. Write {bad[0]} = np.float32(0.0)")
 
 
 def assert_counts(trace, name, kind, expected, what):
@@ -135,6 +165,30 @@ def test_block_sum_partials_reads_and_warps(lesson):
 
 
 @pytest.mark.exercise("7.3")
+def test_block_sum_is_a_tree(lesson):
+    """The point of 7.3 is the tree: log2(R) barrier-separated steps in which many threads add,
+    not thread 0 adding all R values in a loop (right answer, no parallelism)."""
+    rng = np.random.default_rng(40)
+    R = lesson.REDUCE_THREADS
+    x, partial = f32(rng, 2 * R), np.zeros(2, np.float32)
+    tr = lesson.Trace()
+    with unstub():
+        lesson.simulate(lesson.block_sum_kernel, 2, R, x, lesson.TracedArray(partial, "partial", tr), trace=tr)
+    assert_close(partial, [x[:R].astype(np.float64).sum(), x[R:].astype(np.float64).sum()],
+                 "block_sum_kernel partial sums", rtol=1e-4, atol=1e-4)
+    shared = tr.shared_names()
+    assert shared, "block_sum_kernel should reduce in a cuda.shared.array"
+    levels = int(math.log2(R))
+    busiest = max(max(tr.per_thread(s, "r").values(), default=0) for s in shared)
+    assert busiest <= 2 * levels + 2, (
+        f"one thread read {busiest} partial sums from shared memory; in a tree over {R} values each thread reads at "
+        f"most 2 per level, {2 * levels} in all. Thread 0 adding every value in a loop is a sequential sum")
+    steps = max(tr.steps(s) for s in shared)
+    assert steps >= levels, (f"the reduction used {steps} barrier-separated steps; a tree over {R} values needs "
+                             f"log2({R}) = {levels} (a barrier after each level)")
+
+
+@pytest.mark.exercise("7.3")
 def test_gpu_sum_multi_pass(lesson):
     rng = np.random.default_rng(5)
     x = f32(rng, 2 * lesson.REDUCE_THREADS + 7)
@@ -187,6 +241,16 @@ def test_matmul_naive_matches_numpy(lesson):
 
 
 @pytest.mark.exercise("7.5")
+def test_matmul_naive_accumulates_in_float32(lesson):
+    rng = np.random.default_rng(46)
+    a, b = f32(rng, 3, 70), f32(rng, 70, 5)
+    with unstub():
+        got = lesson.matmul_naive(a, b, block=(8, 4))
+    assert_close(got, a @ b, "matmul_naive (3, 70) @ (70, 5)", rtol=1e-4, atol=1e-4)
+    assert_float32_accumulators(lesson.matmul_naive_kernel, "matmul_naive_kernel")
+
+
+@pytest.mark.exercise("7.5")
 def test_matmul_naive_reads(lesson):
     rng = np.random.default_rng(9)
     m, k, n = 9, 7, 40
@@ -213,6 +277,7 @@ def test_matmul_tiled_matches_numpy(lesson):
         with unstub():
             got = lesson.matmul_tiled(a, b)
         assert_close(got, a @ b, f"matmul_tiled {a.shape} @ {b.shape} (TILE={T})", rtol=1e-4, atol=1e-4)
+    assert_float32_accumulators(lesson.matmul_tiled_kernel, "matmul_tiled_kernel")
 
 
 @pytest.mark.exercise("7.6")
@@ -267,3 +332,102 @@ def test_transpose_coalesced_and_conflict_free(lesson):
     assert shared, "transpose_kernel should stage the tile in cuda.shared.array"
     worst = max(tr.bank_conflicts(s) for s in shared)
     assert worst == 1, f"{worst}-way shared-memory bank conflict: pad the tile to (T_TILE, T_TILE + 1)"
+
+
+# ------------------------------------------------------------------ 7.8 work-efficient scan
+@pytest.mark.exercise("7.8")
+def test_blelloch_scan_results_and_work(lesson):
+    rng = np.random.default_rng(41)
+    T, N = lesson.BSCAN_THREADS, lesson.BSCAN_N
+    assert N == 2 * T, f"BSCAN_N should be 2 * BSCAN_THREADS, got {N} and {T}"
+    n = 2 * N + 37  # 3 blocks, the last one partly empty
+    blocks = math.ceil(n / N)
+    x, out, sums = f32(rng, n), np.zeros(n, np.float32), np.zeros(blocks, np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, x=x, out=out, block_sums=sums)
+    with unstub():
+        lesson.simulate(lesson.blelloch_scan_kernel, blocks, T, t["x"], t["out"], t["block_sums"], trace=tr)
+    want = np.concatenate([np.cumsum(x[i * N:(i + 1) * N].astype(np.float64)) for i in range(blocks)])
+    assert_close(out, want, f"blelloch_scan_kernel output ({blocks} blocks of {N} elements)", rtol=1e-4, atol=1e-4)
+    assert_close(sums, [x[i * N:(i + 1) * N].astype(np.float64).sum() for i in range(blocks)],
+                 "blelloch_scan_kernel block_sums", rtol=1e-4, atol=1e-4)
+    assert_counts(tr, "x", "r", 1, "blelloch_scan_kernel")
+    assert_counts(tr, "out", "w", 1, "blelloch_scan_kernel")
+    shared = tr.shared_names()
+    assert shared, "blelloch_scan_kernel should scan in a cuda.shared.array"
+    writes = sum(len(tr.of(s, "w")) for s in shared) / (blocks * N)
+    assert writes <= 4.5, (
+        f"{writes:.1f} shared-memory writes per element; a work-efficient scan does about 4 (load, up-sweep, two in "
+        f"the down-sweep), Hillis-Steele log2({N}) + 1 = {int(math.log2(N)) + 1}: use the up-sweep / down-sweep tree")
+
+
+@pytest.mark.exercise("7.8")
+def test_gpu_cumsum_blelloch(lesson):
+    rng = np.random.default_rng(42)
+    for n in [1, lesson.BSCAN_N, 3 * lesson.BSCAN_N + 5]:
+        x = f32(rng, n)
+        with unstub():
+            got = lesson.gpu_cumsum_blelloch(x)
+        assert_close(got, np.cumsum(x.astype(np.float64)), f"gpu_cumsum_blelloch of {n} elements", rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ 7.9 thread coarsening
+@pytest.mark.exercise("7.9")
+def test_coarse_sum_reads_coarsens_and_coalesces(lesson):
+    rng = np.random.default_rng(43)
+    R, C = lesson.REDUCE_THREADS, lesson.COARSEN
+    assert C >= 2, f"COARSEN should be at least 2, got {C}"
+    n = 2 * C * R + 3 * R + 5  # 3 blocks, the last one partly empty
+    blocks = math.ceil(n / (C * R))
+    x, partial = f32(rng, n), np.zeros(blocks, np.float32)
+    tr = lesson.Trace()
+    t = traced(lesson, tr, x=x, partial=partial)
+    with unstub():
+        lesson.simulate(lesson.coarse_sum_kernel, blocks, R, t["x"], t["partial"], trace=tr)
+    want = [x[i * C * R:(i + 1) * C * R].astype(np.float64).sum() for i in range(blocks)]
+    assert_close(partial, want, f"coarse_sum_kernel partial sums ({blocks} blocks of {C} x {R} elements)",
+                 rtol=1e-4, atol=1e-4)
+    assert_counts(tr, "x", "r", 1, "coarse_sum_kernel")
+    full = [v for (blk, _), v in tr.per_thread("x", "r").items() if blk[0] < blocks - 1]
+    assert full and min(full) == max(full) == C, (
+        f"in a full block every thread should read exactly COARSEN = {C} elements of x; threads read "
+        f"{sorted(set(full))}")
+    eff = tr.coalescing("x")
+    assert eff >= 0.5, (f"reads of x are not coalesced (efficiency {eff:.3f}): thread t should read x[base + c*R + t], "
+                        "so each of its C loads covers consecutive addresses across the warp")
+    shared = tr.shared_names()
+    assert shared, "coarse_sum_kernel should finish with a tree in a cuda.shared.array"
+    per_element = sum(len(tr.of(s, "w")) for s in shared) / n
+    assert per_element <= 2.0 / C + 0.05, (
+        f"{per_element:.2f} shared-memory writes per element of x; coarsened by {C}, the tree should write about "
+        f"{2 / C:.2f} (2 per thread): add the C elements in a register first")
+
+
+@pytest.mark.exercise("7.9")
+def test_gpu_sum_coarse(lesson):
+    rng = np.random.default_rng(44)
+    x = f32(rng, 5 * lesson.COARSEN * lesson.REDUCE_THREADS + 11)
+    with unstub():
+        got = lesson.gpu_sum_coarse(x)
+    want = x.astype(np.float64).sum()
+    assert abs(got - want) <= 1e-3 * (1 + abs(want)), f"gpu_sum_coarse: expected {want:.6f}, got {got:.6f}"
+    assert_float32_accumulators(lesson.coarse_sum_kernel, "coarse_sum_kernel")
+
+
+# ------------------------------------------------------------------ on a real GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", [pytest.param("matmul_naive", marks=pytest.mark.exercise("7.5")),
+                                    pytest.param("matmul_tiled", marks=pytest.mark.exercise("7.6"))])
+def test_gpu_matmul_compiles_to_float32_arithmetic(lesson, kernel):
+    """On a GPU the kernel is compiled: no double-precision arithmetic may appear in its PTX."""
+    if lesson.SIMULATED:
+        pytest.skip("needs the compiled CUDA target (NUMBA_ENABLE_CUDASIM is set)")
+    rng = np.random.default_rng(45)
+    a, b = f32(rng, 33, 17), f32(rng, 17, 20)
+    with unstub():
+        got = getattr(lesson, kernel)(a, b)
+    assert_close(got, a @ b, f"{kernel} on the GPU", rtol=1e-4, atol=1e-4)
+    ptx = "\n".join(getattr(lesson, kernel + "_kernel").inspect_asm().values())
+    f64 = re.findall(r"\b(?:add|sub|mul|fma\.rn|div\.rn)\.f64\b", ptx)
+    assert not f64, (f"{kernel}_kernel's PTX has {len(f64)} double-precision instructions ({f64[0]}, ...): start the "
+                     "accumulator from np.float32(0.0)")

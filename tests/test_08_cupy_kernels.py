@@ -1,9 +1,10 @@
 """Lesson 08: CUDA C kernels, graded on any machine and, where a GPU is present, on it too.
 
 Without a GPU each kernel is (1) compiled to PTX by NVRTC, whose counts show its structure, and
-(2) run on the CPU by `course.cuda_c.emulate`: one block at a time, threads as fibers in a fixed
-order, shared memory starting as NaN, guard pages after every argument array. A missing barrier
-or guard therefore fails deterministically. Tests marked `gpu` run the same kernels through CuPy.
+(2) run on the CPU by `course.cuda_c.emulate`: every access checked against the argument arrays
+and shared arrays, a happens-before race check on shared memory, and two schedules (threads
+forward and in reverse) whose results must agree. A missing barrier or guard therefore fails,
+with the threads and lines involved. Tests marked `gpu` run the same kernels through CuPy.
 """
 
 import re
@@ -11,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from course.cuda_c import KernelError, compile_ptx, compiler, emulate, kernel_params, ptx_stats
+from course.cuda_c import KernelError, compile_ptx, compiler, emulate, kernel_params, ptx_stats, run_kernel
 
 pytestmark = pytest.mark.lesson08
 
@@ -23,15 +24,23 @@ def need_compiler():
         pytest.skip("the CUDA emulator needs a C++ compiler (g++), and none is installed")
 
 
-def assert_close(got, want, what, rtol=1e-5, atol=1e-6):
+def assert_close(got, want, what, rtol=1e-5, atol=1e-6, notes=()):
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: expected shape {want.shape}, got {got.shape}"
     ok = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=False)
     if not ok.all():
         bad = np.argwhere(~ok)
         i = tuple(int(v) for v in bad[0])
-        raise AssertionError(f"{what}: {len(bad)} of {want.size} elements wrong; first at index {i}: "
-                             f"expected {want[i]}, got {got[i]}")
+        msg = (f"{what}: {len(bad)} of {want.size} elements wrong; first at index {i}: "
+               f"expected {want[i]}, got {got[i]}")
+        nan = np.isnan(got) & ~np.isnan(want)
+        if nan.any():
+            msg += (f". {int(nan.sum())} results are NaN: the emulator fills shared memory with NaN bytes, so a NaN "
+                    "usually means a value read from shared memory before any thread wrote it (a tile slot never "
+                    "loaded, an index off by one), or an output element no thread wrote")
+        for note in notes:
+            msg += f". Note: {note}"
+        raise AssertionError(msg)
 
 
 def compiled(source, what):
@@ -177,27 +186,28 @@ def check_signature(source, name):
         f"got ({', '.join(map(str, params))})")
 
 
-def run_sgemm(source, name, launch, A, B):
+def run_sgemm(source, name, launch, A, B, out_dtype=np.float32, **kw):
     M, K = A.shape
     N = B.shape[1]
-    C = np.full((M, N), np.nan, dtype=np.float32)
+    C = np.full((M, N), np.nan, dtype=out_dtype)
     grid, block = launch(M, N)
     try:
-        emulate(source, name, grid, block, [A, B, C, np.int32(M), np.int32(N), np.int32(K)])
+        run = run_kernel(source, name, grid, block, [A, B, C, np.int32(M), np.int32(N), np.int32(K)], **kw)
     except KernelError as exc:
         raise AssertionError(f"{name} on {M}x{K} @ {K}x{N} failed on the emulator: {exc}") from None
-    return C
+    return C, run
 
 
-def check_sgemm(source, name, launch, shapes):
+def check_sgemm(source, name, launch, shapes, dtype=np.float32, rtol=1e-4):
     need_compiler()
     rng = np.random.default_rng(3)
     for M, K, N in shapes:
-        A = rng.standard_normal((M, K)).astype(np.float32)
-        B = rng.standard_normal((K, N)).astype(np.float32)
+        A = rng.standard_normal((M, K)).astype(dtype)
+        B = rng.standard_normal((K, N)).astype(dtype)
         want = A.astype(np.float64) @ B.astype(np.float64)
-        got = run_sgemm(source, name, launch, A, B)
-        assert_close(got, want, f"{name}: C = A @ B for A {M}x{K}, B {K}x{N}", rtol=1e-4, atol=1e-4 * np.sqrt(K))
+        got, run = run_sgemm(source, name, launch, A, B)
+        assert_close(got, want, f"{name}: C = A @ B for A {M}x{K}, B {K}x{N}", rtol=rtol, atol=rtol * np.sqrt(K),
+                     notes=run.notes)
 
 
 @pytest.mark.exercise("8.3")
@@ -268,13 +278,14 @@ def softmax_ref(x):
     return e / e.sum(axis=1, keepdims=True)
 
 
-def run_softmax(lesson, src, x):
+def run_softmax(lesson, src, x, **kw):
     y = np.full_like(x, np.nan)
     try:
-        emulate(src, "softmax_rows", *lesson.softmax_launch(*x.shape), [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])])
+        run = run_kernel(src, "softmax_rows", *lesson.softmax_launch(*x.shape),
+                         [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])], **kw)
     except KernelError as exc:
         raise AssertionError(f"softmax_rows on a {x.shape} matrix failed on the emulator: {exc}") from None
-    return y
+    return y, run
 
 
 @pytest.mark.exercise("8.6")
@@ -288,8 +299,8 @@ def test_softmax_rows_correct_for_any_row_length(lesson):
     rng = np.random.default_rng(4)
     for rows, cols in [(3, 1), (4, 33), (2, 1000), (5, 257)]:
         x = (rng.standard_normal((rows, cols)) * 5).astype(np.float32)
-        assert_close(run_softmax(lesson, src, x), softmax_ref(x), f"softmax of a ({rows}, {cols}) matrix",
-                     rtol=1e-5, atol=1e-7)
+        y, run = run_softmax(lesson, src, x)
+        assert_close(y, softmax_ref(x), f"softmax of a ({rows}, {cols}) matrix", rtol=1e-5, atol=1e-7, notes=run.notes)
 
 
 @pytest.mark.exercise("8.6")
@@ -299,9 +310,47 @@ def test_softmax_rows_is_stable(lesson):
     x = np.array([[1e4, 1e4 - 1, 1e4 - 2, -1e4],
                   [-np.inf, 0.0, 1.0, -np.inf],
                   [88.0, 89.0, 90.0, 91.0]], dtype=np.float32)
-    y = run_softmax(lesson, src, x)
+    y, _ = run_softmax(lesson, src, x)
     assert np.isfinite(y).all(), f"softmax of large / -inf inputs must be finite, got\n{y}"
     assert_close(y, softmax_ref(x), "softmax of rows with values 1e4 and -inf", rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.exercise("8.6")
+def test_softmax_rows_of_very_negative_logits(lesson):
+    """Masked attention rows: every logit far below 0. A running max that starts at 0 instead of
+    -inf stays 0, every exp underflows, and the row comes out 0 / 0 = NaN."""
+    src = lesson.softmax_source()
+    need_compiler()
+    x = np.array([[-1e4, -1e4 - 1, -1e4 - 3, -1e4 - 0.5, -1e4],
+                  [-np.inf, -200.0, -np.inf, -201.0, -np.inf],
+                  [-120.0, -110.0, -100.0, -130.0, -90.0]], dtype=np.float32)
+    y, _ = run_softmax(lesson, src, x)
+    assert np.isfinite(y).all(), (f"softmax of rows whose logits are all very negative must be finite (start the "
+                                  f"running maximum at -INFINITY, not 0), got\n{y}")
+    assert_close(y, softmax_ref(x), "softmax of rows of very negative (masked) logits", rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.exercise("8.6")
+def test_softmax_rows_spreads_the_row_over_the_block(lesson):
+    src = lesson.softmax_source()
+    st = compiled(src, "softmax_rows")
+    assert st.shfl >= 2, (f"the max and the sum should be warp reductions with __shfl_xor_sync (shfl.sync in the PTX); "
+                          f"the PTX has {st.shfl} shuffles")
+    need_compiler()
+    rows, cols = 2, 1000
+    x = np.random.default_rng(13).standard_normal((rows, cols)).astype(np.float32)
+    y, run = run_softmax(lesson, src, x, profile=True, schedules=("forward",))
+    assert_close(y, softmax_ref(x), f"softmax of a ({rows}, {cols}) matrix", rtol=1e-5, atol=1e-7)
+    threads = lesson.softmax_launch(rows, cols)[1][0]
+    per_thread = 3 * -(-cols // threads)
+    busiest = int(run.profile["x"]["reads"].max())
+    assert busiest <= per_thread + 2, (
+        f"one thread reads {busiest} elements of x for rows of {cols}; with {threads} threads per row each should "
+        f"read at most about {per_thread} (three passes over its share): the row must be split over the block")
+    writers = [len(np.unique(run.profile["y"]["writer"][r])) for r in range(rows)]
+    assert min(writers) >= min(cols, threads), (
+        f"each row's {cols} outputs should be written by the block's {threads} threads; a row was written by "
+        f"{min(writers)} thread(s)")
 
 
 # ------------------------------------------------------------------ 8.7 CupyBackend
@@ -327,6 +376,64 @@ def test_backend_sends_2d_float32_to_the_kernel(lesson):
     assert_close(out, a @ b, "CupyBackend.matmul 2-D float32")
 
 
+class FakeDeviceArray:
+    """An array on a pretend device: NumPy cannot convert it (like a CuPy array), only FakeXP can."""
+
+    __array_priority__ = 1000
+
+    def __init__(self, data):
+        self.data = np.asarray(data)
+
+    shape = property(lambda self: self.data.shape)
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: self.data.ndim)
+    flags = property(lambda self: self.data.flags)
+    T = property(lambda self: FakeDeviceArray(self.data.T))
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError("implicit conversion of a device array to NumPy (use the backend's array module, self.xp)")
+
+
+class FakeXP:
+    """A stand-in for CuPy: the array module of FakeDeviceArray."""
+    float32, float64 = np.float32, np.float64
+
+    @staticmethod
+    def _d(a):
+        return a.data if isinstance(a, FakeDeviceArray) else np.asarray(a)
+
+    def asarray(self, a, dtype=None):
+        return FakeDeviceArray(np.asarray(self._d(a), dtype=dtype))
+
+    def ascontiguousarray(self, a):
+        return FakeDeviceArray(np.ascontiguousarray(self._d(a)))
+
+    def matmul(self, a, b):
+        return FakeDeviceArray(np.matmul(self._d(a), self._d(b)))
+
+
+@pytest.mark.exercise("8.7")
+def test_backend_uses_its_array_module_not_numpy(lesson):
+    seen = []
+
+    def kernel(a, b):
+        seen.append((type(a).__name__, type(b).__name__))
+        return FakeDeviceArray(np.matmul(a.data, b.data))
+
+    be = lesson.CupyBackend(kernel, xp=FakeXP())
+    rng = np.random.default_rng(14)
+    a = FakeDeviceArray(rng.standard_normal((4, 3)).astype(np.float32))
+    b = FakeDeviceArray(rng.standard_normal((5, 3)).astype(np.float32).T)
+    try:
+        out = be.matmul(a, b)
+    except TypeError as exc:
+        raise AssertionError(f"CupyBackend.matmul converted a device array with NumPy ({exc}); on a GPU the operands "
+                             "are CuPy arrays: use self.xp.asarray / self.xp.ascontiguousarray") from None
+    assert seen == [("FakeDeviceArray", "FakeDeviceArray")], f"matmul_2d should get the backend's arrays, got {seen}"
+    assert isinstance(out, FakeDeviceArray), f"the result should stay on the device, got {type(out).__name__}"
+    assert_close(out.data, a.data @ b.data, "CupyBackend.matmul on device arrays")
+
+
 @pytest.mark.exercise("8.7")
 def test_backend_falls_back_and_checks_shapes(lesson):
     k = Counting()
@@ -338,7 +445,11 @@ def test_backend_falls_back_and_checks_shapes(lesson):
     assert_close(be.matmul(a3, b3), a3 @ b3, "batched matmul", rtol=1e-5)
     v = rng.standard_normal(3).astype(np.float32)
     assert_close(be.matmul(a3[0], v), a3[0] @ v, "matrix @ vector", rtol=1e-5)
-    assert not k.calls, f"only 2-D float32 products go to matmul_2d; it was called with {k.calls}"
+    a32, b64 = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2))
+    assert_close(be.matmul(a32, b64), a32 @ b64, "float32 @ float64")
+    assert_close(be.matmul(b64.T, a32.T), b64.T @ a32.T, "float64 @ float32")
+    assert not k.calls, (f"only products of two 2-D float32 operands go to matmul_2d (check both: the kernel would "
+                         f"read float64 bytes as float32); it was called with {k.calls}")
     with pytest.raises(ValueError) as err:
         be.matmul(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
     assert "(2, 3)" in str(err.value) and "(4, 5)" in str(err.value), (
@@ -362,6 +473,124 @@ def test_tensors_on_the_cuda_device_use_the_kernel_forward_and_backward(lesson):
     assert len(k.calls) >= 1, "x @ w on device 'cuda' should call the backend's kernel"
     assert_close(gx, np.ones((6, 3), np.float32) @ w.T, "gradient of x", rtol=1e-5)
     assert_close(gw, x.T @ np.ones((6, 3), np.float32), "gradient of w", rtol=1e-5)
+
+
+# ------------------------------------------------------------------ 8.8-8.11: the rest of the ladder
+VEC_SHAPES = [(1, 4, 4), (200, 20, 136), (129, 12, 260), (7, 300, 8)]  # N and K multiples of 4, M any
+
+
+def check_vector_kernel(src, name):
+    check_signature(src, name)
+    st = compiled(src, name)
+    assert st.ld_global_v4 >= 2, (f"{name} should load A and B from global memory as float4 (ld.global.v4 in the "
+                                  f"PTX); it has {st.ld_global_v4} such loads")
+    assert st.fma_f32 >= 64, f"each thread should do 64 FMAs per k, unrolled; PTX has {st.fma_f32} fma.rn.f32"
+    ratio = st.ld_shared / st.fma_f32
+    assert st.ld_shared_v4 >= 4 and ratio <= 1 / 16 + 1e-9, (
+        f"{name} should read shared memory as float4: 4 ld.shared.v4 per 64 FMAs (1/16 per FMA); PTX has "
+        f"{st.ld_shared_v4} ld.shared.v4 and {st.ld_shared} shared loads for {st.fma_f32} FMAs ({ratio:.3f} per FMA)")
+    assert st.local_bytes == 0, (f"{name} uses {st.local_bytes} bytes of local memory per thread (an array the "
+                                 "compiler could not keep in registers): use compile-time sizes and #pragma unroll")
+    return st
+
+
+@pytest.mark.exercise("8.8")
+def test_sgemm_vec4_loads_float4(lesson):
+    check_vector_kernel(lesson.sgemm_vec4_source(), "sgemm_vec4")
+
+
+@pytest.mark.exercise("8.8")
+def test_sgemm_vec4_correct_and_padded_by_the_wrapper(lesson):
+    src = lesson.sgemm_vec4_source()
+    check_sgemm(src, "sgemm_vec4", lesson.sgemm_regtile_launch, VEC_SHAPES)
+    rng = np.random.default_rng(15)
+    A, B = rng.standard_normal((37, 29)).astype(np.float32), rng.standard_normal((29, 45)).astype(np.float32)
+    assert_close(lesson.sgemm_emulated(A, B, "vec4"), A.astype(np.float64) @ B, "sgemm(a, b, 'vec4') on 37x29 @ 29x45 "
+                 "(the wrapper pads N and K to multiples of 4)", rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.exercise("8.9")
+def test_sgemm_warptile_correct(lesson):
+    src = lesson.sgemm_warptile_source()
+    check_vector_kernel(src, "sgemm_warptile")
+    check_sgemm(src, "sgemm_warptile", lesson.sgemm_regtile_launch, VEC_SHAPES)
+
+
+@pytest.mark.exercise("8.9")
+def test_sgemm_warptile_gives_each_warp_a_64x32_tile(lesson):
+    src = lesson.sgemm_warptile_source()
+    need_compiler()
+    rng = np.random.default_rng(16)
+    M = N = 256
+    A, B = rng.standard_normal((M, 8)).astype(np.float32), rng.standard_normal((8, N)).astype(np.float32)
+    C, run = run_sgemm(src, "sgemm_warptile", lesson.sgemm_regtile_launch, A, B, profile=True, schedules=("forward",))
+    assert_close(C, A.astype(np.float64) @ B, "sgemm_warptile 256x8 @ 8x256", rtol=1e-4, atol=1e-4)
+    writer = run.profile["C"]["writer"]
+    assert (writer >= 0).all(), "every element of C should be written"
+    for w in np.unique(writer // 32):
+        rows, cols = np.nonzero(writer // 32 == w)
+        h, wd = rows.max() - rows.min() + 1, cols.max() - cols.min() + 1
+        assert (h, wd) == (64, 32) and h * wd == rows.size, (
+            f"warp {w % 8} of block {w // 8} writes {rows.size} elements of C spread over rows {rows.min()}..{rows.max()} "
+            f"and columns {cols.min()}..{cols.max()}; with warp tiling it writes one dense 64 x 32 tile")
+
+
+@pytest.mark.exercise("8.10")
+def test_sgemm_dbuf_has_two_stages_and_one_barrier_per_step(lesson):
+    src = lesson.sgemm_dbuf_source()
+    st = check_vector_kernel(src, "sgemm_dbuf")
+    one_stage = (8 * 128 + 8 * 128) * 4
+    assert st.shared_bytes >= 2 * one_stage, (
+        f"double buffering keeps two stages of the A and B tiles in shared memory (at least {2 * one_stage} bytes); "
+        f"the PTX declares {st.shared_bytes}")
+    need_compiler()
+    rng = np.random.default_rng(17)
+    M, K, N = 130, 300, 136
+    A, B = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+    C, run = run_sgemm(src, "sgemm_dbuf", lesson.sgemm_regtile_launch, A, B)
+    assert_close(C, A.astype(np.float64) @ B, f"sgemm_dbuf {M}x{K} @ {K}x{N}", rtol=1e-4, atol=1e-4 * np.sqrt(K),
+                 notes=run.notes)
+    blocks = int(np.prod(lesson.sgemm_regtile_launch(M, N)[0]))
+    steps = -(-K // 8)
+    assert run.barriers <= blocks * (steps + 1), (
+        f"with two stages one __syncthreads() per K step is enough: each block should pass {steps} + 1 barriers for "
+        f"K = {K}, but passed {run.barriers / blocks:.0f}")
+
+
+@pytest.mark.exercise("8.10")
+def test_sgemm_dbuf_correct(lesson):
+    check_sgemm(lesson.sgemm_dbuf_source(), "sgemm_dbuf", lesson.sgemm_regtile_launch, VEC_SHAPES)
+
+
+@pytest.mark.exercise("8.11")
+def test_hgemm_wmma_uses_tensor_cores(lesson):
+    src = lesson.hgemm_wmma_source()
+    params = kernel_params(src, "hgemm_wmma")
+    assert [(p.ctype, p.pointer) for p in params] == [("half", True), ("half", True), ("float", True), ("int", False),
+                                                      ("int", False), ("int", False)] or \
+        [(p.ctype, p.pointer) for p in params] == [("__half", True), ("__half", True), ("float", True), ("int", False),
+                                                   ("int", False), ("int", False)], (
+        f"hgemm_wmma must take (const half* A, const half* B, float* C, int M, int N, int K), got "
+        f"({', '.join(map(str, params))})")
+    st = compiled(src, "hgemm_wmma")
+    assert st.mma >= 4 and st.wmma_load >= 2, (
+        f"each warp should do 2 x 2 tensor-core products per K step (wmma::mma_sync -> wmma.mma.sync) on fragments "
+        f"loaded with wmma::load_matrix_sync; the PTX has {st.mma} mma and {st.wmma_load} wmma.load instructions")
+
+
+@pytest.mark.exercise("8.11")
+def test_hgemm_wmma_correct(lesson):
+    src = lesson.hgemm_wmma_source()
+    need_compiler()
+    rng = np.random.default_rng(18)
+    for M, K, N in [(16, 16, 16), (48, 32, 80), (96, 64, 32)]:
+        A, B = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
+        C, run = run_sgemm(src, "hgemm_wmma", lesson.hgemm_launch, A, B)
+        assert_close(C, A.astype(np.float64) @ B.astype(np.float64), f"hgemm_wmma {M}x{K} @ {K}x{N} (half inputs, "
+                     "float result)", rtol=1e-4, atol=1e-4 * np.sqrt(K), notes=run.notes)
+    A, B = rng.standard_normal((37, 29)).astype(np.float16), rng.standard_normal((29, 45)).astype(np.float16)
+    assert_close(lesson.hgemm_emulated(A, B), A.astype(np.float64) @ B.astype(np.float64),
+                 "hgemm(a, b) on 37x29 @ 29x45 (the wrapper pads to multiples of 16)", rtol=1e-4, atol=1e-3)
 
 
 # ------------------------------------------------------------------ on a real GPU
@@ -389,7 +618,10 @@ def test_gpu_l2norm(lesson):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [pytest.param("naive", marks=pytest.mark.exercise("8.3")),
                                     pytest.param("tiled", marks=pytest.mark.exercise("8.4")),
-                                    pytest.param("regtile", marks=pytest.mark.exercise("8.5"))])
+                                    pytest.param("regtile", marks=pytest.mark.exercise("8.5")),
+                                    pytest.param("vec4", marks=pytest.mark.exercise("8.8")),
+                                    pytest.param("warptile", marks=pytest.mark.exercise("8.9")),
+                                    pytest.param("dbuf", marks=pytest.mark.exercise("8.10"))])
 def test_gpu_sgemm(lesson, kernel):
     import cupy as cp
 
@@ -403,6 +635,21 @@ def test_gpu_sgemm(lesson, kernel):
         assert_close(got, A.astype(np.float64) @ B, f"sgemm {kernel} {M}x{K}x{N} on the GPU", rtol=1e-3,
                      atol=1e-3 * np.sqrt(K))
 
+
+
+@pytest.mark.gpu
+@pytest.mark.exercise("8.11")
+def test_gpu_hgemm_wmma(lesson):
+    import cupy as cp
+
+    lesson.hgemm_wmma_source()  # not attempted -> NotImplementedError before any GPU work
+    rng = np.random.default_rng(19)
+    for M, K, N in [(16, 16, 16), (257, 129, 511), (1024, 1024, 1024)]:
+        A = rng.standard_normal((M, K)).astype(np.float16)
+        B = rng.standard_normal((K, N)).astype(np.float16)
+        got = lesson.hgemm(cp.asarray(A), cp.asarray(B)).get()
+        assert_close(got, A.astype(np.float64) @ B.astype(np.float64), f"hgemm {M}x{K}x{N} on the GPU's tensor cores",
+                     rtol=1e-2, atol=1e-2 * np.sqrt(K))
 
 
 @pytest.mark.gpu

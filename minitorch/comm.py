@@ -1,0 +1,905 @@
+# Generated from solutions/12_data_parallel.py by `make build`. Do not edit.
+"""minitorch.comm: one Communicator interface, two engines, one runner.
+
+Generated from solutions/12_data_parallel.py (lesson 12). Lesson 13 builds on it.
+
+    result = run(fn, nranks, *args, engine="sim" | "mpi", alpha=..., beta=..., flop_rate=...)
+
+runs `fn(comm, *args)` once per rank and returns a `RunResult`: the per-rank return values, the
+per-rank counters (bytes and messages sent and received, per peer) and the timeline (one `Event`
+per send, recv, idle wait, barrier and compute interval), which `RunResult.plot()` draws as a
+Gantt chart.
+
+The communicator (`Communicator`, what `fn` receives):
+    comm.rank, comm.size
+    comm.send(array, dst, tag=0)        buffered: copies `array` and returns at once
+    comm.recv(src, tag=0) -> ndarray    blocks until the oldest message from src with this tag
+    comm.sendrecv(array, dst, src, tag=0, recvtag=None) -> ndarray
+    comm.barrier()
+    comm.compute(seconds=None, *, flops=None, kind="compute", label="")
+                                        simulated: advance this rank's clock; MPI: nothing
+    comm.launch(fn, *args) -> Work      run fn(comm, *args) on the communication stream;
+                                        Work.wait() returns its result (overlap, lesson 12.5)
+    comm.time                           this rank's clock (simulated seconds or wall seconds)
+    comm.stats                          this rank's counters so far (bytes_sent, msgs_sent, sent_to...)
+    comm.group(ranks) -> SubComm        the ranks `ranks` as a communicator of their own
+
+Messages are matched by (source, tag) in the order they were sent (MPI's non-overtaking rule);
+there is no wildcard source, so every run is deterministic.
+
+Engine "sim": every rank is a thread of this process. Time is simulated with the alpha-beta
+(Hockney) model: a message of n bytes occupies the sender's and the receiver's port for
+alpha + n * beta seconds; a send starts when the sender's port is free; a receive completes when
+the message has arrived and the receiver's port has had time to take it in, receives being served
+in the order the receiver posts them. Compute advances a rank's clock by seconds, or flops /
+flop_rate. A deadlock (every running rank waits for a message nobody will send, or for a rank
+that has finished) raises DeadlockError naming who waits for whom; messages never received
+raise UnreceivedMessageError when the run ends.
+
+Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
+Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
+written in a notebook run there too. Every launch has a time limit, after which mpiexec and every
+process under it are killed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+DEFAULT_ALPHA = 5e-6       # seconds per message (latency)
+DEFAULT_BETA = 1e-10       # seconds per byte (1 / bandwidth): 10 GB/s
+DEFAULT_FLOP_RATE = 1e11   # flop/s of one simulated rank
+
+
+class DeadlockError(RuntimeError):
+    """Every rank still running waits for something that no rank will ever do."""
+
+
+class UnreceivedMessageError(RuntimeError):
+    """A run ended with messages that were sent but never received."""
+
+
+@dataclass
+class Event:
+    """One interval on a rank's timeline.
+
+    kind: "F" / "B" (forward / backward compute), "compute", "send", "recv", "idle" (waiting),
+    "barrier". stream: "main", or "comm" for work started with `comm.launch`. peer, nbytes, tag
+    describe a message."""
+    rank: int
+    kind: str
+    start: float
+    end: float
+    stream: str = "main"
+    peer: int | None = None
+    nbytes: int = 0
+    tag: int | None = None
+    label: str = ""
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(n) into `parts` contiguous (lo, hi) pieces, the first n % parts of them one
+    longer (np.array_split's rule). chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]."""
+    if parts < 1 or n < 0:
+        raise ValueError(f"chunk_bounds needs n >= 0 and parts >= 1, got n={n}, parts={parts}")
+    q, extra = divmod(n, parts)
+    bounds, lo = [], 0
+    for i in range(parts):
+        hi = lo + q + (i < extra)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def _new_stats() -> dict:
+    return {"bytes_sent": 0, "bytes_recv": 0, "msgs_sent": 0, "msgs_recv": 0,
+            "sent_to": defaultdict(int), "recv_from": defaultdict(int), "busy": defaultdict(float)}
+
+
+def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
+    """`array` as a C-contiguous array (a private copy unless copy=False), or a clear TypeError."""
+    if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
+        raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
+                        "send t.numpy() for a Tensor")
+    a = np.asarray(array)
+    if a.dtype.kind not in "biufc":
+        raise TypeError(f"rank {rank}: send() takes numeric NumPy arrays, got dtype {a.dtype}")
+    return np.array(a, copy=True, order="C") if copy else np.ascontiguousarray(a)
+
+
+class Work:
+    """Handle of `comm.launch(...)`: `wait()` returns the launched function's result, and (in the
+    simulator) makes the main stream wait until the communication stream has finished it."""
+
+    def __init__(self, comm: Communicator, result: Any, done: float):
+        self._comm, self.result, self.done = comm, result, done
+
+    def wait(self) -> Any:
+        self._comm._join_stream(self.done)
+        return self.result
+
+
+class Communicator:
+    """The interface every engine implements. See the module docstring for the contract."""
+
+    rank: int
+    size: int
+    engine: str = "?"
+
+    def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        """Send a copy of `array` to rank `dst`; returns at once (the copy is buffered)."""
+        raise NotImplementedError
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        """The oldest not yet received message from rank `src` with `tag` (blocks until it arrives)."""
+        raise NotImplementedError
+
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift."""
+        self.send(array, dst, tag)
+        return self.recv(src, tag if recvtag is None else recvtag)
+
+    def barrier(self) -> None:
+        raise NotImplementedError
+
+    def compute(self, seconds: float | None = None, *, flops: float | None = None, kind: str = "compute",
+                label: str = "") -> None:
+        """Account for local work (simulated engine: advances this rank's clock)."""
+
+    def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
+        """Run fn(self, *args, **kwargs) on the communication stream; returns a Work."""
+        raise NotImplementedError
+
+    @property
+    def time(self) -> float:
+        raise NotImplementedError
+
+    def _join_stream(self, done: float) -> None:
+        pass
+
+    def _check_rank(self, peer: Any, what: str) -> int:
+        if isinstance(peer, bool) or not isinstance(peer, (int, np.integer)) or not 0 <= peer < self.size:
+            raise ValueError(f"rank {self.rank}: {what}={peer!r} is not a rank of this communicator "
+                             f"(ranks are 0..{self.size - 1})")
+        return int(peer)
+
+    def _check_tag(self, tag: Any) -> int:
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or not 0 <= tag < 2**20:
+            raise ValueError(f"rank {self.rank}: tag must be an int in [0, 2**20), got {tag!r}")
+        return int(tag)
+
+    def group(self, ranks: list[int]) -> SubComm:
+        """The ranks `ranks` (of this communicator) as a communicator of their own, numbered
+        0..len(ranks)-1 in the order given (a process group: tensor-parallel ranks, a pipeline
+        stage's neighbours...). Call it on the member ranks only."""
+        return SubComm(self, ranks)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} rank {self.rank} of {self.size}>"
+
+
+class SubComm(Communicator):
+    """A group of a parent communicator's ranks: rank i of the group is parent rank ranks[i].
+
+    Messages travel through the parent with the same tags, so two groups that share a pair of
+    ranks and are used at the same time must use different tags. Clock, timeline, streams and
+    counters are the parent's (counters keep the parent's rank numbers)."""
+
+    def __init__(self, parent: Communicator, ranks: list[int]):
+        ranks = [parent._check_rank(r, "group member") for r in ranks]
+        if len(set(ranks)) != len(ranks) or parent.rank not in ranks:
+            raise ValueError(f"rank {parent.rank}: group({ranks}) needs distinct ranks including this one")
+        self.parent, self.ranks = parent, ranks
+        self.rank, self.size, self.engine = ranks.index(parent.rank), len(ranks), parent.engine
+
+    @property
+    def stats(self) -> dict:
+        return self.parent.stats
+
+    @property
+    def time(self) -> float:
+        return self.parent.time
+
+    def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        self.parent.send(array, self.ranks[self._check_rank(dst, "dst")], tag)
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        return self.parent.recv(self.ranks[self._check_rank(src, "src")], tag)
+
+    def barrier(self) -> None:
+        """Every member sends an empty message to member 0, which answers each of them."""
+        token = np.zeros(0, np.uint8)
+        if self.rank == 0:
+            for r in range(1, self.size):
+                self.recv(r, tag=2**20 - 1)
+            for r in range(1, self.size):
+                self.send(token, r, tag=2**20 - 1)
+        else:
+            self.send(token, 0, tag=2**20 - 1)
+            self.recv(0, tag=2**20 - 1)
+
+    def compute(self, seconds: float | None = None, *, flops: float | None = None, kind: str = "compute",
+                label: str = "") -> None:
+        self.parent.compute(seconds, flops=flops, kind=kind, label=label)
+
+    def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
+        work = self.parent.launch(lambda _parent: fn(self, *args, **kwargs))
+        return Work(self, work.result, work.done)
+
+    def _join_stream(self, done: float) -> None:
+        self.parent._join_stream(done)
+
+
+@dataclass
+class _Message:
+    data: np.ndarray
+    ready: float      # simulated time at which the sender finished pushing it onto the wire
+    src: int
+    tag: int
+
+
+class _Aborted(BaseException):
+    """Raised in a rank's thread when another rank failed: unwinds it quietly."""
+
+
+class _SimWorld:
+    """State shared by the ranks of one simulated run; every access holds `cond`."""
+
+    def __init__(self, size: int, alpha: float, beta: float, flop_rate: float):
+        self.size, self.alpha, self.beta, self.flop_rate = size, alpha, beta, flop_rate
+        self.cond = threading.Condition()
+        self.mail: dict[tuple[int, int, int], deque[_Message]] = defaultdict(deque)  # (src, dst, tag)
+        self.waiting: dict[int, tuple[str, Callable[[], bool], Callable[[], set[int]]]] = {}
+        self.finished: set[int] = set()
+        self.failure: tuple[int, BaseException] | None = None
+        self.barrier_arrived: dict[int, float] = {}
+        self.barrier_done: list[float] = []
+
+    def pending_report(self) -> list[str]:
+        lines = []
+        for (src, dst, tag), q in sorted(self.mail.items()):
+            if q:
+                nbytes = sum(m.data.nbytes for m in q)
+                lines.append(f"rank {src} -> rank {dst}, tag {tag}: {len(q)} message(s), {nbytes} bytes")
+        return lines
+
+
+class SimComm(Communicator):
+    """A rank of a simulated run (see the module docstring for the clock model)."""
+
+    engine = "sim"
+
+    def __init__(self, rank: int, world: _SimWorld):
+        self.rank, self.size, self._w = rank, world.size, world
+        self.alpha, self.beta, self.flop_rate = world.alpha, world.beta, world.flop_rate
+        self._clock = {"main": 0.0, "comm": 0.0}
+        self._stream = "main"
+        self._out_free = 0.0   # when this rank's outgoing port is free again
+        self._in_free = 0.0    # when its incoming port is free again
+        self.stats = _new_stats()
+        self.events: list[Event] = []
+
+    # -- clock and timeline
+    @property
+    def time(self) -> float:
+        return self._clock[self._stream]
+
+    def _event(self, kind: str, start: float, end: float, **info: Any) -> None:
+        self.events.append(Event(self.rank, kind, start, end, self._stream, **info))
+        self.stats["busy"][kind] += end - start
+
+    def _advance(self, t: float, kind: str = "idle", **info: Any) -> None:
+        now = self._clock[self._stream]
+        if t > now:
+            self._event(kind, now, t, **info)
+            self._clock[self._stream] = t
+
+    def compute(self, seconds: float | None = None, *, flops: float | None = None, kind: str = "compute",
+                label: str = "") -> None:
+        if (seconds is None) == (flops is None):
+            raise ValueError(f"rank {self.rank}: compute() takes seconds or flops (one of them), "
+                             f"got seconds={seconds}, flops={flops}")
+        dt = float(seconds) if seconds is not None else float(flops) / self.flop_rate
+        if not dt >= 0:
+            raise ValueError(f"rank {self.rank}: compute time must be >= 0, got {dt}")
+        now = self._clock[self._stream]
+        self._event(kind, now, now + dt, label=label)
+        self._clock[self._stream] = now + dt
+
+    # -- point to point
+    def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
+        data = _message_array(array, self.rank)
+        cost = self.alpha + data.nbytes * self.beta
+        start = max(self._clock[self._stream], self._out_free)
+        self._advance(start, "idle", label="send port busy")
+        self._event("send", start, start + cost, peer=dst, nbytes=data.nbytes, tag=tag)
+        self._clock[self._stream] = self._out_free = start + cost
+        st = self.stats
+        st["bytes_sent"] += data.nbytes
+        st["msgs_sent"] += 1
+        st["sent_to"][dst] += data.nbytes
+        w = self._w
+        with w.cond:
+            self._check_abort()
+            w.mail[(self.rank, dst, tag)].append(_Message(data, start + cost, self.rank, tag))
+            w.cond.notify_all()
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        src, tag = self._check_rank(src, "src"), self._check_tag(tag)
+        w = self._w
+        with w.cond:
+            box = w.mail[(src, self.rank, tag)]
+        self._block(f"recv(src={src}, tag={tag})", lambda: bool(box), lambda: {src})
+        with w.cond:
+            msg = box.popleft()
+        n = msg.data.nbytes
+        cost = self.alpha + n * self.beta
+        arrived = max(msg.ready, self._in_free + cost)  # the receiving port serves one message at a time
+        self._in_free = arrived
+        now = self._clock[self._stream]
+        start = max(now, arrived - cost)
+        self._advance(start, "idle", peer=src, label="waiting for data")
+        self._event("recv", start, max(start, arrived), peer=src, nbytes=n, tag=tag)
+        self._clock[self._stream] = max(start, arrived)
+        st = self.stats
+        st["bytes_recv"] += n
+        st["msgs_recv"] += 1
+        st["recv_from"][src] += n
+        return msg.data
+
+    def barrier(self) -> None:
+        """All ranks leave at the latest arrival plus a dissemination barrier's ceil(log2 N) latencies."""
+        w = self._w
+        with w.cond:
+            self._check_abort()
+            generation = len(w.barrier_done)
+            w.barrier_arrived[self.rank] = self._clock[self._stream]
+            if len(w.barrier_arrived) == self.size:
+                w.barrier_done.append(max(w.barrier_arrived.values())
+                                      + math.ceil(math.log2(self.size)) * self.alpha)
+                w.barrier_arrived = {}
+                w.cond.notify_all()
+        self._block("barrier()", lambda: len(w.barrier_done) > generation,
+                    lambda: set(range(self.size)) - set(w.barrier_arrived) - {self.rank})
+        self._advance(w.barrier_done[generation], "barrier")
+
+    # -- streams
+    def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
+        if self._stream == "comm":
+            return Work(self, fn(self, *args, **kwargs), self._clock["comm"])
+        self._clock["comm"] = max(self._clock["comm"], self._clock["main"])
+        self._stream = "comm"
+        try:
+            result = fn(self, *args, **kwargs)
+        finally:
+            self._stream = "main"
+        return Work(self, result, self._clock["comm"])
+
+    def _join_stream(self, done: float) -> None:
+        if self._stream == "main":
+            self._advance(done, "idle", label="waiting for communication")
+
+    # -- blocking, deadlock detection, abort
+    def _check_abort(self) -> None:
+        if self._w.failure is not None:
+            raise _Aborted()
+
+    def _block(self, what: str, ready: Callable[[], bool], blockers: Callable[[], set[int]]) -> None:
+        """Wait (holding nothing) until ready(); raise DeadlockError if that can never happen."""
+        w = self._w
+        with w.cond:
+            try:
+                while True:
+                    self._check_abort()
+                    if ready():
+                        return
+                    gone = blockers() & w.finished
+                    if gone:
+                        err = DeadlockError(
+                            f"rank {self.rank} waits in {what}, but rank {min(gone)} has already finished: "
+                            "the message (or barrier) it waits for will never come"
+                            + _pending_hint(w))
+                        w.failure = w.failure or (self.rank, err)
+                        w.cond.notify_all()
+                        raise err
+                    w.waiting[self.rank] = (what, ready, blockers)
+                    running = [r for r in range(w.size) if r not in w.finished]
+                    if all(r in w.waiting for r in running) and not any(w.waiting[r][1]() for r in running):
+                        lines = [f"  rank {r} waits in {w.waiting[r][0]}" for r in running]
+                        lines += [f"  rank {r} has finished" for r in sorted(w.finished)]
+                        err = DeadlockError("deadlock: every running rank is blocked\n" + "\n".join(lines)
+                                            + _cycle_hint(w, running) + _pending_hint(w))
+                        w.failure = w.failure or (self.rank, err)
+                        w.cond.notify_all()
+                        raise err
+                    w.cond.wait(timeout=0.5)
+            finally:
+                w.waiting.pop(self.rank, None)
+
+
+def _cycle_hint(w: _SimWorld, running: list[int]) -> str:
+    """'rank 0 waits for rank 1, which waits for rank 0' when the waits form a cycle."""
+    nxt = {r: min(w.waiting[r][2]()) for r in running if w.waiting[r][2]()}
+    for start in running:
+        path, r = [start], start
+        while r in nxt and nxt[r] not in path:
+            r = nxt[r]
+            path.append(r)
+        if r in nxt and nxt[r] == start and len(path) > 1:
+            return "\n  cycle: " + " -> ".join(f"rank {p}" for p in path + [start])
+    return ""
+
+
+def _pending_hint(w: _SimWorld) -> str:
+    pending = w.pending_report()
+    return ("\n  sent but not received (wrong peer or tag?):\n    " + "\n    ".join(pending)) if pending else ""
+
+
+@dataclass
+class RunResult:
+    """What `run` returns. results[r]: fn's return value on rank r; stats[r]: rank r's counters
+    (bytes_sent, bytes_recv, msgs_sent, msgs_recv, sent_to {peer: bytes}, recv_from {peer: bytes},
+    busy {kind: seconds}, time: its final clock); timeline: every Event, ordered by start time;
+    time: when the last rank finished (simulated seconds, or wall seconds under MPI)."""
+    engine: str
+    nranks: int
+    results: list
+    stats: list[dict]
+    timeline: list[Event]
+    time: float
+    output: str = ""
+
+    def bytes_sent(self) -> list[int]:
+        return [s["bytes_sent"] for s in self.stats]
+
+    def events(self, rank: int | None = None, kind: str | None = None, stream: str | None = None) -> list[Event]:
+        return [e for e in self.timeline if (rank is None or e.rank == rank) and (kind is None or e.kind == kind)
+                and (stream is None or e.stream == stream)]
+
+    def plot(self, ax: Any = None, title: str | None = None) -> Any:
+        return plot_timeline(self, ax=ax, title=title)
+
+
+KIND_COLORS = {"F": "#4c72b0", "B": "#dd8452", "compute": "#8c8c8c", "send": "#55a868", "recv": "#8172b3",
+               "idle": "#eeeeee", "barrier": "#c44e52"}
+
+
+def plot_timeline(result: RunResult, ax: Any = None, title: str | None = None) -> Any:
+    """Gantt chart: one row per rank and stream, one bar per event, coloured by kind."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = sorted({(e.rank, e.stream) for e in result.timeline}, key=lambda rs: (rs[0], rs[1] != "main"))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.45 * max(len(rows), 2) + 1))
+    scale, unit = _time_unit(result.time)
+    for y, (rank, stream) in enumerate(rows):
+        for kind in KIND_COLORS:
+            bars = [((e.start) * scale, max(e.duration * scale, 0.0)) for e in result.timeline
+                    if e.rank == rank and e.stream == stream and e.kind == kind]
+            if bars:
+                ax.broken_barh(bars, (y - 0.4, 0.8), facecolors=KIND_COLORS[kind],
+                               edgecolors="white" if kind != "idle" else "#cccccc", linewidth=0.3)
+    ax.set_yticks(range(len(rows)), [f"rank {r}" + ("" if s == "main" else f" {s}") for r, s in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time ({unit}, {'simulated' if result.engine == 'sim' else 'wall clock'})")
+    used = {e.kind for e in result.timeline}
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items() if k in used],
+              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_title(title or f"{result.engine}: {result.nranks} ranks")
+    return ax
+
+
+def _time_unit(t: float) -> tuple[float, str]:
+    if t >= 1:
+        return 1.0, "s"
+    if t >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "us"
+
+
+# ------------------------------------------------------------------------------------ runner
+def run(fn: Callable, nranks: int, *args: Any, engine: str = "sim", alpha: float = DEFAULT_ALPHA,
+        beta: float = DEFAULT_BETA, flop_rate: float = DEFAULT_FLOP_RATE, timeout: float = 120.0,
+        **kwargs: Any) -> RunResult:
+    """Run fn(comm, *args, **kwargs) on `nranks` ranks; return a RunResult.
+
+    engine="sim": threads of this process, simulated alpha-beta clock (alpha s/message, beta
+    s/byte, flop_rate flop/s for comm.compute(flops=...)). engine="mpi": `mpiexec -n nranks`
+    with mpi4py; alpha, beta, flop_rate are ignored (time is real). A rank's exception is
+    re-raised here, with a note naming the rank; `timeout` seconds bounds the whole run."""
+    if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
+        raise ValueError(f"run: nranks must be a positive int, got {nranks!r}")
+    if engine == "sim":
+        if not (alpha >= 0 and beta >= 0 and flop_rate > 0):
+            raise ValueError(f"run: need alpha >= 0, beta >= 0, flop_rate > 0; got {alpha}, {beta}, {flop_rate}")
+        return _run_sim(fn, int(nranks), args, kwargs, alpha, beta, flop_rate, timeout)
+    if engine == "mpi":
+        return _run_mpi(fn, int(nranks), args, kwargs, timeout)
+    raise ValueError(f"run: engine must be 'sim' or 'mpi', got {engine!r}")
+
+
+def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunResult:
+    world = _SimWorld(nranks, alpha, beta, flop_rate)
+    comms = [SimComm(r, world) for r in range(nranks)]
+    results: list = [None] * nranks
+
+    def body(r: int) -> None:
+        try:
+            results[r] = fn(comms[r], *args, **kwargs)
+        except _Aborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - a rank's error is re-raised by the runner
+            with world.cond:
+                world.failure = world.failure or (r, exc)
+        finally:
+            with world.cond:
+                world.finished.add(r)
+                world.cond.notify_all()
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank-{r}", daemon=True) for r in range(nranks)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(deadline - time.monotonic(), 0))
+    alive = [r for r, t in enumerate(threads) if t.is_alive()]
+    if alive:
+        with world.cond:
+            waits = [f"rank {r}: " + (f"waits in {world.waiting[r][0]}" if r in world.waiting else "running")
+                     for r in alive]
+            world.failure = world.failure or (alive[0], TimeoutError("timeout"))
+            world.cond.notify_all()
+        raise TimeoutError(f"simulated run of {nranks} ranks did not finish in {timeout:g} s "
+                           f"(an infinite loop?):\n  " + "\n  ".join(waits))
+    if world.failure is not None:
+        rank, exc = world.failure
+        if not isinstance(exc, DeadlockError):
+            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} ranks)")
+        raise exc
+    pending = world.pending_report()
+    if pending:
+        raise UnreceivedMessageError("messages sent but never received (wrong peer or tag?):\n  "
+                                     + "\n  ".join(pending))
+    stats = []
+    for c in comms:
+        s = _plain_stats(c.stats)
+        s["time"] = max(c._clock.values())
+        stats.append(s)
+    timeline = sorted((e for c in comms for e in c.events), key=lambda e: (e.start, e.rank))
+    return RunResult("sim", nranks, results, stats, timeline, max(s["time"] for s in stats))
+
+
+def _plain_stats(st: dict) -> dict:
+    out = dict(st)
+    for key in ("sent_to", "recv_from", "busy"):
+        out[key] = dict(sorted(st[key].items()))
+    return out
+
+
+_HEADER = 64  # bytes before each message's payload: dtype and shape
+
+
+def _pack(a: np.ndarray) -> np.ndarray:
+    if a.ndim > 6:
+        raise ValueError(f"send(): arrays of at most 6 dimensions, got shape {a.shape}")
+    buf = np.empty(_HEADER + a.nbytes, np.uint8)
+    head = struct.pack("<B8s6q", a.ndim, a.dtype.str.encode(), *a.shape, *([0] * (6 - a.ndim)))
+    buf[:len(head)] = np.frombuffer(head, np.uint8)
+    buf[_HEADER:] = a.reshape(-1).view(np.uint8)
+    return buf
+
+
+def _unpack(buf: np.ndarray) -> np.ndarray:
+    ndim, dtype, *shape = struct.unpack_from("<B8s6q", buf)
+    return buf[_HEADER:].view(np.dtype(dtype.rstrip(b"\0").decode())).reshape(shape[:ndim])
+
+
+class MPIComm(Communicator):
+    """A rank of a real run: mpi4py on MPI_COMM_WORLD. Sends are MPI_Isend of a private copy
+    (so they never block, as in the simulator); receives probe for the size, then MPI_Recv."""
+
+    engine = "mpi"
+
+    def __init__(self, mpi_comm: Any):
+        from mpi4py import MPI
+
+        self._MPI, self._c = MPI, mpi_comm
+        self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+        self.stats = _new_stats()
+        self.events: list[Event] = []
+        self._pending: list = []
+        self._msgs_to = [0] * self.size
+        self._msgs_from = [0] * self.size
+        mpi_comm.Barrier()
+        self._t0 = time.perf_counter()
+
+    @property
+    def time(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
+        data = _message_array(array, self.rank, copy=False)
+        t = self.time
+        buf = _pack(data)  # the one copy: the caller may reuse `array` at once
+        self._pending.append((self._c.Isend([buf, self._MPI.BYTE], dst, tag), buf))
+        if len(self._pending) > 64:
+            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
+        self.events.append(Event(self.rank, "send", t, self.time, peer=dst, nbytes=data.nbytes, tag=tag))
+        st = self.stats
+        st["bytes_sent"] += data.nbytes
+        st["msgs_sent"] += 1
+        st["sent_to"][dst] += data.nbytes
+        self._msgs_to[dst] += 1
+
+    def recv(self, src: int, tag: int = 0) -> np.ndarray:
+        src, tag = self._check_rank(src, "src"), self._check_tag(tag)
+        MPI = self._MPI
+        t = self.time
+        status = MPI.Status()
+        self._c.Probe(src, tag, status)
+        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        self._c.Recv([buf, MPI.BYTE], src, tag)
+        data = _unpack(buf)
+        self.events.append(Event(self.rank, "recv", t, self.time, peer=src, nbytes=data.nbytes, tag=tag))
+        st = self.stats
+        st["bytes_recv"] += data.nbytes
+        st["msgs_recv"] += 1
+        st["recv_from"][src] += data.nbytes
+        self._msgs_from[src] += 1
+        return data
+
+    def barrier(self) -> None:
+        t = self.time
+        self._c.Barrier()
+        self.events.append(Event(self.rank, "barrier", t, self.time))
+
+    def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
+        return Work(self, fn(self, *args, **kwargs), self.time)
+
+    def _finish(self) -> str:
+        """After fn returned on every rank: find (and drain) messages nobody received. Collective."""
+        MPI = self._MPI
+        sent = np.array(self._msgs_to, np.int64)
+        expected = np.empty_like(sent)
+        self._c.Alltoall(sent, expected)
+        lines = []
+        for src in range(self.size):
+            for _ in range(int(expected[src]) - self._msgs_from[src]):
+                status = MPI.Status()
+                self._c.Probe(src, MPI.ANY_TAG, status)
+                buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                self._c.Recv([buf, MPI.BYTE], src, status.Get_tag())
+                lines.append(f"rank {src} -> rank {self.rank}, tag {status.Get_tag()}: 1 message(s), "
+                             f"{buf.size - _HEADER} bytes")
+        MPI.Request.Waitall([r for r, _ in self._pending])
+        self._pending = []
+        everyone = self._c.allgather(lines)
+        return "\n  ".join(sorted(line for part in everyone for line in part))
+
+
+def mpiexec_path() -> str | None:
+    """The mpiexec next to this Python (the mpich wheel installs it in the venv), else on PATH."""
+    import shutil
+
+    here = Path(sys.executable).with_name("mpiexec")
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+# Environment for every MPI launch. One BLAS/OpenMP thread per rank: ranks already outnumber
+# cores. Hydra starts ranks by fork on this host (no ssh, no network needed).
+MPI_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "HYDRA_LAUNCHER": "fork", "PYTHONDONTWRITEBYTECODE": "1"}
+
+_WORKER = "import sys; from minitorch.comm import _mpi_worker; _mpi_worker(sys.argv[1])"
+_MPI_STATUS: tuple[bool, str] | None = None
+
+
+def mpi_status() -> tuple[bool, str]:
+    """(True, version) if `mpiexec -n 1` can start an mpi4py process here, else (False, why)."""
+    global _MPI_STATUS
+    if _MPI_STATUS is None:
+        exe = mpiexec_path()
+        if exe is None:
+            _MPI_STATUS = (False, "no mpiexec found (run `make setup`: it installs the mpich wheel)")
+        else:
+            code = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); print(MPI.Get_library_version().splitlines()[0])"
+            try:
+                rc, out = _launch([exe, "-n", "1", sys.executable, "-c", code], 60)
+                _MPI_STATUS = (True, out.strip()) if rc == 0 else (False, f"mpiexec failed ({rc}): {out.strip()[-300:]}")
+            except (OSError, TimeoutError) as exc:
+                _MPI_STATUS = (False, f"mpiexec could not start: {exc}")
+    return _MPI_STATUS
+
+
+def _launch(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run cmd in its own process group; on timeout (or any interruption) kill the whole group."""
+    env = {**os.environ, **MPI_ENV}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        out, _ = proc.communicate()
+        raise TimeoutError(f"`{' '.join(cmd[:3])} ... {cmd[-1]}` ran past {timeout:g} s; it was killed with all "
+                           f"its processes (a deadlock? every rank blocked in recv?). Output:\n{out[-2000:]}") from None
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+            proc.wait()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL every process below mpiexec, deepest first, then mpiexec (after it has had a
+    moment to reap its children). Hydra starts its proxy and the ranks each in a session of
+    their own, so killing the process group is not enough: walk the parent links."""
+    for pid in reversed(_process_tree(proc.pid)[1:]):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _process_tree(root: int) -> list[int]:
+    """root and its descendants, from /proc (Linux); elsewhere just root."""
+    children: dict[int, list[int]] = defaultdict(list)
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return [root]
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children[ppid].append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    tree, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        tree.append(pid)
+        stack.extend(children.get(pid, []))
+    return tree
+
+
+def _by_value_modules() -> list:
+    """Modules a fresh `python` could not import by name: notebooks' and tests' modules, lessons
+    loaded by the grader. cloudpickle must ship their functions by value."""
+    import minitorch
+
+    root = Path(minitorch.__file__).resolve().parent.parent
+    keep = (root / "minitorch", root / "course")
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if name == "__main__" or mod is None:
+            continue
+        file = getattr(mod, "__file__", None) or ""
+        if file.startswith("<") and getattr(mod, "__spec__", None) is None:
+            found.append(mod)
+        elif file and not file.startswith("<"):
+            path = Path(file).resolve()
+            if path.is_relative_to(root) and not any(path.is_relative_to(k) for k in keep) \
+                    and ".venv" not in path.parts:
+                found.append(mod)
+    return found
+
+
+def _dumps(obj: Any) -> bytes:
+    import cloudpickle
+
+    mods = _by_value_modules()
+    for m in mods:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps(obj)
+    finally:
+        for m in mods:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
+def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
+    exe = mpiexec_path()
+    if exe is None:
+        raise RuntimeError(f"MPI cannot start here: {mpi_status()[1]}")
+    with tempfile.TemporaryDirectory(prefix="minitorch-mpi-") as tmp:
+        job = Path(tmp)
+        (job / "job.pkl").write_bytes(_dumps((fn, args, kwargs)))
+        t0 = time.perf_counter()
+        rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout)
+        wall = time.perf_counter() - t0
+        records = {}
+        for r in range(nranks):
+            path = job / f"rank{r}.pkl"
+            if path.exists():
+                import pickle
+
+                records[r] = pickle.loads(path.read_bytes())
+    failed = [r for r in sorted(records) if records[r]["error"] is not None]
+    if failed:
+        rank = failed[0]
+        exc = records[rank]["error"]
+        exc.add_note(f"(raised on rank {rank} of an MPI run with {nranks} ranks)\n"
+                     f"rank {rank}'s traceback:\n{records[rank]['traceback']}")
+        raise exc
+    if rc != 0 or len(records) != nranks:
+        ok, why = mpi_status()
+        raise RuntimeError(f"mpiexec -n {nranks} failed (exit code {rc}, {len(records)} of {nranks} ranks "
+                           f"reported) after {wall:.1f} s" + ("" if ok else f"; MPI cannot start here: {why}")
+                           + f". Output:\n{out[-3000:]}")
+    stats = [records[r]["stats"] for r in range(nranks)]
+    timeline = sorted((e for r in range(nranks) for e in records[r]["events"]), key=lambda e: (e.start, e.rank))
+    return RunResult("mpi", nranks, [records[r]["result"] for r in range(nranks)], stats, timeline,
+                     max(s["time"] for s in stats), out)
+
+
+def _mpi_worker(job_dir: str) -> None:
+    """Entry point of each rank under mpiexec (see _run_mpi)."""
+    import pickle
+
+    import cloudpickle
+    from mpi4py import MPI
+
+    job = Path(job_dir)
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    record: dict[str, Any] = {"result": None, "error": None, "traceback": ""}
+    comm = None
+    try:
+        fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
+        comm = MPIComm(world)
+        record["result"] = fn(comm, *args, **kwargs)
+        record["time"] = comm.time  # when fn returned (before the end-of-run checks)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, then the run is aborted
+        record["error"], record["traceback"] = exc, traceback.format_exc()
+    if record["error"] is None:
+        unreceived = comm._finish()
+        if unreceived:
+            record["error"] = UnreceivedMessageError(
+                "messages sent but never received (wrong peer or tag?):\n  " + unreceived)
+    if comm is not None:
+        record["stats"] = _plain_stats(comm.stats)
+        record["stats"]["time"] = record.get("time", comm.time)
+        record["events"] = comm.events
+    try:
+        blob = cloudpickle.dumps(record)
+    except Exception:  # noqa: BLE001 - an unpicklable result or exception: send its text
+        err = record["error"]
+        record["error"] = RuntimeError(f"{type(err).__name__}: {err}") if err is not None else None
+        record["result"] = None if record["error"] else repr(record["result"])
+        blob = cloudpickle.dumps(record)
+    tmp = job / f".rank{rank}.pkl"
+    tmp.write_bytes(blob)
+    tmp.rename(job / f"rank{rank}.pkl")
+    if record["error"] is not None and not isinstance(record["error"], UnreceivedMessageError):
+        sys.stdout.flush()
+        world.Abort(1)

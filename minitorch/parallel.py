@@ -1,0 +1,502 @@
+# Generated from solutions/12_data_parallel.py by `make build`. Do not edit.
+"""minitorch.parallel: collectives from send/recv, the alpha-beta cost model, data-parallel
+training with gradient bucketing, ZeRO sharding and activation checkpointing.
+
+Generated from solutions/12_data_parallel.py (lesson 12). Runs on any `minitorch.comm`
+communicator (simulated or MPI).
+"""
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from minitorch.autograd import Tensor, no_grad, topo_order, unbroadcast
+from minitorch.comm import Communicator, Work, chunk_bounds
+from minitorch.nn import Module, Parameter, cross_entropy
+
+
+def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
+    """Elementwise sum over ranks of `x`, returned on every rank (a new array, x's shape and dtype).
+
+    Every rank sends x to rank 0; rank 0 adds them in rank order and sends the sum to ranks
+    1..N-1. x: any shape, any numeric dtype, the same shape on every rank; not modified."""
+    x = np.asarray(x)
+    if comm.rank == 0:
+        total = x.copy()
+        for src in range(1, comm.size):
+            total += comm.recv(src)
+        for dst in range(1, comm.size):
+            comm.send(total, dst)
+        return total
+    comm.send(x, 0)
+    return comm.recv(0)
+
+
+def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
+    """Chunk `comm.rank` of the elementwise sum over ranks of x.ravel(), by the ring.
+
+    x: n elements (any shape), the same n on every rank. Chunks: chunk_bounds(n, size). Returns a
+    new 1-D array of x's dtype and length hi - lo. Sends N-1 messages, all to (rank + 1) % size."""
+    flat = np.asarray(x).reshape(-1)
+    size, rank = comm.size, comm.rank
+    parts = [flat[lo:hi].copy() for lo, hi in chunk_bounds(flat.size, size)]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for s in range(size - 1):
+        comm.send(parts[(rank - s - 1) % size], right)
+        parts[(rank - s - 2) % size] += comm.recv(left)
+    return parts[rank]
+
+
+def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
+    """Every rank's chunk.ravel(), concatenated in rank order, on every rank, by the ring.
+
+    Chunks may differ in length between ranks (they must share a dtype). Returns a new 1-D
+    array. Sends N-1 messages, all to (rank + 1) % size."""
+    size, rank = comm.size, comm.rank
+    parts: list = [None] * size
+    parts[rank] = np.asarray(chunk).reshape(-1).copy()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for s in range(size - 1):
+        comm.send(parts[(rank - s) % size], right)
+        parts[(rank - s - 1) % size] = comm.recv(left)
+    return np.concatenate(parts)
+
+
+def ring_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
+    """Elementwise sum over ranks of x (any shape), on every rank: ring reduce-scatter, then
+    ring all-gather. Returns a new array of x's shape and dtype."""
+    x = np.asarray(x)
+    return ring_allgather(comm, ring_reduce_scatter(comm, x)).reshape(x.shape)
+
+
+class Cost(NamedTuple):
+    """Predicted seconds, and bytes sent by the busiest rank."""
+    time: float
+    bytes: float
+
+
+COLLECTIVES = ("naive_allreduce", "ring_reduce_scatter", "ring_allgather", "ring_allreduce")
+
+
+def collective_cost(name: str, nbytes: float, nranks: int, alpha: float, beta: float) -> Cost:
+    """Alpha-beta prediction for collective `name` (one of COLLECTIVES) on `nranks` ranks.
+
+    nbytes: S, the bytes of the whole array (of the result, for the all-gather); assume nranks
+    divides it. alpha: seconds per message, beta: seconds per byte. Raises ValueError for an
+    unknown name or nranks < 1."""
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}: use one of {COLLECTIVES}")
+    if nranks < 1:
+        raise ValueError(f"nranks must be >= 1, got {nranks}")
+    n, s = nranks, float(nbytes)
+    if name == "naive_allreduce":
+        return Cost(2 * (n - 1) * (alpha + s * beta), (n - 1) * s)
+    steps = (n - 1) if name in ("ring_reduce_scatter", "ring_allgather") else 2 * (n - 1)
+    return Cost(steps * (alpha + s / n * beta), steps * s / n)
+
+
+def dp_train_step(comm: Communicator, model: Module, optimizer: Any, X: np.ndarray, y: np.ndarray,
+                  allreduce: Callable) -> float:
+    """One data-parallel step on the global batch X (B, d), y (B,) int, the same on every rank.
+
+    This rank trains on rows chunk_bounds(B, size)[rank] with the loss
+    cross_entropy(model(rows), labels) * rows / B (skipped when it has no rows), sums every
+    parameter's gradient over the ranks with allreduce(comm, grad) (each Parameter once; zeros
+    where this rank has no gradient), sets p.grad to the sum and calls optimizer.step().
+    X is cast to the parameters' dtype. Returns this rank's scaled loss (they sum to the
+    loss of the global batch)."""
+    B = len(X)
+    lo, hi = chunk_bounds(B, comm.size)[comm.rank]
+    params = model.parameters()
+    optimizer.zero_grad()
+    local = 0.0
+    if hi > lo:
+        logits = model(Tensor(np.asarray(X[lo:hi], dtype=params[0].dtype)))
+        loss = cross_entropy(logits, y[lo:hi]) * ((hi - lo) / B)
+        loss.backward()
+        local = loss.item()
+    for p in params:
+        g = p.grad.data if p.grad is not None else np.zeros_like(p.data)
+        p.grad = Tensor(allreduce(comm, g))
+    optimizer.step()
+    return local
+
+
+def op_flops(node: Tensor) -> float:
+    """Approximate forward flops of the op that produced `node`: 2 * (output size) * k for a
+    matmul contracting k, else one per output element. (Cost model for the simulated clock.)"""
+    if node._op == "matmul" and node._parents:
+        p = node._parents[0]
+        if len(node._parents) == 1 and p.ndim >= 2 and p.shape[-1] == node.shape[-1]:
+            k = p.shape[-2]  # only the right operand needs a gradient: (k, n)
+        else:
+            k = p.shape[-1]  # the left operand (..., k)
+        return 2.0 * node.size * k
+    return float(node.size)
+
+
+def charge_forward(comm: Communicator, loss: Tensor) -> None:
+    """Charge the forward pass that built `loss` to comm's clock, one "F" interval per op."""
+    for node in topo_order(loss):
+        if node._parents:
+            comm.compute(flops=op_flops(node), kind="F", label=node._op)
+
+
+def backward_with_hooks(loss: Tensor, on_ready: Callable[[Tensor], None] | None = None,
+                        comm: Communicator | None = None) -> None:
+    """loss.backward() (lesson 02's engine, same order of operations, same gradients), plus:
+    on_ready(leaf) is called as soon as a leaf's .grad is final, i.e. right after the backward
+    of its last consumer; each node's backward (2x its forward flops) is charged to comm as "B"."""
+    if loss.size != 1:
+        raise ValueError(f"backward_with_hooks needs a one-element loss, got shape {loss.shape}")
+    order = topo_order(loss)
+    consumers: dict[int, int] = {}
+    for node in order:
+        for parent in node._parents:
+            consumers[id(parent)] = consumers.get(id(parent), 0) + 1
+    grads: dict[int, Any] = {id(loss): loss.xp.ones(loss.shape, dtype=loss.dtype)}
+
+    def finish_leaf(leaf: Tensor) -> None:
+        g = leaf.backend.asarray(grads.pop(id(leaf)), dtype=leaf.dtype)
+        leaf.grad = Tensor(g.copy() if leaf.grad is None else leaf.grad.data + g, device=leaf.device)
+        if on_ready is not None:
+            on_ready(leaf)
+
+    for node in reversed(order):
+        if node._vjp is None:  # a leaf: finished when its last consumer was
+            if node is loss and id(node) in grads:
+                finish_leaf(node)
+            continue
+        g = grads.pop(id(node), None)
+        if g is not None:
+            if comm is not None:
+                comm.compute(flops=2 * op_flops(node), kind="B", label=node._op)
+            for parent, pg in zip(node._parents, node._vjp(g)):
+                if pg is None:
+                    continue
+                if tuple(pg.shape) != parent.shape:
+                    pg = unbroadcast(pg, parent.shape)
+                grads[id(parent)] = pg if id(parent) not in grads else grads[id(parent)] + pg
+        for parent in node._parents:
+            consumers[id(parent)] -= 1
+            if parent._vjp is None and consumers[id(parent)] == 0 and id(parent) in grads:
+                finish_leaf(parent)
+
+
+def make_buckets(params: list, bucket_bytes: int) -> list[list[int]]:
+    """Indices into `params`, grouped into buckets in reverse order (last parameter first).
+
+    A bucket is closed as soon as its parameters' data hold >= bucket_bytes bytes; the
+    remainder forms the last bucket. Raises ValueError if bucket_bytes <= 0."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets, current, filled = [], [], 0
+    for i in reversed(range(len(params))):
+        current.append(i)
+        filled += params[i].data.nbytes
+        if filled >= bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def dp_train_step_overlap(comm: Communicator, model: Module, optimizer: Any, X: np.ndarray, y: np.ndarray,
+                          allreduce: Callable, bucket_bytes: int) -> float:
+    """dp_train_step with bucketed all-reduces launched during the backward pass.
+
+    Buckets: make_buckets(model.parameters(), bucket_bytes). Forward (charged with
+    charge_forward), backward with backward_with_hooks(loss, on_ready, comm); bucket k's
+    flattened gradients go to comm.launch(allreduce, flat) once all of them are ready and
+    buckets 0..k-1 are launched. Then wait for every bucket, set each p.grad to its summed
+    slice, optimizer.step(). Returns this rank's scaled loss."""
+    params = model.parameters()
+    buckets = make_buckets(params, bucket_bytes)
+    index = {id(p): i for i, p in enumerate(params)}
+    ready: set[int] = set()
+    launched: list[tuple[list[int], Work]] = []
+
+    def launch_ready_buckets() -> None:
+        while len(launched) < len(buckets) and all(i in ready for i in buckets[len(launched)]):
+            bucket = buckets[len(launched)]
+            flat = np.concatenate([(params[i].grad.data if params[i].grad is not None
+                                    else np.zeros_like(params[i].data)).reshape(-1) for i in bucket])
+            launched.append((bucket, comm.launch(allreduce, flat)))
+
+    def on_ready(leaf: Tensor) -> None:
+        if id(leaf) in index:
+            ready.add(index[id(leaf)])
+            launch_ready_buckets()
+
+    B = len(X)
+    lo, hi = chunk_bounds(B, comm.size)[comm.rank]
+    optimizer.zero_grad()
+    local = 0.0
+    if hi > lo:
+        logits = model(Tensor(np.asarray(X[lo:hi], dtype=params[0].dtype)))
+        loss = cross_entropy(logits, y[lo:hi]) * ((hi - lo) / B)
+        charge_forward(comm, loss)
+        backward_with_hooks(loss, on_ready, comm)
+        local = loss.item()
+    ready.update(range(len(params)))
+    launch_ready_buckets()
+    for bucket, work in launched:
+        flat, offset = work.wait(), 0
+        for i in bucket:
+            p = params[i]
+            p.grad = Tensor(flat[offset:offset + p.size].reshape(p.shape))
+            offset += p.size
+    optimizer.step()
+    return local
+
+
+def zero_memory_per_rank(num_params: float, nranks: int, stage: int, K: int = 12) -> float:
+    """Bytes of model states per rank under ZeRO `stage` (0 = plain data parallelism, 1, 2, 3)
+    with mixed precision: 2 bytes per fp16 weight, 2 per fp16 gradient, K per parameter of
+    optimizer state. Raises ValueError for another stage."""
+    psi, n = float(num_params), nranks
+    if stage == 0:
+        return (2 + 2 + K) * psi
+    if stage == 1:
+        return 2 * psi + 2 * psi + K * psi / n
+    if stage == 2:
+        return 2 * psi + (2 + K) * psi / n
+    if stage == 3:
+        return (2 + 2 + K) * psi / n
+    raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+
+
+class ZeroAdam:
+    """Adam (minitorch.optim.Adam's update) with ZeRO stage 1, 2 or 3 sharding, for one rank.
+
+    All parameters form one flat vector of `numel` elements; this rank owns lo:hi
+    (chunk_bounds(numel, size)[rank]). Arrays it keeps:
+      master, m, v   this rank's slice of the weights and Adam's moments (stages 1-3)
+      flat_grad      stage 1: the full gradient buffer, the summed slice written at lo:hi
+      grad_shard     the summed gradient of this rank's slice (stage 1: a view of flat_grad)
+      param_shard    stage 3: this rank's slice of the working weights; the model's own
+                     parameter arrays are empty between gather_params and the next release
+    A step: gather_params(); forward and backward; reduce_gradients(); step().
+    reduce_scatter(comm, flat) and allgather(comm, chunk) are collectives as in section 2."""
+
+    def __init__(self, comm: Communicator, model: Module, stage: int, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, *,
+                 reduce_scatter: Callable, allgather: Callable):
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroAdam: stage must be 1, 2 or 3, got {stage!r}")
+        self.comm, self.model, self.stage = comm, model, stage
+        self.lr, self.betas, self.eps, self.t = lr, betas, eps, 0
+        self.reduce_scatter, self.allgather = reduce_scatter, allgather
+        self.params = model.parameters()
+        self.shapes = [p.shape for p in self.params]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.numel = sum(self.sizes)
+        self.lo, self.hi = chunk_bounds(self.numel, comm.size)[comm.rank]
+        self.master = self.flat_params()[self.lo:self.hi].copy()
+        self.m, self.v = np.zeros_like(self.master), np.zeros_like(self.master)
+        self.flat_grad: np.ndarray | None = None
+        self.grad_shard: np.ndarray | None = None
+        self.param_shard: np.ndarray | None = None
+        if stage == 3:
+            self.param_shard = self.master.copy()
+            self.release_params()
+
+    # -- given helpers
+    def flat_params(self) -> np.ndarray:
+        return np.concatenate([p.data.reshape(-1) for p in self.params])
+
+    def flat_grads(self) -> np.ndarray:
+        """The model's gradients as one new flat array (zeros for a parameter without one)."""
+        return np.concatenate([(p.grad.data if p.grad is not None else np.zeros(n, self.master.dtype)).reshape(-1)
+                               for p, n in zip(self.params, self.sizes)])
+
+    def set_params(self, flat: np.ndarray) -> None:
+        """Make the model's parameters views of the full flat vector `flat` (numel elements)."""
+        if flat.size != self.numel:
+            raise ValueError(f"set_params: expected {self.numel} elements, got {flat.size}")
+        offset = 0
+        for p, shape, n in zip(self.params, self.shapes, self.sizes):
+            p.data = flat[offset:offset + n].reshape(shape)
+            offset += n
+
+    def release_params(self) -> None:
+        """Drop the model's weights (stage 3 between steps): empty arrays until gather_params."""
+        for p in self.params:
+            p.data = np.empty(0, self.master.dtype)
+
+    def release_grads(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def memory(self) -> dict[str, int]:
+        """Elements held now, by role: params (the model's weights, param_shard), grads (p.grad,
+        flat_grad, grad_shard), optimizer (master, m, v), other (any other array attribute).
+        An array that is a view of another (same dtype) is counted once."""
+        seen: set[int] = set()
+        held = {"params": 0, "grads": 0, "optimizer": 0, "other": 0}
+
+        def add(role: str, a: Any) -> None:
+            if a is None:
+                return
+            a = a.data if isinstance(a, Tensor) else a
+            while isinstance(a.base, np.ndarray) and a.base.dtype == a.dtype:
+                a = a.base
+            if id(a) not in seen:
+                seen.add(id(a))
+                held[role] += a.size
+
+        for p in self.params:
+            add("params", p.data)
+        add("params", self.param_shard)
+        for p in self.params:
+            add("grads", p.grad)
+        add("grads", self.flat_grad)
+        add("grads", self.grad_shard)
+        for a in (self.master, self.m, self.v):
+            add("optimizer", a)
+        for value in vars(self).values():
+            if isinstance(value, np.ndarray):
+                add("other", value)
+        return held
+
+    # -- the exercise
+    def gather_params(self) -> None:
+        """Before the forward pass. Stage 3: all-gather the param_shard slices and make them the
+        model's weights (set_params). Stages 1, 2: nothing (the model holds full weights)."""
+        if self.stage == 3:
+            self.set_params(self.allgather(self.comm, self.param_shard))
+
+    def reduce_gradients(self) -> None:
+        """After the backward pass: reduce-scatter flat_grads() so that grad_shard holds the
+        summed gradient of lo:hi, and release the model's p.grad. Stage 1 keeps the full buffer
+        (flat_grad, the sum written at lo:hi; grad_shard a view of it); stages 2, 3 keep only
+        grad_shard (flat_grad None). Stage 3 also releases the weights (release_params)."""
+        flat = self.flat_grads()
+        shard = self.reduce_scatter(self.comm, flat)
+        self.release_grads()
+        if self.stage == 1:
+            flat[self.lo:self.hi] = shard
+            self.flat_grad, self.grad_shard = flat, flat[self.lo:self.hi]
+        else:
+            self.flat_grad, self.grad_shard = None, shard
+        if self.stage == 3:
+            self.release_params()
+
+    def step(self) -> None:
+        """Adam on this rank's slice with grad_shard (the same arithmetic as minitorch.optim.Adam,
+        t counting steps), then: stages 1, 2: all-gather the updated master slices into the model
+        (set_params); stage 3: copy master into param_shard (no communication)."""
+        self.t += 1
+        b1, b2 = self.betas
+        c1, c2 = 1.0 - b1 ** self.t, 1.0 - b2 ** self.t
+        g = self.grad_shard
+        self.m *= b1
+        self.m += (1 - b1) * g
+        self.v *= b2
+        self.v += (1 - b2) * g * g
+        self.master -= self.lr * (self.m / c1) / (np.sqrt(self.v / c2) + self.eps)
+        if self.stage == 3:
+            self.param_shard[...] = self.master
+        else:
+            self.set_params(self.allgather(self.comm, self.master))
+
+
+def zero_train_step(comm: Communicator, model: Module, zero: ZeroAdam, X: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
+    """gather_params, forward and backward on this rank's rows (loss scaled by rows / B),
+    reduce_gradients, step. Returns (this rank's scaled loss, zero.memory() before the step)."""
+    zero.gather_params()
+    B = len(X)
+    lo, hi = chunk_bounds(B, comm.size)[comm.rank]
+    local = 0.0
+    if hi > lo:
+        loss = cross_entropy(model(Tensor(np.asarray(X[lo:hi], dtype=zero.master.dtype))), y[lo:hi]) * ((hi - lo) / B)
+        loss.backward()
+        local = loss.item()
+    zero.reduce_gradients()
+    held = zero.memory()
+    zero.step()
+    return local, held
+
+
+def stored_activation_bytes(loss: Tensor) -> int:
+    """Bytes of the intermediate tensors (graph nodes that are not leaves) kept for the backward."""
+    return sum(node.data.nbytes for node in topo_order(loss) if node._parents)
+
+
+def peak_memory(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """(fn(), peak bytes allocated above the starting point while fn ran), by tracemalloc."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = tracemalloc.get_traced_memory()[0]
+    try:
+        out = fn()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    return out, peak - start
+
+
+def free_graph(root: Tensor) -> None:
+    """Forget the graph that produced `root`, as PyTorch's backward does unless retain_graph=True.
+
+    Lesson 02's nodes reach themselves through their VJP closures (a reference cycle), so a
+    graph nobody uses any more is freed only when Python's cycle collector happens to run;
+    dropping every node's parents and VJP frees it at once."""
+    for node in topo_order(root):
+        if node._parents:
+            node._parents, node._vjp = (), None
+
+
+class Block(Module):
+    """relu(x @ W + b): one layer of a deep MLP (keeps 3 activations for the backward)."""
+
+    def __init__(self, width: int, rng: np.random.Generator):
+        self.weight = Parameter(rng.standard_normal((width, width)) * np.sqrt(2.0 / width), dtype=np.float64)
+        self.bias = Parameter(np.zeros(width), dtype=np.float64)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x @ self.weight + self.bias).relu()
+
+
+def checkpoint(fn: Callable[[Tensor], Tensor], x: Tensor, params: list) -> Tensor:
+    """fn(x), without storing fn's intermediate results: fn runs under no_grad, and the returned
+    node's backward recomputes fn on a detached copy of x (recording the graph this time) and
+    backpropagates the incoming gradient through it. params: the Parameters fn uses; they get
+    their gradients from that nested backward. Gradients equal those of fn(x) itself."""
+    with no_grad():
+        out = fn(x)
+
+    def vjp(g: Any) -> tuple:
+        x_again = Tensor(x.data, requires_grad=True)
+        y = fn(x_again)
+        y.backward(g)
+        free_graph(y)  # the recomputed activations go now, not at the next garbage collection
+        gx = x_again.grad.data if x_again.grad is not None else None
+        return (gx, *([None] * len(params)))
+
+    return x._record(out, (x, *params), vjp, "checkpoint")
+
+
+def checkpointed_forward(layers: list, x: Tensor, segments: int) -> Tensor:
+    """The layers applied in order to x, cut into `segments` consecutive groups
+    (chunk_bounds(len(layers), segments)), each run through checkpoint. Raises ValueError
+    unless 1 <= segments <= len(layers)."""
+    if not 1 <= segments <= len(layers):
+        raise ValueError(f"segments must be in 1..{len(layers)} (the number of layers), got {segments}")
+    for lo, hi in chunk_bounds(len(layers), segments):
+        group = layers[lo:hi]
+        params = list({id(p): p for layer in group for p in layer.parameters()}.values())
+
+        def run_group(h: Tensor, group: list = group) -> Tensor:
+            for layer in group:
+                h = layer(h)
+            return h
+
+        x = checkpoint(run_group, x, params)
+    return x

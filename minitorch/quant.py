@@ -1,0 +1,850 @@
+# Generated from solutions/10_quantization.py by `make build`. Do not edit.
+"""minitorch.quant: number formats by hand, loss scaling, int8/int4 quantization, an int8 GEMM,
+a systolic array, quantized Linear layers and the outlier methods (LLM.int8, SmoothQuant, AWQ).
+
+Generated from solutions/10_quantization.py (lesson 10).
+"""
+from __future__ import annotations
+
+import copy
+import math
+import platform
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+from numba import njit, prange
+
+from minitorch.autograd import Tensor
+from minitorch.nn import Linear, Module
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary float format: 1 sign bit, `exp_bits` exponent bits (bias `bias`), `man_bits`
+    mantissa bits. ieee=True: the top exponent is infinity (m = 0) or NaN; ieee=False (OCP E4M3):
+    no infinity, only the all-ones pattern S.1111.111 is NaN."""
+
+    name: str
+    exp_bits: int
+    man_bits: int
+    bias: int
+    ieee: bool = True
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exp_bits + self.man_bits
+
+    @property
+    def uint(self) -> type:
+        """The unsigned integer dtype that holds one code."""
+        return np.uint8 if self.bits <= 8 else np.uint16
+
+    @property
+    def max_code(self) -> int:
+        """The code (sign bit clear) of the largest finite value."""
+        top = (1 << self.exp_bits) - 1
+        return (top << self.man_bits) - 1 if self.ieee else (top << self.man_bits) | ((1 << self.man_bits) - 2)
+
+    @property
+    def inf_code(self) -> int | None:
+        return ((1 << self.exp_bits) - 1) << self.man_bits if self.ieee else None
+
+    @property
+    def nan_code(self) -> int:
+        """The canonical (quiet) NaN, sign bit clear."""
+        top = ((1 << self.exp_bits) - 1) << self.man_bits
+        return top | (1 << (self.man_bits - 1)) if self.ieee else top | ((1 << self.man_bits) - 1)
+
+
+FORMATS: dict[str, FloatFormat] = {
+    "fp16": FloatFormat("fp16", 5, 10, 15),
+    "bf16": FloatFormat("bf16", 8, 7, 127),
+    "fp8_e4m3": FloatFormat("fp8_e4m3", 4, 3, 7, ieee=False),
+    "fp8_e5m2": FloatFormat("fp8_e5m2", 5, 2, 15),
+}
+
+
+def get_format(fmt: str | FloatFormat) -> FloatFormat:
+    """FORMATS[fmt] for a name, fmt itself for a FloatFormat; ValueError naming the known ones."""
+    if isinstance(fmt, FloatFormat):
+        return fmt
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown float format {fmt!r}; known: {sorted(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def decode_bits(bits: np.ndarray, fmt: str | FloatFormat) -> np.ndarray:
+    """The float32 values of `bits`, an integer array of codes of format `fmt` (same shape)."""
+    f = get_format(fmt)
+    bits = np.asarray(bits)
+    if bits.dtype.kind not in "iu":
+        raise TypeError(f"decode_bits: codes must be an integer array, got dtype {bits.dtype}")
+    b = bits.astype(np.int64)
+    if b.size and (b.min() < 0 or b.max() >= 1 << f.bits):
+        raise ValueError(f"decode_bits: {f.name} codes lie in [0, {1 << f.bits}), got values from "
+                         f"{b.min()} to {b.max()}")
+    E, M = f.exp_bits, f.man_bits
+    sign = (b >> (E + M)) & 1
+    e = (b >> M) & ((1 << E) - 1)
+    m = b & ((1 << M) - 1)
+    significand = np.where(e > 0, m + (1 << M), m).astype(np.float32)
+    exponent = (np.maximum(e, 1) - f.bias - M).astype(np.int32)
+    top = e == (1 << E) - 1
+    special = top if f.ieee else top & (m == (1 << M) - 1)  # E4M3: only S.1111.111 is special (NaN)
+    value = np.ldexp(significand, np.where(special, 0, exponent)).astype(np.float32)
+    if f.ieee:
+        value = np.where(special, np.where(m == 0, np.float32(np.inf), np.float32(np.nan)), value)
+    else:
+        value = np.where(special, np.float32(np.nan), value)
+    return np.where(sign == 1, -value, value).astype(np.float32)
+
+
+def encode_bits(x: np.ndarray, fmt: str | FloatFormat, saturate: bool = False) -> np.ndarray:
+    """Round float32 `x` (any shape) to format `fmt`, nearest-even; return its codes (fmt's uint dtype).
+
+    Out-of-range values become +-inf (IEEE formats) or NaN (E4M3); with saturate=True, +-max finite."""
+    f = get_format(fmt)
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"encode_bits expects float32, got {x.dtype}: convert first (x.astype(np.float32)); "
+                        "float64 -> float32 -> narrow rounds twice, which can differ from rounding once")
+    u = x.view(np.uint32).astype(np.int64)
+    E, M = f.exp_bits, f.man_bits
+    sign = u >> 31
+    exp = (u >> 23) & 0xFF
+    man = u & 0x7FFFFF
+    is_nan = (exp == 0xFF) & (man != 0)
+    is_inf = (exp == 0xFF) & (man == 0)
+    sig = np.where(exp > 0, man | (1 << 23), man)
+    e = np.maximum(exp, 1) - 127
+    shift = np.minimum((23 - M) + np.maximum((1 - f.bias) - e, 0), 30)
+    q = sig >> shift
+    rem = sig & ((np.int64(1) << shift) - 1)
+    half = np.int64(1) << (shift - 1)
+    q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    code = ((np.maximum(e + f.bias, 1) - 1) << M) + q
+    overflow = (code > f.max_code) | is_inf
+    if saturate:
+        code = np.where(overflow, f.max_code, code)
+    else:
+        code = np.where(overflow, f.inf_code if f.ieee else f.nan_code, code)
+    code = np.where(is_nan, f.nan_code, code)
+    return ((sign << (E + M)) | code).astype(f.uint)
+
+
+def round_to_format(x: np.ndarray, fmt: str | FloatFormat, saturate: bool = False) -> np.ndarray:
+    """x (float32) rounded to `fmt` and returned as float32: decode_bits(encode_bits(x))."""
+    return decode_bits(encode_bits(np.asarray(x, dtype=np.float32), fmt, saturate), fmt)
+
+
+class DynamicLossScaler:
+    """Dynamic loss scaling: multiply the loss by `scale` before backward, then `step()`.
+
+    scale halves (backoff_factor) on any inf/NaN gradient, and that step is skipped; it doubles
+    (growth_factor) after `growth_interval` good steps in a row."""
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        if init_scale <= 0 or growth_factor < 1 or not 0 < backoff_factor < 1 or growth_interval < 1:
+            raise ValueError(f"DynamicLossScaler: need init_scale > 0, growth_factor >= 1, 0 < backoff_factor < 1, "
+                             f"growth_interval >= 1; got {init_scale}, {growth_factor}, {backoff_factor}, {growth_interval}")
+        self.scale = float(init_scale)
+        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.good_steps = 0
+
+    def unscale_(self, params: Iterable[Tensor]) -> bool:
+        """grad /= scale for every param with a grad; True if any grad holds inf or NaN."""
+        found_inf = False
+        for p in params:
+            if p.grad is None:
+                continue
+            g = p.grad.data
+            g /= g.dtype.type(self.scale)
+            found_inf = found_inf or not bool(np.all(np.isfinite(g)))
+        return found_inf
+
+    def update(self, found_inf: bool) -> None:
+        """Back off on an overflow; grow after growth_interval good steps in a row."""
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+        else:
+            self.good_steps += 1
+            if self.good_steps == self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+
+    def step(self, optimizer: Any, params: Iterable[Tensor]) -> bool:
+        """Unscale, step the optimizer unless a gradient overflowed, update; True if it stepped."""
+        found_inf = self.unscale_(params)
+        if not found_inf:
+            optimizer.step()
+        self.update(found_inf)
+        return not found_inf
+
+
+def cast(x: Tensor, fmt: str | FloatFormat, saturate: bool = False) -> Tensor:
+    """x rounded to `fmt` (values stay float32); the backward pass rounds the gradient to `fmt` too."""
+    out = x._new(round_to_format(x.data.astype(np.float32, copy=False), fmt, saturate))
+
+    def vjp(g: Any) -> tuple[Any]:
+        return (round_to_format(np.asarray(g, dtype=np.float32), fmt, saturate),)
+
+    return x._record(out, (x,), vjp, f"cast_{get_format(fmt).name}")
+
+
+def mixed_forward(model: Module, x: np.ndarray, fmt: str | None) -> Tensor:
+    """Lesson 03's MLP (a Sequential of Linear and activations) run with every operand and result
+    rounded to `fmt`; fmt=None runs it in float32."""
+    h = Tensor(np.asarray(x, dtype=np.float32))
+    if fmt is None:
+        return model(h)
+    h = cast(h, fmt)
+    for layer in model.layers:
+        if isinstance(layer, Linear):
+            h = h @ cast(layer.weight, fmt)
+            h = cast(h + cast(layer.bias, fmt), fmt) if layer.bias is not None else cast(h, fmt)
+        else:
+            h = cast(layer(h), fmt)
+    return h
+
+
+def check_block(shape: tuple[int, ...], block: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The block shape with -1 (and None: the whole tensor) resolved; ValueError unless every
+    block size is >= 1 and divides the tensor's size on its axis."""
+    shape = tuple(int(n) for n in shape)
+    if block is None:
+        return shape
+    block = tuple(int(b) for b in block)
+    if len(block) != len(shape):
+        raise ValueError(f"block {block} has {len(block)} dimensions but the tensor has shape {shape}")
+    block = tuple(n if b == -1 else b for b, n in zip(block, shape))
+    bad = [i for i, (b, n) in enumerate(zip(block, shape)) if b < 1 or n % b]
+    if bad:
+        i = bad[0]
+        raise ValueError(f"block {block} does not divide shape {shape}: axis {i} has size {shape[i]}, "
+                         f"block size {block[i]}" + (" (choose a group size that divides it)" if block[i] > 0 else ""))
+    return block
+
+
+def expand_blocks(s: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A per-block array s (one entry per block) repeated to the full `shape`."""
+    s = np.asarray(s)
+    for axis, (ns, n) in enumerate(zip(s.shape, shape)):
+        if ns != n and ns != 1:
+            s = np.repeat(s, n // ns, axis=axis)
+    return s
+
+
+def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
+    """(qmin, qmax) for `bits`-bit signed integers: symmetric (-(2^(b-1)-1), 2^(b-1)-1), else the full range."""
+    if not 2 <= bits <= 8:
+        raise ValueError(f"bits must be between 2 and 8, got {bits}")
+    qmax = (1 << (bits - 1)) - 1
+    return (-qmax if symmetric else -qmax - 1), qmax
+
+
+@dataclass
+class QTensor:
+    """A quantized tensor: x ~ scale * (q - zero_point), blockwise.
+
+    q: int8 array, the tensor's shape, values in qrange(bits, symmetric). scale: float32 and
+    zero_point: int32, one entry per block (shape = tensor shape / block shape)."""
+
+    q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    bits: int = 8
+    symmetric: bool = True
+
+    def dequantize(self) -> np.ndarray:
+        """float32 array of the tensor's shape: scale * (q - zero_point), block by block."""
+        s = expand_blocks(self.scale, self.q.shape)
+        z = expand_blocks(self.zero_point, self.q.shape)
+        return ((self.q.astype(np.int32) - z) * s).astype(np.float32)
+
+    @property
+    def block(self) -> tuple[int, ...]:
+        return tuple(n // ns for n, ns in zip(self.q.shape, self.scale.shape))
+
+    def nbytes(self) -> int:
+        """Bytes to store it: bits per value (packed), float32 scales, and zero points where
+        asymmetric (stored as one byte each)."""
+        return (self.q.size * self.bits + 7) // 8 + 4 * self.scale.size + (0 if self.symmetric else self.zero_point.size)
+
+
+def quantize_with(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, bits: int = 8,
+                  symmetric: bool = True) -> np.ndarray:
+    """int8 q = clip(round(x / scale) + zero_point, qmin, qmax); scale and zero_point per block
+    (one entry per block; expand_blocks makes them full size). Values out of range saturate."""
+    x = np.asarray(x, dtype=np.float64)
+    qmin, qmax = qrange(bits, symmetric)
+    s = expand_blocks(np.asarray(scale, dtype=np.float64), x.shape)
+    z = expand_blocks(np.asarray(zero_point, dtype=np.int64), x.shape)
+    return np.clip(np.round(x / s) + z, qmin, qmax).astype(np.int8)
+
+
+def quantize(x: np.ndarray, bits: int = 8, symmetric: bool = True, block: tuple[int, ...] | None = None) -> QTensor:
+    """Quantize float array x (any shape) blockwise: symmetric absmax or asymmetric with a zero point.
+
+    block: the block shape (None = one block, -1 = the whole axis); each block gets a float32
+    scale and an int32 zero point. Returns a QTensor."""
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(f"quantize expects a float array, got dtype {x.dtype}")
+    block = check_block(x.shape, block)
+    qmin, qmax = qrange(bits, symmetric)
+    grid = tuple(n // b for n, b in zip(x.shape, block))
+    split = x.astype(np.float64).reshape(tuple(v for g, b in zip(grid, block) for v in (g, b)))
+    axes = tuple(range(1, 2 * x.ndim, 2))
+    if symmetric:
+        s = np.abs(split).max(axis=axes, initial=0.0) / qmax
+        z = np.zeros(grid, np.int32)
+    else:
+        lo = np.minimum(split.min(axis=axes, initial=np.inf), 0.0)
+        hi = np.maximum(split.max(axis=axes, initial=-np.inf), 0.0)
+        s = (hi - lo) / (qmax - qmin)
+        s_safe = np.where(s > 0, s, 1.0)
+        z = np.clip(np.round(qmin - lo / s_safe), qmin, qmax).astype(np.int32)
+    s = s.astype(np.float32)
+    s = np.where(s > 0, s, np.float32(1)).reshape(grid)
+    z = z.reshape(grid)
+    return QTensor(quantize_with(x, s, z, bits, symmetric), s, z, bits, symmetric)
+
+
+def pack_int4(q: np.ndarray) -> np.ndarray:
+    """Pack int values in [-8, 7] (any shape, C order) two per byte: element 2i in the low nibble.
+    Returns uint8 of length ceil(q.size / 2); an odd count leaves the last high nibble 0."""
+    q = np.asarray(q)
+    if q.dtype.kind not in "iu":
+        raise TypeError(f"pack_int4 expects integers, got dtype {q.dtype}")
+    flat = q.reshape(-1).astype(np.int16)
+    if flat.size and (flat.min() < -8 or flat.max() > 7):
+        raise ValueError(f"pack_int4: values must lie in [-8, 7], got values from {flat.min()} to {flat.max()}")
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, np.int16)])
+    nib = (flat & 0xF).astype(np.uint8)
+    return (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8)
+
+
+def unpack_int4(packed: np.ndarray, shape: tuple[int, ...] | int) -> np.ndarray:
+    """The int8 array of `shape` packed by pack_int4 (sign-extended nibbles, low nibble first)."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint8:
+        raise TypeError(f"unpack_int4 expects uint8 bytes, got dtype {packed.dtype}")
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    n = math.prod(shape)
+    if packed.ndim != 1 or (n + 1) // 2 != packed.size:
+        raise ValueError(f"unpack_int4: shape {shape} needs {(n + 1) // 2} bytes, got an array of shape {packed.shape}")
+    b = packed.view(np.int8)
+    low = (b << 4) >> 4
+    high = b >> 4
+    out = np.empty(2 * packed.size, np.int8)
+    out[0::2], out[1::2] = low, high
+    return out[:n].reshape(shape)
+
+
+@njit(cache=False)
+def int8_dot(x, y):
+    """sum_i int32(x[i]) * int32(y[i]) for 1-D int8 arrays of equal length, as an int32."""
+    acc = np.int32(0)
+    for i in range(x.shape[0]):
+        acc = np.int32(acc + np.int32(x[i]) * np.int32(y[i]))
+    return acc
+
+
+GEMM_ROWS, GEMM_COLS = 16, 64  # rows of A per thread task, rows of B^T kept hot per block
+MAX_K_INT32 = 131071  # K * 128 * 128 < 2^31: no int32 overflow for any int8 inputs
+
+
+@njit(parallel=True, cache=False)
+def gemm_int8_kernel(a, bt, c):
+    """c[i, j] = int8_dot(a[i], bt[j]): a (M, K), bt (N, K) int8 C-contiguous; c (M, N) int32."""
+    m = a.shape[0]
+    n = bt.shape[0]
+    for ib in prange((m + GEMM_ROWS - 1) // GEMM_ROWS):
+        i1 = min(ib * GEMM_ROWS + GEMM_ROWS, m)
+        for j0 in range(0, n, GEMM_COLS):
+            j1 = min(j0 + GEMM_COLS, n)
+            for i in range(ib * GEMM_ROWS, i1):
+                ai = a[i]
+                for j in range(j0, j1):
+                    c[i, j] = int8_dot(ai, bt[j])
+
+
+def check_int8_operands(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+    """a (M, K), b (K, N) int8 NumPy arrays; TypeError/ValueError naming dtypes and shapes."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != np.int8 or b.dtype != np.int8:
+        raise TypeError(f"matmul_int8 expects int8 operands, got {a.dtype} and {b.dtype}")
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul_int8 shape mismatch: {a.shape} @ {b.shape} (need (M, K) @ (K, N))")
+    if a.shape[1] > MAX_K_INT32:
+        raise ValueError(f"matmul_int8: K = {a.shape[1]} > {MAX_K_INT32} could overflow the int32 accumulator")
+    return a, b
+
+
+def matmul_int8(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact (int32 accumulation, K <= 131071)."""
+    a, b = check_int8_operands(a, b)
+    c = np.zeros((a.shape[0], b.shape[1]), np.int32)
+    if c.size and a.shape[1]:
+        a, bt = np.ascontiguousarray(a), np.ascontiguousarray(b.T)
+        int8_dot(a[0], bt[0])  # once from Python: an unfinished kernel's error shows here, not as a typing error
+        gemm_int8_kernel(a, bt, c)
+    return c
+
+
+def isa() -> str:
+    """This machine's instruction set family: 'x86_64', 'aarch64', or platform.machine()."""
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
+
+
+INT8_MADD = {
+    "x86_64": r"\b(vpmaddwd|vpmaddubsw|vpdpwssds?|vpdpbusds?|vpdpbssds?)\b",
+    "aarch64": r"\b(sdot|smlal2?|smull2?|sadalp)\b",
+}
+
+
+def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
+    """{mnemonic: count} of the widening integer multiply-add instructions in `asm`."""
+    pattern = re.compile(INT8_MADD.get(arch or isa(), r"$^"))
+    found: dict[str, int] = {}
+    for line in asm.splitlines():
+        m = pattern.search(line)
+        if m:
+            found[m.group(1)] = found.get(m.group(1), 0) + 1
+    return found
+
+
+def int8_gemm_dp4a_source() -> str:
+    """CUDA C source of int8_gemm_dp4a(A4, B4t, C, M, N, K4): C (M, N) int32 = A @ B for int8 A, B
+    packed four per int32 word along K (B transposed); 16x16 shared-memory tiles, __dp4a inner loop."""
+    return r"""
+#define TILE 16
+extern "C" __global__ void int8_gemm_dp4a(const int* __restrict__ A4, const int* __restrict__ B4t,
+                                          int* __restrict__ C, int M, int N, int K4) {
+    __shared__ int As[TILE][TILE + 1];
+    __shared__ int Bs[TILE][TILE + 1];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int row = blockIdx.y * TILE + ty, col = blockIdx.x * TILE + tx;
+    int bcol = blockIdx.x * TILE + ty;  // the row of B4t (column of C) this thread loads
+    int acc = 0;
+    for (int k0 = 0; k0 < K4; k0 += TILE) {
+        int k = k0 + tx;
+        As[ty][tx] = (row < M && k < K4) ? A4[row * K4 + k] : 0;
+        Bs[ty][tx] = (bcol < N && k < K4) ? B4t[bcol * K4 + k] : 0;
+        __syncthreads();
+        for (int kk = 0; kk < TILE; ++kk)
+            acc = __dp4a(As[ty][kk], Bs[tx][kk], acc);
+        __syncthreads();
+    }
+    if (row < M && col < N) C[row * N + col] = acc;
+}
+"""
+
+
+def pack_k4(a: np.ndarray, xp: Any = np) -> Any:
+    """a (R, K) int8 -> (R, ceil(K/4)) int32: four consecutive k per word (zero-padded), little-endian."""
+    r, k = a.shape
+    k4 = -(-k // 4)
+    padded = xp.zeros((r, 4 * k4), dtype=xp.int8)
+    padded[:, :k] = a
+    return xp.ascontiguousarray(padded).view(xp.int32)
+
+
+def dp4a_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(grid, block) for int8_gemm_dp4a: one 16x16 block per 16x16 tile of C."""
+    return (-(-n // 16), -(-m // 16)), (16, 16)
+
+
+def int8_gemm_dp4a(a: Any, b: Any) -> Any:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a."""
+    import cupy as cp
+
+    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm_dp4a: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} {b.shape}")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
+    c = cp.zeros((m, n), dtype=cp.int32)
+    if m and n:
+        kern = cp.RawKernel(int8_gemm_dp4a_source(), "int8_gemm_dp4a", options=("-std=c++17",))
+        kern(*dp4a_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
+    return c
+
+
+def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The same kernel on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
+    from course.cuda_c import emulate
+
+    a, b = check_int8_operands(a, b)
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
+    c = np.zeros((m, n), np.int32)
+    if m and n:
+        emulate(int8_gemm_dp4a_source(), "int8_gemm_dp4a", *dp4a_launch(m, n),
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
+    return c
+
+
+def systolic_tile(x: np.ndarray, w: np.ndarray,
+                  on_cycle: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """One weight-stationary tile, cycle by cycle: x (M, R) int8 streams through an R x C array
+    holding w (R, C) int8. Returns (y (M, C) int32 = x @ w, done (M, C) int64 cycle at whose end
+    Y[m, c] left the array, cycles = M + R + C - 2). on_cycle(t, row, act, psum) sees the PE
+    registers after cycle t: row (R, C) the output row each PE worked on (-1 idle), act the
+    activation it holds, psum its partial sum."""
+    x, w = np.asarray(x), np.asarray(w)
+    M, R = x.shape
+    if w.shape[0] != R:
+        raise ValueError(f"systolic_tile: x has {R} columns but w has {w.shape[0]} rows ({x.shape} @ {w.shape})")
+    C = w.shape[1]
+    W = w.astype(np.int32)
+    act = np.zeros((R, C), np.int32)
+    row = np.full((R, C), -1, np.int64)
+    psum = np.zeros((R, C), np.int32)
+    y = np.zeros((M, C), np.int32)
+    done = np.full((M, C), -1, np.int64)
+    rs, cs = np.arange(R), np.arange(C)
+    cycles = M + R + C - 2
+    for t in range(cycles):
+        act[:, 1:], row[:, 1:] = act[:, :-1].copy(), row[:, :-1].copy()
+        m = t - rs
+        fed = (m >= 0) & (m < M)
+        act[:, 0] = np.where(fed, x[np.clip(m, 0, M - 1), rs], 0)
+        row[:, 0] = np.where(fed, m, -1)
+        above = np.vstack([np.zeros((1, C), np.int32), psum[:-1]])
+        psum = (above + act * W).astype(np.int32)
+        if on_cycle is not None:
+            on_cycle(t, row.copy(), act.copy(), psum.copy())
+        mb = t - (R - 1) - cs
+        out = (mb >= 0) & (mb < M)
+        y[mb[out], cs[out]] = psum[R - 1, out]
+        done[mb[out], cs[out]] = t
+    return y, done, cycles
+
+
+def systolic_matmul(x: np.ndarray, w: np.ndarray, rows: int = 4, cols: int = 4) -> tuple[np.ndarray, int]:
+    """x (M, K) int8 @ w (K, N) int8 on a rows x cols weight-stationary array, tile by tile.
+    Returns (y (M, N) int32, cycles = ceil(K/rows) * ceil(N/cols) * (M + rows + cols - 2))."""
+    x, w = check_int8_operands(x, w)
+    M, K = x.shape
+    N = w.shape[1]
+    kt, nt = -(-K // rows), -(-N // cols)
+    xp = np.zeros((M, kt * rows), np.int8)
+    xp[:, :K] = x
+    wp = np.zeros((kt * rows, nt * cols), np.int8)
+    wp[:K, :N] = w
+    y = np.zeros((M, nt * cols), np.int32)
+    cycles = 0
+    for j in range(nt):
+        for i in range(kt):
+            ty, _, tc = systolic_tile(xp[:, i * rows:(i + 1) * rows], wp[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols])
+            y[:, j * cols:(j + 1) * cols] += ty
+            cycles += tc
+    return y[:, :N], cycles
+
+
+MODES = ("w8a8", "w8", "w4")
+
+
+def group_size_for(k: int, target: int = 128) -> int:
+    """The largest group size <= target that divides k (128 for k = 768; 64 for k = 64)."""
+    return max(g for g in range(1, min(k, target) + 1) if k % g == 0)
+
+
+class QuantLinear(Module):
+    """An inference-only, quantized replacement for lesson 03's Linear (weight (in, out)).
+
+    mode: "w8a8" | "w8" | "w4"; granularity: "channel" | "tensor" | "group" (see the table in
+    the lesson). gemm(qa int8 (T, K), qb int8 (K, N)) -> int32 and quantize_fn (quantize's
+    signature) default to this lesson's matmul_int8 and quantize."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None, mode: str = "w8a8",
+                 granularity: str = "channel", group_size: int | None = None,
+                 gemm: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+                 quantize_fn: Callable[..., QTensor] | None = None):
+        weight = np.asarray(weight, dtype=np.float32)
+        if weight.ndim != 2:
+            raise ValueError(f"QuantLinear: weight must be 2-D (in, out), got shape {weight.shape}")
+        if mode not in MODES:
+            raise ValueError(f"QuantLinear: mode must be one of {MODES}, got {mode!r}")
+        allowed = {"w8a8": ("channel", "tensor"), "w8": ("channel", "group", "tensor"), "w4": ("group", "channel", "tensor")}
+        if granularity not in allowed[mode]:
+            raise ValueError(f"QuantLinear: mode {mode!r} takes granularity in {allowed[mode]}, got {granularity!r}")
+        self.in_features, self.out_features = weight.shape
+        self.mode, self.granularity = mode, granularity
+        self.gemm, self.quantize_fn = gemm, quantize_fn
+        k = self.in_features
+        self.group_size = group_size or group_size_for(k)
+        block = {"channel": (k, 1), "tensor": (k, self.out_features), "group": (self.group_size, 1)}[granularity]
+        bits, symmetric = (4, False) if mode == "w4" else (8, True)
+        self.wq = self._quantize(weight, bits=bits, symmetric=symmetric, block=block)
+        self.w_colsum = self.wq.q.astype(np.int64).sum(axis=0, keepdims=True)  # (1, out), for the zero point
+        self.bias = None if bias is None else np.asarray(bias, dtype=np.float32).copy()
+        self.training = False
+
+    def _quantize(self, x: np.ndarray, **kw: Any) -> QTensor:
+        return (self.quantize_fn or quantize)(x, **kw)
+
+    def _matmul_int8(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return (self.gemm or matmul_int8)(a, b)
+
+    @classmethod
+    def from_linear(cls, linear: Linear, **kw: Any) -> "QuantLinear":
+        """The QuantLinear of a lesson-03 Linear (its weight and bias copied and quantized)."""
+        bias = None if linear.bias is None else linear.bias.numpy()
+        return cls(linear.weight.numpy(), bias, **kw)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the stored weight: packed values, scales, zero points (not the bias)."""
+        return self.wq.nbytes()
+
+    def __repr__(self) -> str:
+        return (f"QuantLinear({self.in_features}, {self.out_features}, mode={self.mode!r}, "
+                f"granularity={self.granularity!r}" + (f", group_size={self.group_size}" if self.granularity == "group" else "") + ")")
+
+    def forward(self, x: Tensor | np.ndarray) -> Tensor:
+        """x (..., in) -> Tensor (..., out) float32, no gradient. w8a8: quantize x (int8, asymmetric,
+        per token for "channel", one scale for "tensor"), int8 GEMM, rescale with the zero-point
+        correction, add the bias; w8/w4: x @ dequantized weight + bias."""
+        arr = x.numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float32)
+        k, n = self.in_features, self.out_features
+        if arr.ndim == 0 or arr.shape[-1] != k:
+            raise ValueError(f"QuantLinear({k}, {n}) expects input shape (..., {k}), got {tuple(arr.shape)}")
+        x2 = arr.reshape(-1, k).astype(np.float32)
+        if self.mode == "w8a8":
+            block = (1, k) if self.granularity == "channel" else (x2.shape[0], k)
+            qx = self._quantize(x2, bits=8, symmetric=False, block=block)
+            acc = self._matmul_int8(qx.q, self.wq.q).astype(np.int64)
+            corrected = acc - qx.zero_point.astype(np.int64) * self.w_colsum
+            y = corrected * (qx.scale.astype(np.float64) * self.wq.scale.astype(np.float64))
+        else:
+            y = x2 @ self.wq.dequantize()
+        if self.bias is not None:
+            y = y + self.bias
+        return Tensor(np.asarray(y, dtype=np.float32).reshape(arr.shape[:-1] + (n,)))
+
+
+def replace_linears(model: Module, make: Callable[[str, Linear], Module | None]) -> Module:
+    """A deep copy of `model` in which every Linear (found as an attribute or in a list/tuple/dict
+    attribute of any submodule) is replaced by make(name, linear), unless that returns None."""
+    model = copy.deepcopy(model)
+
+    def visit(module: Module, prefix: str) -> None:
+        for attr, value in list(vars(module).items()):
+            name = f"{prefix}{attr}"
+            if isinstance(value, Linear):
+                new = make(name, value)
+                if new is not None:
+                    setattr(module, attr, new)
+            elif isinstance(value, Module):
+                visit(value, name + ".")
+            elif isinstance(value, (list, tuple)):
+                items = list(value)
+                for i, v in enumerate(items):
+                    if isinstance(v, Linear):
+                        new = make(f"{name}.{i}", v)
+                        items[i] = v if new is None else new
+                    elif isinstance(v, Module):
+                        visit(v, f"{name}.{i}.")
+                setattr(module, attr, type(value)(items) if isinstance(value, tuple) else items)
+            elif isinstance(value, dict):
+                for key, v in value.items():
+                    if isinstance(v, Linear):
+                        new = make(f"{name}.{key}", v)
+                        value[key] = v if new is None else new
+                    elif isinstance(v, Module):
+                        visit(v, f"{name}.{key}.")
+
+    visit(model, "")
+    return model
+
+
+def quantize_model(model: Module, skip: Iterable[str] = (), **kw: Any) -> Module:
+    """A copy of `model` with every Linear (except those whose name is in `skip`) replaced by
+    QuantLinear.from_linear(linear, **kw)."""
+    skip = set(skip)
+    return replace_linears(model, lambda name, lin: None if name in skip else QuantLinear.from_linear(lin, **kw))
+
+
+def w8a8_matmul(x: np.ndarray, w: np.ndarray, gemm: Callable | None = None,
+                quantize_fn: Callable[..., QTensor] | None = None) -> np.ndarray:
+    """x (T, K) @ w (K, N) as symmetric W8A8: int8 x per token, int8 w per output channel,
+    int8 GEMM, rescale. float32 (T, N); K = 0 gives zeros."""
+    x, w = np.asarray(x, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    t, k = x.shape
+    if k == 0:
+        return np.zeros((t, w.shape[1]), np.float32)
+    qf, gemm = quantize_fn or quantize, gemm or matmul_int8
+    qx = qf(x, bits=8, symmetric=True, block=(1, k))
+    qw = qf(w, bits=8, symmetric=True, block=(k, 1))
+    acc = gemm(qx.q, qw.q).astype(np.float64)
+    return (acc * qx.scale.astype(np.float64) * qw.scale.astype(np.float64)).astype(np.float32)
+
+
+def llm_int8_matmul(x: np.ndarray, w: np.ndarray, threshold: float = 6.0,
+                    int8_matmul: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """LLM.int8 mixed decomposition of x (T, K) @ w (K, N): outlier columns (max |x| >= threshold)
+    in float32, the rest through int8_matmul (default w8a8_matmul). Returns (y (T, N) float32,
+    the outlier column indices)."""
+    x, w = np.asarray(x, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"llm_int8_matmul: shape mismatch {x.shape} @ {w.shape} (need (T, K) @ (K, N))")
+    int8_matmul = int8_matmul or w8a8_matmul
+    outlier = np.abs(x).max(axis=0, initial=0.0) >= threshold
+    y = x[:, outlier] @ w[outlier]
+    if not outlier.all():
+        y = y + int8_matmul(x[:, ~outlier], w[~outlier])
+    return y.astype(np.float32), np.flatnonzero(outlier)
+
+
+def smoothquant_scales(x_absmax: np.ndarray, w: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """SmoothQuant's per-input-channel scales s (K,) float64 for activations with per-channel
+    max |x| = x_absmax (K,) and weight w (K, N); 1 where either maximum is 0."""
+    xa = np.abs(np.asarray(x_absmax, dtype=np.float64))
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim != 2 or xa.shape != (w.shape[0],):
+        raise ValueError(f"smoothquant_scales: x_absmax shape {xa.shape} does not match weight shape {w.shape} "
+                         "(need (K,) and (K, N))")
+    wa = np.abs(w).max(axis=1, initial=0.0)
+    ok = (xa > 0) & (wa > 0)
+    s = np.ones_like(xa)
+    s[ok] = xa[ok] ** alpha / wa[ok] ** (1 - alpha)
+    return s
+
+
+def smooth(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(x / s, s[:, None] * w): the same product x @ w, with the difficulty moved from x to w."""
+    return x / s, w * s[:, None]
+
+
+def quantize_w4_group(w: np.ndarray, group_size: int | None = None) -> np.ndarray:
+    """w (K, N) float -> dequantized int4 asymmetric, groups of group_size (default group_size_for(K)) rows."""
+    g = group_size or group_size_for(w.shape[0])
+    return quantize(np.asarray(w, dtype=np.float32), bits=4, symmetric=False, block=(g, 1)).dequantize()
+
+
+def awq_search(x: np.ndarray, w: np.ndarray, n_grid: int = 20,
+               quantize_w: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, float, list[float]]:
+    """AWQ's per-input-channel scale search on calibration activations x (T, K) for weight w (K, N).
+    Returns (s (K,) float64, alpha, [error for each alpha on the grid])."""
+    x64, w64 = np.asarray(x, dtype=np.float64), np.asarray(w, dtype=np.float64)
+    if x64.ndim != 2 or w64.ndim != 2 or x64.shape[1] != w64.shape[0]:
+        raise ValueError(f"awq_search: shape mismatch {x64.shape} @ {w64.shape} (need (T, K) @ (K, N))")
+    quantize_w = quantize_w or quantize_w4_group
+    mean_abs = np.abs(x64).mean(axis=0)
+    ref = x64 @ w64
+    best, errors = None, []
+    for i in range(n_grid):
+        alpha = i / n_grid
+        s = np.maximum(mean_abs, 1e-4) ** alpha
+        s = s / np.sqrt(s.max() * s.min())
+        cand = np.asarray(quantize_w((w64 * s[:, None]).astype(np.float32)), dtype=np.float64) / s[:, None]
+        err = float(np.mean((x64 @ cand - ref) ** 2))
+        errors.append(err)
+        if best is None or err < best[0]:
+            best = (err, s, alpha)
+    return best[1], best[2], errors
+
+
+class RecordingLinear(Module):
+    """A Linear that appends every input (flattened to (T, in), float32) to `self.seen`."""
+
+    def __init__(self, linear: Linear):
+        self.linear, self.seen = linear, []
+
+    def forward(self, x: Tensor) -> Tensor:
+        self.seen.append(np.asarray(x.numpy() if isinstance(x, Tensor) else x, np.float32).reshape(-1, self.linear.in_features))
+        return self.linear(x)
+
+
+def capture_inputs(model: Module, run: Callable[[Module], Any]) -> dict[str, np.ndarray]:
+    """{linear name: its inputs (T, in) float32} while run(recording copy of model) executes."""
+    recorders: dict[str, RecordingLinear] = {}
+
+    def make(name: str, lin: Linear) -> RecordingLinear:
+        recorders[name] = RecordingLinear(lin)
+        return recorders[name]
+
+    run(replace_linears(model, make))
+    return {name: np.concatenate(r.seen) for name, r in recorders.items()}
+
+
+class FormatLinear(Module):
+    """Weights and activations rounded to a float format (round_to_format), float32 matmul.
+    scaled=True: one scale per tensor maps its absmax to the format's largest value (fp8 practice)."""
+
+    def __init__(self, linear: Linear, fmt: str, scaled: bool = False):
+        self.fmt, self.scaled = get_format(fmt), scaled
+        top = float(decode_bits(np.array([self.fmt.max_code]), self.fmt)[0])
+        self.top = top
+        self.weight, self.w_scale = self._round(linear.weight.numpy())
+        self.bias = None if linear.bias is None else linear.bias.numpy().copy()
+        self.training = False
+
+    def _round(self, a: np.ndarray) -> tuple[np.ndarray, float]:
+        s = float(np.abs(a).max()) / self.top if self.scaled and np.abs(a).max() > 0 else 1.0
+        return round_to_format((a / s).astype(np.float32), self.fmt, saturate=True), s
+
+    def weight_bytes(self) -> int:
+        return self.weight.size * self.fmt.bits // 8 + (4 if self.scaled else 0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        xr, xs = self._round(a)
+        y = (xr @ self.weight) * np.float32(xs * self.w_scale)
+        return Tensor((y + self.bias if self.bias is not None else y).astype(np.float32))
+
+
+class InputScaledLinear(Module):
+    """y = inner(x / s): a quantized layer built from diag(s) W, fed x / s."""
+
+    def __init__(self, inner: Module, s: np.ndarray):
+        self.inner, self.s = inner, np.asarray(s, np.float32)
+        self.training = False
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        return self.inner(Tensor(a / self.s))
+
+
+class LLMInt8Linear(Module):
+    """A Linear computed with llm_int8_matmul (outlier columns in float32). Weight bytes: int8
+    per-channel (scales included); the float rows actually used vary with the input."""
+
+    def __init__(self, linear: Linear, threshold: float = 6.0):
+        self.w = linear.weight.numpy().copy()
+        self.bias = None if linear.bias is None else linear.bias.numpy().copy()
+        self.threshold, self.outlier_counts = threshold, []
+        self.training = False
+
+    def weight_bytes(self) -> int:
+        return self.w.size + 4 * self.w.shape[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = x.numpy() if isinstance(x, Tensor) else np.asarray(x, np.float32)
+        y, cols = llm_int8_matmul(a.reshape(-1, self.w.shape[0]), self.w, self.threshold)
+        self.outlier_counts.append(len(cols))
+        y = y + self.bias if self.bias is not None else y
+        return Tensor(y.reshape(a.shape[:-1] + (self.w.shape[1],)).astype(np.float32))
+
+
+def linear_weight_bytes(model: Module) -> int:
+    """Bytes of the Linear-like layers' weights (weight_bytes(), or 4 per float32 element)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, Linear):
+            total += 4 * m.weight.size
+        elif hasattr(m, "weight_bytes") and not isinstance(m, InputScaledLinear):
+            total += m.weight_bytes()
+    return total

@@ -1,0 +1,805 @@
+"""Lesson 12: data parallelism. Collectives are checked against NumPy on the simulator for 1..8
+ranks, sizes not divisible by the number of ranks and several dtypes, and structurally through
+the simulator's counters (bytes and messages per rank and peer) and clock. Training is checked
+against single-process training with lesson 03's reference modules in float64. Exercises are
+graded on their own: where one needs a collective, the test brings its own (the oracles below,
+written with send/recv on the lesson's communicator). Key cases also run under
+`mpiexec -n 4` (one launch for the whole file: on 4 ranks, then on 2 of them as a group) and
+must agree with the simulator bit for bit."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from minitorch.autograd import Tensor
+from minitorch.nn import MLP, Linear, Module, ReLU, Sequential, cross_entropy
+from minitorch.optim import SGD, Adam
+
+pytestmark = pytest.mark.lesson12
+
+ALPHA, BETA = 3e-6, 2e-10  # the simulator's latency and inverse bandwidth in these tests
+DTYPES = [np.float64, np.float32, np.int64, np.int16]
+
+
+def sim(lesson, fn, nranks, *args, alpha=ALPHA, beta=BETA, **kwargs):
+    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, timeout=60, **kwargs)
+
+
+def data(n_ranks, shape, dtype, seed):
+    """One array per rank: integers wrap around on overflow, so their sums are exact in any order."""
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype).kind == "i":
+        info = np.iinfo(dtype)
+        return [rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True) for _ in range(n_ranks)]
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(n_ranks)]
+
+
+def ordered_sum(xs):
+    return functools.reduce(np.add, xs[1:], xs[0].copy())
+
+
+def assert_sum(got, xs, what):
+    want = ordered_sum(xs)
+    assert isinstance(got, np.ndarray), f"{what}: expected a NumPy array, got {type(got).__name__}"
+    assert got.dtype == want.dtype, f"{what}: expected dtype {want.dtype} (the input's), got {got.dtype}"
+    assert got.shape == want.shape, f"{what}: expected shape {want.shape}, got {got.shape}"
+    if want.dtype.kind == "i":
+        np.testing.assert_array_equal(got, want, err_msg=f"{what}: wrong sum")
+    else:
+        tol = 1e-12 if want.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * len(xs), err_msg=f"{what}: wrong sum")
+
+
+# ---------------------------------------------------------------- oracles (send/recv, by the test)
+
+
+def oracle_allreduce(comm, x):
+    """Naive all-reduce, rank-order sum: deterministic, independent of the student's code."""
+    x = np.asarray(x)
+    if comm.rank == 0:
+        total = x.copy()
+        for r in range(1, comm.size):
+            total += comm.recv(r, tag=7)
+        for r in range(1, comm.size):
+            comm.send(total, r, tag=7)
+        return total
+    comm.send(x, 0, tag=7)
+    return comm.recv(0, tag=7)
+
+
+def oracle_reduce_scatter(comm, x):
+    flat = np.asarray(x).reshape(-1)
+    n, r = comm.size, comm.rank
+    parts = [c.copy() for c in np.array_split(flat, n)]
+    for s in range(n - 1):
+        comm.send(parts[(r - s - 1) % n], (r + 1) % n, tag=8)
+        parts[(r - s - 2) % n] += comm.recv((r - 1) % n, tag=8)
+    return parts[r]
+
+
+def oracle_allgather(comm, chunk):
+    n, r = comm.size, comm.rank
+    parts = [None] * n
+    parts[r] = np.asarray(chunk).reshape(-1).copy()
+    for s in range(n - 1):
+        comm.send(parts[(r - s) % n], (r + 1) % n, tag=9)
+        parts[(r - s - 1) % n] = comm.recv((r - 1) % n, tag=9)
+    return np.concatenate(parts)
+
+
+def oracle_ring_allreduce(comm, x):
+    x = np.asarray(x)
+    return oracle_allgather(comm, oracle_reduce_scatter(comm, x)).reshape(x.shape)
+
+
+def sizes_of(n, parts):
+    return [len(c) for c in np.array_split(np.arange(n), parts)]
+
+
+# ---------------------------------------------------------------- 12.1 naive all-reduce
+
+
+def run_collective(comm, fn, xs):
+    x = xs[comm.rank]
+    before = x.copy()
+    out = fn(comm, x)
+    assert np.array_equal(x, before), f"rank {comm.rank}: the collective modified its input array"
+    return out
+
+
+@pytest.mark.exercise("12.1")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_naive_allreduce_sums_in_rank_order(lesson, dtype):
+    for n in range(1, 9):
+        xs = data(n, (3, 5), dtype, seed=n)
+        res = sim(lesson, run_collective, n, lesson.naive_allreduce, xs)
+        want = ordered_sum(xs)
+        for r, got in enumerate(res.results):
+            assert_sum(got, xs, f"{n} ranks, {np.dtype(dtype).name}, rank {r}")
+            np.testing.assert_array_equal(got, want, err_msg=f"{n} ranks: rank 0 must add x0 + x1 + ... in rank "
+                                          "order (then the result is reproducible to the last bit)")
+
+
+@pytest.mark.exercise("12.1")
+@settings(max_examples=25)
+@given(n=st.integers(1, 8), length=st.integers(0, 40), seed=st.integers(0, 1000))
+@example(n=8, length=0, seed=0)
+@example(n=1, length=3, seed=0)
+def test_naive_allreduce_traffic_and_time(lesson, n, length, seed):
+    xs = data(n, (length,), np.float64, seed)
+    res = sim(lesson, run_collective, n, lesson.naive_allreduce, xs)
+    S = 8 * length
+    for r, st_ in enumerate(res.stats):
+        if r == 0:
+            want_sent, want_peers = (n - 1) * S, set(range(1, n))
+        else:
+            want_sent, want_peers = S, {0}
+        assert st_["bytes_sent"] == want_sent, \
+            f"{n} ranks, {S} bytes: rank {r} should send {want_sent} bytes, sent {st_['bytes_sent']}"
+        assert set(st_["sent_to"]) == want_peers, \
+            f"{n} ranks: rank {r} should send to ranks {sorted(want_peers)}, sent to {sorted(st_['sent_to'])}"
+        assert st_["msgs_sent"] == (n - 1 if r == 0 else 1), \
+            f"rank {r} sent {st_['msgs_sent']} messages (expected {n - 1 if r == 0 else 1})"
+    want_time = 2 * (n - 1) * (ALPHA + S * BETA)
+    assert math.isclose(res.time, want_time, rel_tol=1e-9, abs_tol=1e-15), \
+        f"{n} ranks, {S} bytes: simulated time {res.time:.6g} s, expected 2(N-1)(alpha + S beta) = {want_time:.6g} s"
+
+
+def skip_last_rank(comm, fn):
+    if comm.rank == comm.size - 1:
+        return None  # this rank never joins the collective
+    return fn(comm, np.ones(4))
+
+
+@pytest.mark.exercise("12.1")
+def test_a_rank_missing_from_the_collective_is_reported(lesson):
+    with pytest.raises(lesson.DeadlockError, match="rank 2"):
+        sim(lesson, skip_last_rank, 3, lesson.naive_allreduce)
+
+
+# ---------------------------------------------------------------- 12.2 ring collectives
+
+
+def ring_job(comm, rs, ag, ar, xs, chunks):
+    x = xs[comm.rank]
+    before = x.copy()
+    st0 = dict(comm.stats)
+    a = rs(comm, x)
+    st1 = dict(comm.stats)
+    b = ag(comm, chunks[comm.rank])
+    st2 = dict(comm.stats)
+    c = ar(comm, x)
+    assert np.array_equal(x, before), f"rank {comm.rank}: a collective modified its input array"
+    sent = [st1["bytes_sent"] - st0["bytes_sent"], st2["bytes_sent"] - st1["bytes_sent"],
+            comm.stats["bytes_sent"] - st2["bytes_sent"]]
+    msgs = [st1["msgs_sent"] - st0["msgs_sent"], st2["msgs_sent"] - st1["msgs_sent"],
+            comm.stats["msgs_sent"] - st2["msgs_sent"]]
+    return a, b, c, sent, msgs
+
+
+def check_ring(lesson, n, shape, dtype, seed):
+    xs = data(n, shape, dtype, seed)
+    chunks = [data(1, (r % 3 + 1,), dtype, seed + r)[0] for r in range(n)]  # lengths differ by rank
+    res = sim(lesson, ring_job, n, lesson.ring_reduce_scatter, lesson.ring_allgather, lesson.ring_allreduce, xs, chunks)
+    total_len = int(np.prod(shape))
+    flat = [x.reshape(-1) for x in xs]
+    parts = sizes_of(total_len, n)
+    item = np.dtype(dtype).itemsize
+    name = f"{n} ranks, shape {shape}, {np.dtype(dtype).name}"
+    for r, (a, b, c, sent, msgs) in enumerate(res.results):
+        lo = sum(parts[:r])
+        assert a.shape == (parts[r],), \
+            f"{name}: ring_reduce_scatter on rank {r} should return chunk {r} of length {parts[r]} " \
+            f"(chunk_bounds), got shape {a.shape}"
+        assert_sum(a, [f[lo:lo + parts[r]] for f in flat], f"{name}: ring_reduce_scatter, rank {r}")
+        want_b = np.concatenate(chunks)
+        assert b.dtype == want_b.dtype and np.array_equal(b, want_b), \
+            f"{name}: ring_allgather on rank {r} should return every rank's chunk in rank order\n" \
+            f"  expected {want_b}\n  got      {b}"
+        assert_sum(c, xs, f"{name}: ring_allreduce, rank {r}")
+        st_ = res.stats[r]
+        if n > 1:
+            assert set(st_["sent_to"]) == {(r + 1) % n}, \
+                f"{name}: rank {r} must send only to its right neighbour {(r + 1) % n}, sent to {sorted(st_['sent_to'])}"
+        want_sent = [(total_len - parts[r]) * item,
+                     sum(len(ch) for i, ch in enumerate(chunks) if i != (r + 1) % n) * item if n > 1 else 0,
+                     (2 * total_len - parts[r] - parts[(r + 1) % n]) * item if n > 1 else 0]
+        assert sent == want_sent, \
+            f"{name}: rank {r} sent {sent} bytes in (reduce-scatter, all-gather, all-reduce), expected {want_sent}: " \
+            "the ring sends every chunk but its own in the reduce-scatter, every chunk but its right " \
+            "neighbour's in the all-gather"
+        assert msgs == [n - 1, n - 1, 2 * (n - 1)], \
+            f"{name}: rank {r} sent {msgs} messages, expected {[n - 1, n - 1, 2 * (n - 1)]} (one per ring step)"
+
+
+@pytest.mark.exercise("12.2")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ring_collectives_match_numpy(lesson, dtype):
+    for n in range(1, 9):
+        check_ring(lesson, n, (3, 7), dtype, seed=n)  # 21 elements: not divisible by 2, 4, 5, 6, 8
+
+
+@pytest.mark.exercise("12.2")
+@settings(max_examples=25)
+@given(n=st.integers(1, 8), length=st.integers(0, 30), seed=st.integers(0, 1000))
+@example(n=8, length=3, seed=0)  # fewer elements than ranks: empty chunks
+@example(n=5, length=0, seed=1)
+def test_ring_collectives_any_size(lesson, n, length, seed):
+    check_ring(lesson, n, (length,), np.float64, seed)
+
+
+@pytest.mark.exercise("12.2")
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_ring_allreduce_time_is_the_ring_formula(lesson, n):
+    length = 64 * n
+    xs = data(n, (length,), np.float64, seed=n)
+    res = sim(lesson, lambda comm: lesson.ring_allreduce(comm, xs[comm.rank]), n)
+    want = 2 * (n - 1) * (ALPHA + 8 * length / n * BETA)
+    assert math.isclose(res.time, want, rel_tol=1e-9), \
+        f"{n} ranks, {8 * length} bytes: simulated time {res.time:.6g} s, expected 2(N-1)(alpha + S/N beta) = " \
+        f"{want:.6g} s: all ranks should send at every step, in lockstep"
+
+
+# ---------------------------------------------------------------- 12.3 cost model
+
+
+ORACLES = {
+    "naive_allreduce": oracle_allreduce,
+    "ring_reduce_scatter": oracle_reduce_scatter,
+    "ring_allgather": None,  # the input is a chunk, see below
+    "ring_allreduce": oracle_ring_allreduce,
+}
+
+
+def cost_job(comm, name, k):
+    """Run collective `name` on a vector of k elements per rank-chunk (S = 8 k N bytes)."""
+    n = comm.size
+    if name == "ring_allgather":
+        return oracle_allgather(comm, np.zeros(k))
+    return ORACLES[name](comm, np.zeros(k * n))
+
+
+@pytest.mark.exercise("12.3")
+@settings(max_examples=40)
+@given(name=st.sampled_from(sorted(ORACLES)), n=st.integers(1, 8), k=st.integers(1, 50),
+       alpha=st.floats(0, 1e-4), beta=st.floats(0, 1e-8))
+@example(name="naive_allreduce", n=8, k=3, alpha=1e-6, beta=1e-9)
+@example(name="ring_allreduce", n=1, k=3, alpha=1e-6, beta=1e-9)
+def test_collective_cost_predicts_the_simulator(lesson, name, n, k, alpha, beta):
+    res = lesson.run(cost_job, n, name, k, engine="sim", alpha=alpha, beta=beta)
+    S = 8 * k * n
+    cost = lesson.collective_cost(name, S, n, alpha, beta)
+    assert len(cost) == 2, f"collective_cost should return (time, bytes), got {cost!r}"
+    time_, bytes_ = cost
+    busiest = max(res.bytes_sent())
+    assert math.isclose(bytes_, busiest, rel_tol=1e-12, abs_tol=1e-9), \
+        f"{name}, N={n}, S={S} bytes: predicted {bytes_} bytes for the busiest rank, the simulator counted {busiest}"
+    assert math.isclose(time_, res.time, rel_tol=1e-9, abs_tol=1e-15), \
+        f"{name}, N={n}, S={S} bytes, alpha={alpha}, beta={beta}: predicted {time_:.6g} s, simulated {res.time:.6g} s"
+
+
+@pytest.mark.exercise("12.3")
+def test_collective_cost_values_and_errors(lesson):
+    cost = lesson.collective_cost
+    t, b = cost("ring_allreduce", 1e9, 8, 5e-6, 1e-10)
+    assert math.isclose(t, 14 * (5e-6 + 1.25e8 * 1e-10)) and math.isclose(b, 14 * 1.25e8), \
+        f"ring all-reduce of 1 GB on 8 ranks: expected (0.17507 s, 1.75e9 bytes), got ({t}, {b})"
+    t, b = cost("naive_allreduce", 1e9, 8, 5e-6, 1e-10)
+    assert math.isclose(t, 14 * (5e-6 + 0.1)) and math.isclose(b, 7e9), \
+        f"naive all-reduce of 1 GB on 8 ranks: expected (1.40007 s, 7e9 bytes), got ({t}, {b})"
+    assert tuple(cost("ring_allgather", 1e6, 1, 1e-6, 1e-9)) == (0, 0), "one rank: nothing to send, no time"
+    with pytest.raises(ValueError, match="tree"):
+        cost("tree", 100, 4, 1e-6, 1e-9)
+    with pytest.raises(ValueError):
+        cost("ring_allreduce", 100, 0, 1e-6, 1e-9)
+
+
+# ---------------------------------------------------------------- training helpers
+
+
+class Tied(Module):
+    """A layer used twice: its parameters get one gradient, the sum over both uses."""
+
+    def __init__(self, rng):
+        self.inp = Linear(3, 6, rng=rng)
+        self.shared = Linear(6, 6, rng=rng)
+        self.out = Linear(6, 4, rng=rng)
+
+    def forward(self, x):
+        h = self.inp(x).relu()
+        h = self.shared(h).relu()
+        h = self.shared(h).tanh()
+        return self.out(h)
+
+
+def make_model(kind, seed=0):
+    rng = np.random.default_rng(seed)
+    model = Tied(rng) if kind == "tied" else MLP([3, 8, 8, 4], rng=rng)
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64)
+    return model
+
+
+def batches(steps, B, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((B, 3)), rng.integers(0, 4, B)) for _ in range(steps)]
+
+
+def single_process(kind, opt_kind, steps, B):
+    """The oracle: lesson 03's reference model and optimiser on the whole batch."""
+    model = make_model(kind)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9) if opt_kind == "sgd" else Adam(model.parameters(), lr=0.01)
+    losses = []
+    for X, y in batches(steps, B):
+        loss = cross_entropy(model(Tensor(X)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return [p.data.copy() for p in model.parameters()], losses
+
+
+def assert_params_close(got, want, what, rtol=1e-12):
+    assert len(got) == len(want), f"{what}: {len(got)} parameters, expected {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol,
+                                   err_msg=f"{what}: parameter {i} differs from single-process training")
+
+
+def assert_ranks_identical(results, what):
+    for r, params in enumerate(results[1:], 1):
+        for i, (a, b) in enumerate(zip(results[0], params)):
+            assert np.array_equal(a, b), f"{what}: rank {r}'s parameter {i} differs from rank 0's: the replicas drifted apart"
+
+
+# ---------------------------------------------------------------- 12.4 data-parallel training
+
+
+def dp_job(comm, step_fn, kind, steps, B, allreduce, **extra):
+    model = make_model(kind)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses = [step_fn(comm, model, opt, X, y, allreduce, **extra) for X, y in batches(steps, B)]
+    return [p.data.copy() for p in model.parameters()], losses
+
+
+def counting_allreduce(log):
+    def allreduce(comm, x):
+        log.append((comm.rank, np.asarray(x).size))
+        return oracle_allreduce(comm, x)
+    return allreduce
+
+
+@pytest.mark.exercise("12.4")
+@pytest.mark.parametrize("kind", ["mlp", "tied"])
+@pytest.mark.parametrize("n,B", [(2, 30), (4, 30), (4, 3)])
+def test_dp_equals_single_process(lesson, kind, n, B):
+    steps = 3
+    want, want_losses = single_process(kind, "sgd", steps, B)
+    log = []
+    res = sim(lesson, dp_job, n, lesson.dp_train_step, kind, steps, B, counting_allreduce(log))
+    what = f"{kind} model, {n} ranks, batch {B}"
+    assert_ranks_identical([p for p, _ in res.results], what)
+    assert_params_close(res.results[0][0], want, what)
+    losses = np.sum([np.asarray(l, dtype=float) for _, l in res.results], axis=0)
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-12,
+                               err_msg=f"{what}: the ranks' returned losses should add up to the global loss")
+    numel = sum(p.size for p in make_model(kind).parameters())
+    for r in range(n):
+        reduced = sum(size for rank, size in log if rank == r)
+        assert reduced == steps * numel, \
+            f"{what}: rank {r} all-reduced {reduced} gradient elements in {steps} steps, expected {steps} x {numel}: " \
+            "every Parameter's gradient exactly once per step (model.parameters() lists a shared one once)"
+
+
+# ---------------------------------------------------------------- 12.5 bucketing and overlap
+
+
+def oracle_buckets(nbytes, cap):
+    buckets, cur, filled = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        cur.append(i)
+        filled += nbytes[i]
+        if filled >= cap:
+            buckets.append(cur)
+            cur, filled = [], 0
+    return buckets + ([cur] if cur else [])
+
+
+@pytest.mark.exercise("12.5")
+def test_make_buckets_follows_ddp(lesson):
+    P = lesson.Parameter
+    params = [P(np.zeros(k)) for k in [5, 1, 3, 3, 2, 8, 1]]  # float64: 8 bytes each
+    nbytes = [p.data.nbytes for p in params]
+    for cap in [1, 8, 16, 24, 40, 63, 64, 65, 10**9]:
+        got = lesson.make_buckets(params, cap)
+        want = oracle_buckets(nbytes, cap)
+        assert [list(b) for b in got] == want, \
+            f"bucket_bytes={cap}, parameter bytes {nbytes}: expected buckets {want} (last parameter first, " \
+            f"close a bucket once it holds >= bucket_bytes), got {got}"
+    with pytest.raises(ValueError):
+        lesson.make_buckets(params, 0)
+
+
+def overlap_job(comm, step_fn, kind, B, cap, log):
+    def allreduce(c, x):
+        log.append((c.rank, c.time, np.asarray(x).size))
+        return oracle_allreduce(c, x)
+
+    model = make_model(kind)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(2, B):
+        step_fn(comm, model, opt, X, y, allreduce, cap)
+    return [p.data.copy() for p in model.parameters()]
+
+
+@pytest.mark.exercise("12.5")
+@pytest.mark.parametrize("kind", ["mlp", "tied"])
+@pytest.mark.parametrize("n,B", [(2, 30), (4, 30), (4, 3)])
+def test_overlap_step_equals_single_process(lesson, kind, n, B):
+    want, _ = single_process(kind, "sgd", 2, B)
+    log = []
+    res = sim(lesson, overlap_job, n, lesson.dp_train_step_overlap, kind, B, 200, log, flop_rate=1e9)
+    what = f"dp_train_step_overlap, {kind} model, {n} ranks, batch {B}"
+    assert_ranks_identical(res.results, what)
+    assert_params_close(res.results[0], want, what)
+
+
+@pytest.mark.exercise("12.5")
+@pytest.mark.parametrize("n", [2, 4])
+def test_buckets_overlap_the_backward_pass(lesson, n):
+    model = make_model("mlp")
+    nbytes = [p.data.nbytes for p in model.parameters()]
+    cap = 200
+    buckets = oracle_buckets(nbytes, cap)
+    sizes = [sum(nbytes[i] for i in b) // 8 for b in buckets]
+    log = []
+    clock = dict(alpha=1e-7, beta=1e-8, flop_rate=1e8)  # bandwidth-bound messages, a slow backward pass
+    res = sim(lesson, overlap_job, n, lesson.dp_train_step_overlap, "mlp", 40, cap, log, **clock)
+    for r in range(n):
+        calls = [(t, size) for rank, t, size in log if rank == r]
+        got_sizes = [size for _, size in calls]
+        assert got_sizes == sizes * 2, \
+            f"rank {r}: expected one all-reduce per bucket, in bucket order, of {sizes} elements (each of 2 steps), " \
+            f"got {got_sizes}"
+        backward = res.events(rank=r, kind="B")
+        assert backward, "no backward compute on the timeline: use backward_with_hooks(loss, on_ready, comm)"
+        comm_sends = res.events(rank=r, kind="send", stream="comm")
+        main_sends = res.events(rank=r, kind="send", stream="main")
+        assert comm_sends and not main_sends, \
+            f"rank {r}: the bucket all-reduces should run through comm.launch (the comm stream); " \
+            f"{len(main_sends)} sends ran on the main stream"
+        end_of_first_backward = max(e.end for e in backward if e.end <= calls[len(buckets)][0] + 1e-15)
+        early = [t for t, _ in calls[:len(buckets) - 1]]
+        assert all(t < end_of_first_backward for t in early), \
+            f"rank {r}: buckets 0..{len(buckets) - 2} should be launched while the backward pass still runs " \
+            f"(it ends at {end_of_first_backward:.4g} s); they were launched at {[f'{t:.4g}' for t in early]}"
+        overlapping = [c for c in comm_sends if any(c.start < b.end and b.start < c.end for b in backward)]
+        assert overlapping, f"rank {r}: no message of the comm stream overlaps a backward (B) interval on the timeline"
+    log_one = []
+    one = sim(lesson, overlap_job, n, lesson.dp_train_step_overlap, "mlp", 40, 10**9, log_one, **clock)
+    assert res.time < one.time, \
+        f"{n} ranks: with buckets the two steps took {res.time:.4g} s, with one bucket (no overlap) {one.time:.4g} s"
+
+
+# ---------------------------------------------------------------- 12.6 ZeRO
+
+
+@pytest.mark.exercise("12.6")
+def test_zero_memory_formula_paper_example(lesson):
+    f = lesson.zero_memory_per_rank
+    want = {0: 120e9, 1: 31.40625e9, 2: 16.640625e9, 3: 1.875e9}  # Rajbhandari et al. 2020, figure 1
+    for stage, bytes_ in want.items():
+        got = f(7.5e9, 64, stage)
+        assert math.isclose(got, bytes_), \
+            f"7.5B parameters, 64 GPUs, stage {stage}: expected {bytes_ / 1e9:.4f} GB per GPU, got {got / 1e9:.4f} GB"
+    assert math.isclose(f(1000, 4, 2, K=8), 2000 + 10 * 250), "K (bytes of optimizer state per parameter) must be used"
+    with pytest.raises(ValueError):
+        f(1000, 4, 4)
+
+
+def zero_job(comm, ZeroAdam, stage, steps, B):
+    model = make_model("tied")
+    zero = ZeroAdam(comm, model, stage, lr=0.01, reduce_scatter=oracle_reduce_scatter, allgather=oracle_allgather)
+    held, sent = [], []
+    for X, y in batches(steps, B):
+        before = comm.stats["bytes_sent"]
+        zero.gather_params()
+        rows = np.array_split(np.arange(B), comm.size)[comm.rank]
+        if len(rows):
+            loss = cross_entropy(model(Tensor(X[rows])), y[rows]) * (len(rows) / B)
+            loss.backward()
+        zero.reduce_gradients()
+        held.append(zero.memory())
+        zero.step()
+        held.append(zero.memory())
+        sent.append(comm.stats["bytes_sent"] - before)
+    zero.gather_params()
+    return [p.data.copy() for p in model.parameters()], held, sent
+
+
+@pytest.mark.exercise("12.6")
+@pytest.mark.parametrize("stage", [1, 2, 3])
+@pytest.mark.parametrize("n", [2, 4])
+def test_zero_matches_adam_memory_and_traffic(lesson, stage, n):
+    steps, B = 3, 30
+    want, _ = single_process("tied", "adam", steps, B)
+    res = sim(lesson, zero_job, n, lesson.ZeroAdam, stage, steps, B)
+    what = f"ZeRO stage {stage}, {n} ranks"
+    assert_ranks_identical([p for p, _, _ in res.results], what)
+    assert_params_close(res.results[0][0], want, what, rtol=1e-10)
+    psi = sum(w.size for w in want)
+    shards = sizes_of(psi, n)
+    for r, (_, held, sent) in enumerate(res.results):
+        s = shards[r]
+        peak = {1: {"params": psi, "grads": psi}, 2: {"params": psi, "grads": s},
+                3: {"params": s, "grads": s}}[stage]
+        peak.update(optimizer=3 * s, other=0)
+        for step in range(steps):
+            assert held[2 * step] == peak, \
+                f"{what}, rank {r} (slice of {s} of {psi} elements), after reduce_gradients: expected to hold " \
+                f"{peak} elements, holds {held[2 * step]}"
+            if stage == 3:
+                after = held[2 * step + 1]
+                assert after["params"] == s and after["grads"] <= s, \
+                    f"{what}, rank {r}: after step() stage 3 holds only its slice of the weights ({s}), " \
+                    f"holds {after}"
+        want_sent = 8 * ((psi - shards[r]) + (psi - shards[(r + 1) % n]))
+        assert sent == [want_sent] * steps, \
+            f"{what}, rank {r}: sent {sent} bytes per step; one reduce-scatter and one all-gather of {psi} " \
+            f"float64 send {want_sent} (the same as one ring all-reduce)"
+
+
+# ---------------------------------------------------------------- 12.7 activation checkpointing
+
+
+class Counting(Module):
+    """A Block that counts its forward calls."""
+
+    def __init__(self, block):
+        self.block = block
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.block(x)
+
+
+def deep(lesson, L, width, seed=0):
+    rng = np.random.default_rng(seed)
+    return [Counting(lesson.Block(width, rng)) for _ in range(L)]
+
+
+def grads_of(layers, x, segments, lesson):
+    for layer in layers:
+        layer.zero_grad()
+    h = lesson.checkpointed_forward(layers, x, segments) if segments else x
+    if not segments:
+        for layer in layers:
+            h = layer(h)
+    loss = (h * h).mean()
+    stored = lesson.stored_activation_bytes(loss)
+    calls_after_forward = [layer.calls for layer in layers]
+    loss.backward()
+    return [p.grad.numpy().copy() for layer in layers for p in layer.parameters()], stored, calls_after_forward
+
+
+@pytest.mark.exercise("12.7")
+@pytest.mark.parametrize("x_grad", [False, True])
+def test_checkpointing_keeps_gradients_and_recomputes_once(lesson, x_grad):
+    L, width, batch = 7, 5, 9
+    rng = np.random.default_rng(1)
+    for segments in range(1, L + 1):
+        layers = deep(lesson, L, width)
+        x = Tensor(rng.standard_normal((batch, width)), requires_grad=x_grad)
+        want, _, _ = grads_of(layers, x, 0, lesson)
+        want_x = x.grad.numpy().copy() if x_grad else None
+        x.zero_grad()
+        for layer in layers:
+            layer.calls = 0
+        got, _, calls_fwd = grads_of(layers, x, segments, lesson)
+        for i, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_allclose(g, w, rtol=1e-13, atol=1e-15,
+                                       err_msg=f"{segments} segments: gradient of parameter {i} differs without checkpointing")
+        if x_grad:
+            assert x.grad is not None, f"{segments} segments: the input requires grad but got none"
+            np.testing.assert_allclose(x.grad.numpy(), want_x, rtol=1e-13, atol=1e-15,
+                                       err_msg=f"{segments} segments: the input's gradient differs")
+        assert calls_fwd == [1] * L, \
+            f"{segments} segments: after the forward pass each layer should have run once, counts {calls_fwd}"
+        calls = [layer.calls for layer in layers]
+        assert calls == [2] * L, \
+            f"{segments} segments: after the backward pass each layer should have run twice (one recomputation), " \
+            f"counts {calls}"
+
+
+@pytest.mark.exercise("12.7")
+def test_checkpointing_stores_fewer_activations_and_lowers_peak(lesson):
+    L, width, batch = 16, 32, 64
+    rng = np.random.default_rng(2)
+    layers = deep(lesson, L, width)
+    x = Tensor(rng.standard_normal((batch, width)))
+    act = batch * width * 8  # bytes of one activation
+    results = {}
+    for k in [0, 4]:
+        (_, stored, _), peak = lesson.peak_memory(lambda k=k: grads_of(layers, x, k, lesson))
+        results[k] = (stored, peak)
+    assert results[0][0] >= 3 * L * act, f"without checkpointing the graph keeps >= {3 * L} activations"
+    assert results[4][0] <= (4 + 2) * act, \
+        f"4 segments: the graph should keep only the 4 segment outputs (and the loss's own nodes), " \
+        f"{results[4][0] / act:.1f} activations of {act} bytes kept"
+    assert results[4][1] < 0.6 * results[0][1], \
+        f"peak memory with 4 = sqrt(16) segments {results[4][1]} bytes, without checkpointing {results[0][1]} bytes: " \
+        "expected less than 60% (run each segment under no_grad in the forward pass, and free the recomputed " \
+        "graph as soon as its backward is done)"
+    with pytest.raises(ValueError):
+        lesson.checkpointed_forward(layers, x, 0)
+    with pytest.raises(ValueError):
+        lesson.checkpointed_forward(layers, x, L + 1)
+
+
+# ---------------------------------------------------------------- MPI: the same cases on real processes
+# One `mpiexec -n 4` runs every case the selected tests need, on the 4 ranks and then on ranks 0
+# and 1 as a group of 2 (comm.group), after the simulator has run them on 4 and 2 ranks (a case
+# that fails there is not sent to MPI: it would hang).
+
+
+def case_collectives(lesson):
+    xs = {n: data(n, (3, 7), np.float32, seed=n) for n in (2, 4)}
+    ints = {n: data(n, (11,), np.int16, seed=n) for n in (2, 4)}
+
+    def job(comm, naive, xs, ints):
+        n = comm.size
+        return naive(comm, xs[n][comm.rank]), naive(comm, ints[n][comm.rank])
+    return job, (lesson.naive_allreduce, xs, ints)
+
+
+def case_ring(lesson):
+    xs = {n: data(n, (3, 7), np.float32, seed=n) for n in (2, 4)}
+    chunks = {n: [data(1, (r + 1,), np.float32, seed=r)[0] for r in range(n)] for n in (2, 4)}
+
+    def job(comm, rs, ag, ar, xs, chunks):
+        n = comm.size
+        return rs(comm, xs[n][comm.rank]), ag(comm, chunks[n][comm.rank]), ar(comm, xs[n][comm.rank])
+    return job, (lesson.ring_reduce_scatter, lesson.ring_allgather, lesson.ring_allreduce, xs, chunks)
+
+
+def case_dp(lesson):
+    return dp_job, (lesson.dp_train_step, "tied", 2, 30, oracle_allreduce)
+
+
+def case_overlap(lesson):
+    return overlap_job, (lesson.dp_train_step_overlap, "mlp", 30, 200, [])
+
+
+def case_zero(lesson):
+    def job(comm, ZeroAdam):
+        return [zero_job(comm, ZeroAdam, stage, 2, 30)[:2] for stage in (1, 2, 3)]
+    return job, (lesson.ZeroAdam,)
+
+
+MPI_CASES = {"test_mpi_naive_allreduce": case_collectives, "test_mpi_ring": case_ring,
+             "test_mpi_data_parallel": case_dp, "test_mpi_overlap": case_overlap, "test_mpi_zero": case_zero}
+
+
+def with_bytes(comm, job, args):
+    before = comm.stats["bytes_sent"]
+    out = job(comm, *args)
+    return out, comm.stats["bytes_sent"] - before
+
+
+def batch_job(comm, cases):
+    """Every case on 4 ranks, then on ranks 0 and 1 as a group of 2 (one launch for both sizes)."""
+    out = {4: {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}}
+    if comm.rank < 2:
+        pair = comm.group([0, 1])
+        out[2] = {name: with_bytes(pair, job, args) for name, (job, args) in cases.items()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def mpi_runs(lesson, request):
+    wanted = [name for name in MPI_CASES if any(item.originalname == name for item in request.session.items)]
+    sim_out, ready = {}, {}
+    for name in wanted:
+        job, args = MPI_CASES[name](lesson)
+        try:
+            sim_out[name] = {n: sim(lesson, with_bytes, n, job, args).results for n in (2, 4)}
+            ready[name] = (job, args)
+        except Exception as exc:  # noqa: BLE001 - reported by the case's own test
+            sim_out[name] = exc
+    mpi_out = None
+    if ready:
+        try:
+            mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=240).results
+        except Exception as exc:  # noqa: BLE001
+            mpi_out = exc
+    return sim_out, mpi_out
+
+
+def assert_same(a, b, where):
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), \
+            f"{where}: MPI gave {b!r}, the simulator {a!r}"
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert a == b, f"{where}: MPI gave {b!r}, the simulator {a!r}"
+
+
+def check_mpi_case(lesson, mpi_runs, name):
+    sim_out, mpi_out = mpi_runs
+    if isinstance(sim_out[name], Exception):
+        raise sim_out[name]
+    ok, why = lesson.mpi_status()
+    if not ok:
+        pytest.skip(f"MPI cannot start here: {why}")
+    if isinstance(mpi_out, Exception):
+        raise mpi_out
+    for n in (2, 4):
+        for r in range(n):
+            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
+            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)
+
+
+@pytest.mark.exercise("12.1")
+def test_mpi_naive_allreduce(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_naive_allreduce")
+
+
+@pytest.mark.exercise("12.2")
+def test_mpi_ring(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_ring")
+
+
+@pytest.mark.exercise("12.4")
+def test_mpi_data_parallel(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_data_parallel")
+
+
+@pytest.mark.exercise("12.5")
+def test_mpi_overlap(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_overlap")
+
+
+@pytest.mark.exercise("12.6")
+def test_mpi_zero(lesson, mpi_runs):
+    check_mpi_case(lesson, mpi_runs, "test_mpi_zero")
+
+
+def hang_on_mpi(comm, naive):
+    if comm.rank == comm.size - 1:
+        return None
+    return naive(comm, np.ones(3))
+
+
+@pytest.mark.exercise("12.1")
+def test_mpi_deadlock_is_killed_with_all_its_processes(lesson):
+    ok, why = lesson.mpi_status()
+    if not ok:
+        pytest.skip(f"MPI cannot start here: {why}")
+    with pytest.raises(TimeoutError, match="killed with all its processes") as info:
+        lesson.run(hang_on_mpi, 2, lesson.naive_allreduce, engine="mpi", timeout=2.5)
+    job = re.search(r"(\S*minitorch-mpi-\S+)`", str(info.value)).group(1)
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if job.encode() in f.read():
+                    alive.append(pid)
+        except OSError:
+            pass
+    assert not alive, f"processes of the killed MPI job are still running: {alive}"
