@@ -14,9 +14,11 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
+from minitorch.attention import attention_np, causal_mask, merge_attention, merge_heads, split_heads
 from minitorch.autograd import Tensor, topo_order
 from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
-from minitorch.nn import Module, Parameter
+from minitorch.gpt import gelu
+from minitorch.nn import Module, Parameter, cross_entropy
 from minitorch.parallel import free_graph, op_flops, ring_allreduce
 
 
@@ -320,9 +322,63 @@ def pipeline_step(comm: Communicator, chunks: list, steps: list, inputs: list, t
     return total
 
 
-def pipeline_intervals(result: RunResult) -> list[Interval]:
-    """The F and B intervals of a run of pipeline_step, as Intervals (stage = rank), time from 0."""
-    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main"]
+class GPTEmbedding(Module):
+    """The first pipeline layer of a lesson-09 GPT: idx (B, T) ids -> wte[idx] + wpe[:T] (B, T, C)."""
+
+    def __init__(self, model: Any):
+        self.wte, self.wpe = model.wte, model.wpe
+
+    def forward(self, idx: Any) -> Tensor:
+        return self.wte(idx) + self.wpe.weight[:np.asarray(idx).shape[1]]
+
+
+class GPTHead(Module):
+    """The last pipeline layer: ln_f, then the output layer tied to the token embedding (B, T, V)."""
+
+    def __init__(self, model: Any):
+        self.ln_f, self.wte = model.ln_f, model.wte
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def gpt_layers(model: Any) -> list:
+    """[embedding, block 0, ..., block L-1, head]: L + 2 layers to deal out with split_layers."""
+    return [GPTEmbedding(model), *model.blocks, GPTHead(model)]
+
+
+def gpt_loss(batch_size: int) -> Callable[[Tensor, Any], Tensor]:
+    """loss_fn for pipeline_step: a micro-batch's mean cross-entropy times its share of the batch."""
+    def loss_fn(logits: Tensor, targets: Any) -> Tensor:
+        b, t, v = logits.shape
+        return cross_entropy(logits.reshape(b * t, v), np.asarray(targets).reshape(-1)) * (b / batch_size)
+    return loss_fn
+
+
+def allreduce_tied_embedding(comm: Communicator, model: Any) -> None:
+    """Sum the token embedding's gradient between the first and the last pipeline rank (both hold a
+    copy: the input embedding and the tied output layer). Other ranks do nothing."""
+    first, last = 0, comm.size - 1
+    if first == last or comm.rank not in (first, last):
+        return
+    w = model.wte.weight
+    mine = w.grad.data if w.grad is not None else np.zeros_like(w.data)
+    other = last if comm.rank == first else first
+    comm.send(mine, other, tag=2**19)
+    w.grad = Tensor(mine + comm.recv(other, tag=2**19))
+
+
+def float64_model(model: Module) -> Module:
+    """Cast every parameter of `model` to float64 in place (for comparisons to 1e-10); returns it."""
+    for prm in model.parameters():
+        prm.data = prm.data.astype(np.float64)
+    return model
+
+
+def pipeline_intervals(result: RunResult, since: float = -math.inf) -> list[Interval]:
+    """The F and B intervals of a run of pipeline_step that start at `since` or later, as Intervals
+    (stage = rank), with time counted from the first of them."""
+    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main" and e.start >= since]
     t0 = min((e.start for e in events), default=0.0)
     out = []
     for e in events:
@@ -373,6 +429,148 @@ class TensorParallelMLP(Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self.activation(copy_to_tp(self.comm, x, self.allreduce) @ self.fc_weight + self.fc_bias)
         return reduce_from_tp(self.comm, h @ self.proj_weight, self.allreduce) + self.proj_bias
+
+
+class TensorParallelAttention(Module):
+    """Rank comm.rank's heads h0..h1-1 (chunk_bounds(n_head, N)[rank]) of a lesson-09
+    CausalSelfAttention `attn` (C = n_embd, hd = C // n_head): q_weight, k_weight, v_weight
+    (C, (h1-h0) hd) and their biases: columns [h0 hd, h1 hd); proj_weight ((h1-h0) hd, C): the
+    same rows; proj_bias (C,): all of it. New Parameters (copies).
+    forward(x (B, T, C)) -> (B, T, C): f(x) projected to local q, k, v, split into the local heads,
+    attn.attend, merged, projected, g, plus proj_bias. ValueError unless N divides n_head."""
+
+    def __init__(self, comm: Communicator, attn: Any, allreduce: Callable = ring_allreduce):
+        self.comm, self.allreduce, self.attend = comm, allreduce, attn.attend
+        n_head, n = attn.n_head, comm.size
+        if n_head % n:
+            raise ValueError(f"tensor parallelism: {n_head} heads cannot be split evenly over {n} ranks")
+        hd = attn.q.weight.shape[0] // n_head
+        h0, h1 = chunk_bounds(n_head, n)[comm.rank]
+        cols = slice(h0 * hd, h1 * hd)
+        self.n_head = h1 - h0
+        for name in ("q", "k", "v"):
+            lin = getattr(attn, name)
+            setattr(self, f"{name}_weight", Parameter(lin.weight.data[:, cols]))
+            setattr(self, f"{name}_bias", Parameter(lin.bias.data[cols]))
+        self.proj_weight = Parameter(attn.proj.weight.data[cols, :])
+        self.proj_bias = Parameter(attn.proj.bias.data)
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = copy_to_tp(self.comm, x, self.allreduce)
+        q, k, v = (split_heads(xf @ w + b, self.n_head) for w, b in
+                   ((self.q_weight, self.q_bias), (self.k_weight, self.k_bias), (self.v_weight, self.v_bias)))
+        y = merge_heads(self.attend(q, k, v)) @ self.proj_weight
+        return reduce_from_tp(self.comm, y, self.allreduce) + self.proj_bias
+
+
+class TensorParallelBlock(Module):
+    """A lesson-09 pre-norm Block on rank comm.rank of comm.size: its own ln1 and ln2 (replicated),
+    TensorParallelAttention(comm, block.attn) and TensorParallelMLP(comm, block.mlp.fc,
+    block.mlp.proj, gelu). forward(x (B, T, C)): x + attn(ln1(x)), then + mlp(ln2(x))."""
+
+    def __init__(self, comm: Communicator, block: Any, allreduce: Callable = ring_allreduce):
+        self.ln1, self.ln2 = block.ln1, block.ln2
+        self.attn = TensorParallelAttention(comm, block.attn, allreduce)
+        self.mlp = TensorParallelMLP(comm, block.mlp.fc, block.mlp.proj, gelu, allreduce)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def tensor_parallel_gpt(comm: Communicator, model: Any, allreduce: Callable = ring_allreduce) -> Any:
+    """Replace model.blocks by TensorParallelBlocks for comm's ranks (in place); returns model."""
+    model.blocks = [TensorParallelBlock(comm, block, allreduce) for block in model.blocks]
+    return model
+
+
+def ring_attention(comm: Communicator, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Attention of this rank's queries over the keys and values of all ranks, by the ring.
+
+    q, k (..., n, d), v (..., n, dv): positions [rank n, (rank+1) n) of the sequence, the same n on
+    every rank. causal: query i sees keys j <= i (global positions). Returns (o (..., n, dv),
+    lse (..., n)) as attention_np(..., return_lse=True) over the whole sequence would give for
+    these rows. Sends N-1 messages, each K and V concatenated on the last axis, to (rank+1) % N."""
+    n_ranks, r = comm.size, comm.rank
+    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
+    d = k.shape[-1]
+    kv = np.concatenate([k, v], axis=-1)
+    o = lse = None
+    for s in range(n_ranks):
+        j = (r - s) % n_ranks
+        if s > 0:
+            kv = comm.recv(left)
+        if s < n_ranks - 1:
+            comm.send(kv, right)
+        if causal and j > r:
+            continue
+        mask = causal_mask(q.shape[-2], kv.shape[-2]) if causal and j == r else None
+        ob, lb = attention_np(q, kv[..., :d], kv[..., d:], mask, return_lse=True)
+        o, lse = (ob, lb) if o is None else merge_attention(o, lse, ob, lb)
+    return o, lse
+
+
+def ring_attention_backward(comm: Communicator, q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray,
+                            lse: np.ndarray, do: np.ndarray, causal: bool = False
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gradients (dq, dk, dv) of this rank's blocks, given the forward's o, lse and the gradient
+    do of o (shapes as ring_attention). K, V, dK, dV travel the ring together (N-1 messages,
+    concatenated on the last axis), then dK, dV make one more hop home (N messages in all)."""
+    n_ranks, r = comm.size, comm.rank
+    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
+    d, dv_ = k.shape[-1], v.shape[-1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    D = (do * o).sum(axis=-1)
+    finite = np.isfinite(lse)
+    safe_lse = np.where(finite, lse, 0.0)
+    dq = np.zeros_like(q)
+    blk = np.concatenate([k, v, np.zeros_like(k), np.zeros_like(v)], axis=-1)
+    for s in range(n_ranks):
+        j = (r - s) % n_ranks
+        if s > 0:
+            blk = comm.recv(left)
+        kb, vb = blk[..., :d], blk[..., d:d + dv_]
+        if not (causal and j > r):
+            scores = (q @ np.swapaxes(kb, -1, -2)) * scale
+            p = np.exp(scores - safe_lse[..., None]) * finite[..., None]
+            if causal and j == r:
+                p = p * causal_mask(q.shape[-2], kb.shape[-2])
+            blk = blk.copy()
+            blk[..., d + dv_ + d:] += np.swapaxes(p, -1, -2) @ do
+            ds = p * (do @ np.swapaxes(vb, -1, -2) - D[..., None])
+            dq += ds @ kb * scale
+            blk[..., d + dv_:d + dv_ + d] += np.swapaxes(ds, -1, -2) @ q * scale
+        if s < n_ranks - 1:
+            comm.send(blk, right)
+    if n_ranks > 1:
+        comm.send(blk[..., d + dv_:], right)
+        blk = comm.recv(left)
+        return dq, blk[..., :d], blk[..., d:]
+    return dq, blk[..., d + dv_:d + dv_ + d], blk[..., d + dv_ + d:]
+
+
+def ring_attention_op(comm: Communicator, q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> Tensor:
+    """ring_attention as an autograd op: forward (o), backward by ring_attention_backward."""
+    o, lse = ring_attention(comm, q.data, k.data, v.data, causal)
+
+    def vjp(g: Any) -> tuple:
+        return ring_attention_backward(comm, q.data, k.data, v.data, o, lse, g, causal)
+
+    return q._record(Tensor(o), (q, k, v), vjp, "ring_attention")
+
+
+class RingSelfAttention(Module):
+    """A lesson-09 CausalSelfAttention run sequence-parallel: forward(x (B, n, C)) on this rank's
+    n positions; the projections are the module's own (shared, not copied)."""
+
+    def __init__(self, comm: Communicator, attn: Any):
+        self.comm, self.attn = comm, attn
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = self.attn
+        q, k, v = (split_heads(lin(x), a.n_head) for lin in (a.q, a.k, a.v))
+        return a.proj(merge_heads(ring_attention_op(self.comm, q, k, v, causal=True)))
 
 
 @dataclass(frozen=True)
