@@ -882,7 +882,8 @@ print(f"loss: one process {whole[0]:.12f}, 4 stages {sum(r[0] for r in piped.res
 # given (`allreduce(comm, array)`: lesson 12's `ring_allreduce` by default; the tests pass their
 # own and count the calls), and `TensorParallelMLP`: its constructor takes the two full Linear
 # layers and keeps this rank's shards as new Parameters (copies); ValueError naming the width and
-# the number of ranks unless N divides the hidden width.
+# the number of ranks unless N divides the hidden width. (Its check comes with the second part,
+# in section 6.)
 
 # %%
 #| export
@@ -932,8 +933,6 @@ class TensorParallelMLP(Module):
         return reduce_from_tp(self.comm, h @ self.proj_weight, self.allreduce) + self.proj_bias
         ### END SOLUTION
 
-# %% tags=["check"]
-check("13.5")
 
 # %% [markdown]
 # The same MLP (width 64, hidden 256, tanh, float64, a batch of 24) on 1 process and on 4
@@ -993,15 +992,15 @@ print(f"all-reduces: {n_fwd} in the forward, {n_bwd} in the backward; bytes sent
 # the same total traffic. The number of heads must be divisible by N: the tiny GPT's 4 heads
 # split over 1, 2 or 4 ranks, not 3.
 #
-# **Exercise 13.6.** Write `TensorParallelAttention` (from a lesson-09 `CausalSelfAttention`; use
-# its `attend(q, k, v)`, lesson 09's `split_heads` and `merge_heads` on the local heads) and
-# `TensorParallelBlock` (from a lesson-09 `Block`: its own layer norms, your TP attention and
-# `TensorParallelMLP` with lesson 09's `gelu`). ValueError naming the heads and the ranks unless
-# N divides n_head.
+# **Exercise 13.5, second part.** Write `TensorParallelAttention` (from a lesson-09
+# `CausalSelfAttention`; use its `attend(q, k, v)`, lesson 09's `split_heads` and `merge_heads`
+# on the local heads) and `TensorParallelBlock` (from a lesson-09 `Block`: its own layer norms,
+# your tensor-parallel attention and `TensorParallelMLP` with lesson 09's `gelu`). ValueError
+# naming the heads and the ranks unless N divides n_head. The check below grades both parts.
 
 # %%
 #| export
-#| exercise 13.6
+#| exercise 13.5
 class TensorParallelAttention(Module):
     """Rank comm.rank's heads h0..h1-1 (chunk_bounds(n_head, N)[rank]) of a lesson-09
     CausalSelfAttention `attn` (C = n_embd, hd = C // n_head): q_weight, k_weight, v_weight
@@ -1072,7 +1071,7 @@ def tensor_parallel_gpt(comm: Communicator, model: Any, allreduce: Callable = ri
 
 
 # %% tags=["check"]
-check("13.6")
+check("13.5")
 
 # %% tags=["demo"]
 
@@ -1124,7 +1123,7 @@ for n in (1, 2, 4):
 # around the ring *with* K_j and V_j, collecting every rank's contribution; after the N-th pass
 # they are back home.
 #
-# **Exercise 13.7.** Write `ring_attention` and `ring_attention_backward` on NumPy arrays. Every
+# **Exercise 13.6.** Write `ring_attention` and `ring_attention_backward` on NumPy arrays. Every
 # rank holds n positions (the same n on every rank). Send one message per pass: in the forward,
 # K and V concatenated on the last axis (N - 1 messages); in the backward, K, V, dK and dV
 # concatenated (N - 1 messages), then dK and dV alone (one more: the way home). Use lesson 09's
@@ -1132,7 +1131,7 @@ for n in (1, 2, 4):
 
 # %%
 #| export
-#| exercise 13.7
+#| exercise 13.6
 def ring_attention(comm: Communicator, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                    causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Attention of this rank's queries over the keys and values of all ranks, by the ring.
@@ -1232,7 +1231,7 @@ class RingSelfAttention(Module):
         return a.proj(merge_heads(ring_attention_op(self.comm, q, k, v, causal=True)))
 
 # %% tags=["check"]
-check("13.7")
+check("13.6")
 
 # %% [markdown]
 # The tiny GPT's first attention layer (float64), sequence-parallel over 4 simulated ranks: each
@@ -1320,7 +1319,7 @@ print(f"output differs by {abs(np.concatenate([r[0] for r in ring4.results], axi
 # Its clock is the real critical path of the plan under the alpha-beta model. With
 # `alpha = beta = 0` your estimate must equal it; with communication, it must stay within 5%.
 #
-# **Exercise 13.8.** Write `estimate_plan` (the formulas above; ValueError naming the problem
+# **Exercise 13.7.** Write `estimate_plan` (the formulas above; ValueError naming the problem
 # when `dp * tp * pp != N`, tp does not divide the heads, pp does not divide the layers, or
 # `dp * m` does not divide the batch) and `best_plan`: every valid plan (every factorisation
 # of N and every m), the fastest whose memory fits `cluster.memory`; ties go to the smaller
@@ -1441,7 +1440,7 @@ def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
 
 # %%
 #| export
-#| exercise 13.8
+#| exercise 13.7
 def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Estimate:
     """Memory per rank (bytes) and step time (seconds) of `plan`, by the formulas of section 8:
     b = batch / (dp m), Ls = n_layer / pp, a = 2 b s d, F = model.layer_flops(b), R = flop_rate,
@@ -1513,7 +1512,7 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec) -> tuple[Plan, Estimate]:
     ### END SOLUTION
 
 # %% tags=["check"]
-check("13.8")
+check("13.7")
 
 # %% [markdown]
 # The estimate against the simulator on a small case (4 ranks, a 4-layer model of width 64,

@@ -134,9 +134,7 @@ def check_valid(schedule, p, m, what):
     assert oracle_simulate(schedule, 1, 2) is not None, f"{what}: the schedule deadlocks: {schedule}"
 
 
-@pytest.mark.exercise("13.1")
-@pytest.mark.parametrize("p,m", PM)
-def test_gpipe_schedule(lesson, p, m):
+def check_gpipe_schedule(lesson, p, m):
     got = plain(lesson.gpipe_schedule(p, m))
     check_valid(got, p, m, f"gpipe_schedule({p}, {m})")
     assert got == oracle_gpipe(p, m), f"gpipe_schedule({p}, {m}): expected all forwards then all backwards, " \
@@ -145,8 +143,12 @@ def test_gpipe_schedule(lesson, p, m):
 
 
 @pytest.mark.exercise("13.1")
-@pytest.mark.parametrize("p,m", PM)
-def test_1f1b_schedule(lesson, p, m):
+def test_gpipe_schedule(lesson):
+    for p, m in PM:
+        check_gpipe_schedule(lesson, p, m)
+
+
+def check_1f1b_schedule(lesson, p, m):
     got = plain(lesson.one_f_one_b_schedule(p, m))
     check_valid(got, p, m, f"one_f_one_b_schedule({p}, {m})")
     want = oracle_1f1b(p, m)
@@ -155,6 +157,12 @@ def test_1f1b_schedule(lesson, p, m):
     peaks = [in_flight(row) for row in got]
     assert peaks[0] <= p and peaks == [min(p - s, m) for s in range(p)], \
         f"1F1B must hold at most p - s micro-batches on stage s (p={p}, m={m}), got {peaks}"
+
+
+@pytest.mark.exercise("13.1")
+def test_1f1b_schedule(lesson):
+    for p, m in PM:
+        check_1f1b_schedule(lesson, p, m)
 
 
 @pytest.mark.exercise("13.1")
@@ -206,9 +214,7 @@ def check_timeline(lesson, schedule, t_f, t_b, t_comm, what):
     return tl
 
 
-@pytest.mark.exercise("13.2")
-@pytest.mark.parametrize("p,m", PM)
-def test_simulator_gpipe_bubble_exact(lesson, p, m):
+def check_simulator_gpipe_bubble_exact(lesson, p, m):
     tl = check_timeline(lesson, oracle_gpipe(p, m), Fraction(1), Fraction(2), 0, f"GPipe p={p} m={m}")
     assert tl.makespan == 3 * (m + p - 1)
     assert tl.bubble == Fraction(p - 1, m + p - 1), \
@@ -219,19 +225,33 @@ def test_simulator_gpipe_bubble_exact(lesson, p, m):
 
 
 @pytest.mark.exercise("13.2")
-@pytest.mark.parametrize("p,m", PM[::2])
-def test_simulator_1f1b_and_comm(lesson, p, m):
+def test_simulator_gpipe_bubble_exact(lesson):
+    for p, m in PM:
+        check_simulator_gpipe_bubble_exact(lesson, p, m)
+
+
+def check_simulator_1f1b_and_comm(lesson, p, m):
     check_timeline(lesson, oracle_1f1b(p, m), Fraction(1), Fraction(2), 0, f"1F1B p={p} m={m}")
     check_timeline(lesson, oracle_1f1b(p, m), Fraction(3), Fraction(5), Fraction(1, 2), f"1F1B p={p} m={m}, t_comm=1/2")
     check_timeline(lesson, oracle_gpipe(p, m), 1.5, 2.25, 0.125, f"GPipe p={p} m={m}, float times")
 
 
 @pytest.mark.exercise("13.2")
-@pytest.mark.parametrize("p,m,v", [(1, 2, 3), (2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 2)])
-def test_simulator_virtual_stages(lesson, p, m, v):
+def test_simulator_1f1b_and_comm(lesson):
+    for p, m in PM[::2]:
+        check_simulator_1f1b_and_comm(lesson, p, m)
+
+
+def check_simulator_virtual_stages(lesson, p, m, v):
     check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1, v), Fraction(2, v), 0, f"interleaved p={p} m={m} v={v}")
     check_timeline(lesson, oracle_interleaved(p, m, v), Fraction(1), Fraction(2), Fraction(1, 3),
                    f"interleaved p={p} m={m} v={v}, t_comm=1/3")
+
+
+@pytest.mark.exercise("13.2")
+def test_simulator_virtual_stages(lesson):
+    for p, m, v in [(1, 2, 3), (2, 2, 2), (2, 4, 3), (3, 6, 2), (4, 8, 2), (4, 4, 2)]:
+        check_simulator_virtual_stages(lesson, p, m, v)
 
 
 @pytest.mark.exercise("13.2")
@@ -250,26 +270,33 @@ def test_simulator_reports_deadlock(lesson):
         lesson.simulate_schedule(as_steps(lesson, bad))
 
 
-@pytest.mark.exercise("13.2")
-@pytest.mark.parametrize("bad", [
+MALFORMED = [
     [[("F", 0, 0), ("B", 0, 0), ("F", 1, 0)], [("F", 0, 0), ("B", 0, 0), ("F", 1, 0), ("B", 1, 0)]],  # B1 missing
     [[("F", 0, 0), ("F", 0, 0), ("B", 0, 0)]],                                                          # F0 twice
     [[("B", 0, 0), ("F", 0, 0)]],                                                                       # B before F
     [[("F", 0, 0), ("B", 0, 0)], [("F", 1, 0), ("B", 1, 0)]],                                           # different mbs
     [[("X", 0, 0), ("B", 0, 0)]],                                                                       # bad kind
-])
-def test_simulator_rejects_malformed(lesson, bad):
-    with pytest.raises(ValueError):
+]
+
+
+def check_simulator_rejects_malformed(lesson, bad):
+    try:
         lesson.simulate_schedule(as_steps(lesson, bad))
+    except ValueError:
+        return
+    pytest.fail(f"simulate_schedule must reject a malformed schedule with a ValueError, accepted {bad}")
+
+
+@pytest.mark.exercise("13.2")
+def test_simulator_rejects_malformed(lesson):
+    for bad in MALFORMED:
+        check_simulator_rejects_malformed(lesson, bad)
 
 
 # ---------------------------------------------------------------- 13.3 interleaved
 
 
-@pytest.mark.exercise("13.3")
-@pytest.mark.parametrize("p,m,v", [(1, 3, 1), (1, 2, 3), (2, 2, 2), (2, 4, 2), (2, 6, 3), (3, 3, 2), (3, 9, 2),
-                                   (3, 6, 1), (4, 4, 2), (4, 8, 1), (4, 8, 2), (4, 8, 3), (4, 12, 4), (8, 16, 2)])
-def test_interleaved_schedule(lesson, p, m, v):
+def check_interleaved_schedule(lesson, p, m, v):
     got = plain(lesson.interleaved_schedule(p, m, v))
     want = oracle_interleaved(p, m, v)
     assert len(got) == p, f"interleaved_schedule({p}, {m}, {v}): expected {p} stages, got {len(got)}"
@@ -284,6 +311,13 @@ def test_interleaved_schedule(lesson, p, m, v):
     bubble = (p * makespan - 3 * m * p) / (p * makespan)
     assert bubble == Fraction(p - 1, v * m + p - 1), \
         f"p={p}, m={m}, v={v}: bubble {bubble}, expected (p-1)/(v m + p - 1) = {Fraction(p - 1, v * m + p - 1)}"
+
+
+@pytest.mark.exercise("13.3")
+def test_interleaved_schedule(lesson):
+    for p, m, v in [(1, 3, 1), (1, 2, 3), (2, 2, 2), (2, 4, 2), (2, 6, 3), (3, 3, 2), (3, 9, 2), (3, 6, 1),
+                    (4, 4, 2), (4, 8, 1), (4, 8, 2), (4, 8, 3), (4, 12, 4), (8, 16, 2)]:
+        check_interleaved_schedule(lesson, p, m, v)
 
 
 @pytest.mark.exercise("13.3")
@@ -381,16 +415,18 @@ def schedule_for(name, p, m, v):
             "interleaved": lambda: oracle_interleaved(p, m, v)}[name]()
 
 
-@pytest.mark.exercise("13.4")
-@pytest.mark.parametrize("name,p,m,v", CASES_13_4)
-def test_pipeline_equals_one_process(lesson, name, p, m, v):
+def check_pipeline_equals_one_process(lesson, name, p, m, v):
     res, full = run_pipeline(lesson, schedule_for(name, p, m, v), v, m)
     check_pipeline_equal(res, full, f"{name}, p={p}, m={m}, v={v}")
 
 
 @pytest.mark.exercise("13.4")
-@pytest.mark.parametrize("name,p,m,v", [("1f1b", 3, 4, 1), ("gpipe", 2, 3, 1), ("interleaved", 2, 4, 2)])
-def test_pipeline_follows_the_schedule_and_sends_activations(lesson, name, p, m, v):
+def test_pipeline_equals_one_process(lesson):
+    for name, p, m, v in CASES_13_4:
+        check_pipeline_equals_one_process(lesson, name, p, m, v)
+
+
+def check_pipeline_follows_the_schedule_and_sends_activations(lesson, name, p, m, v):
     schedule = schedule_for(name, p, m, v)
     res, _ = run_pipeline(lesson, schedule, v, m)
     sizes = [b - a for a, b in chunk_bounds(BATCH, m)]
@@ -408,6 +444,12 @@ def test_pipeline_follows_the_schedule_and_sends_activations(lesson, name, p, m,
             f"rank {r}: expected to send one activation per forward and one gradient per backward " \
             f"({8 * WIDTH * (fwd + bwd)} bytes), sent {st_['bytes_sent']}"
         assert st_["msgs_sent"] == nmsg, f"rank {r}: expected {nmsg} messages, sent {st_['msgs_sent']}"
+
+
+@pytest.mark.exercise("13.4")
+def test_pipeline_follows_the_schedule_and_sends_activations(lesson):
+    for name, p, m, v in [("1f1b", 3, 4, 1), ("gpipe", 2, 3, 1), ("interleaved", 2, 4, 2)]:
+        check_pipeline_follows_the_schedule_and_sends_activations(lesson, name, p, m, v)
 
 
 @pytest.mark.exercise("13.4")
@@ -498,10 +540,7 @@ def check_tp_mlp(got, want, n, r, what):
             (" (is the bias added once, after the all-reduce?)" if name == "output" else "")
 
 
-@pytest.mark.exercise("13.5")
-@pytest.mark.parametrize("n,C,H,shape", [(1, 5, 6, (3,)), (2, 5, 6, (3,)), (3, 4, 9, (2, 3)), (4, 6, 8, (5,)),
-                                         (4, 3, 16, (2, 1, 3))])
-def test_tp_mlp_equals_full_mlp(lesson, n, C, H, shape):
+def check_tp_mlp_equals_full_mlp(lesson, n, C, H, shape):
     want = full_mlp_grads(C, H, shape, seed=n)
     res = sim(lesson, tp_mlp_job, n, lesson.TensorParallelMLP, C, H, shape, n, True)
     for r, got in enumerate(res.results):
@@ -509,8 +548,12 @@ def test_tp_mlp_equals_full_mlp(lesson, n, C, H, shape):
 
 
 @pytest.mark.exercise("13.5")
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_tp_mlp_one_allreduce_each_way(lesson, n):
+def test_tp_mlp_equals_full_mlp(lesson):
+    for n, C, H, shape in [(1, 5, 6, (3,)), (2, 5, 6, (3,)), (3, 4, 9, (2, 3)), (4, 6, 8, (5,)), (4, 3, 16, (2, 1, 3))]:
+        check_tp_mlp_equals_full_mlp(lesson, n, C, H, shape)
+
+
+def check_tp_mlp_one_allreduce_each_way(lesson, n):
     C, H, shape = 4, 4 * n, (3, 2)
     res = sim(lesson, tp_mlp_job, n, lesson.TensorParallelMLP, C, H, shape, 0, True)
     S = int(np.prod(shape)) * C * 8
@@ -523,6 +566,12 @@ def test_tp_mlp_one_allreduce_each_way(lesson, n):
         want = 2 * 2 * (n - 1) * S // n
         assert sent == want, f"rank {r}: expected 2 ring all-reduces of {S} bytes, 2 x 2(N-1)/N x S = {want} " \
                              f"bytes sent, got {sent}"
+
+
+@pytest.mark.exercise("13.5")
+def test_tp_mlp_one_allreduce_each_way(lesson):
+    for n in [2, 3, 4]:
+        check_tp_mlp_one_allreduce_each_way(lesson, n)
 
 
 @pytest.mark.exercise("13.5")
@@ -607,9 +656,7 @@ def gpt_pipeline_job(comm, pipeline_step, split_layers, gpt_layers, gpt_loss, ti
     return loss, {n: p.grad.data for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.exercise("13.4")
-@pytest.mark.parametrize("p,m", [(2, 3), (3, 2), (4, 5)])
-def test_gpt_pipeline_equals_one_process(lesson, p, m):
+def check_gpt_pipeline_equals_one_process(lesson, p, m):
     loss, grads = full_gpt()
     res = sim(lesson, gpt_pipeline_job, p, lesson.pipeline_step, lesson.split_layers, lesson.gpt_layers,
               lesson.gpt_loss, lesson.allreduce_tied_embedding, oracle_1f1b(p, m), m, lesson.Step)
@@ -626,6 +673,12 @@ def test_gpt_pipeline_equals_one_process(lesson, p, m):
     for name, want in grads.items():
         err = np.abs(got[name] - want).max()
         assert err < 1e-10, f"GPT, {p} stages, m={m}: {name}'s gradient differs from one process by {err:.2e}"
+
+
+@pytest.mark.exercise("13.4")
+def test_gpt_pipeline_equals_one_process(lesson):
+    for p, m in [(2, 3), (3, 2), (4, 5)]:
+        check_gpt_pipeline_equals_one_process(lesson, p, m)
 
 
 # ---------------------------------------------------------------- 13.6 tensor-parallel attention and blocks
@@ -701,9 +754,7 @@ def check_tp_layer(lesson, which, cfg, n, seed=0):
     return res
 
 
-@pytest.mark.exercise("13.6")
-@pytest.mark.parametrize("cfg,n", [(GPT_CFG, 1), (GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3), (GPT6_CFG, 2)])
-def test_tp_attention_equals_full_attention(lesson, cfg, n):
+def check_tp_attention_equals_full_attention(lesson, cfg, n):
     res = check_tp_layer(lesson, "attn", cfg, n)
     S = 3 * cfg.block_size * cfg.n_embd * 8
     for r, (*_, (n_fwd, n_bwd, sent)) in enumerate(res.results):
@@ -712,9 +763,13 @@ def test_tp_attention_equals_full_attention(lesson, cfg, n):
         assert sent == 2 * 2 * (n - 1) * S // n, f"rank {r}: sent {sent} bytes, expected 2 ring all-reduces of {S}"
 
 
-@pytest.mark.exercise("13.6")
-@pytest.mark.parametrize("cfg,n", [(GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3)])
-def test_tp_block_equals_full_block(lesson, cfg, n):
+@pytest.mark.exercise("13.5")
+def test_tp_attention_equals_full_attention(lesson):
+    for cfg, n in [(GPT_CFG, 1), (GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3), (GPT6_CFG, 2)]:
+        check_tp_attention_equals_full_attention(lesson, cfg, n)
+
+
+def check_tp_block_equals_full_block(lesson, cfg, n):
     res = check_tp_layer(lesson, "block", cfg, n)
     S = 3 * cfg.block_size * cfg.n_embd * 8
     for r, (*_, (n_fwd, n_bwd, sent)) in enumerate(res.results):
@@ -723,7 +778,13 @@ def test_tp_block_equals_full_block(lesson, cfg, n):
         assert sent == 4 * 2 * (n - 1) * S // n, f"rank {r}: sent {sent} bytes, expected 4 ring all-reduces of {S}"
 
 
-@pytest.mark.exercise("13.6")
+@pytest.mark.exercise("13.5")
+def test_tp_block_equals_full_block(lesson):
+    for cfg, n in [(GPT_CFG, 2), (GPT_CFG, 4), (GPT6_CFG, 3)]:
+        check_tp_block_equals_full_block(lesson, cfg, n)
+
+
+@pytest.mark.exercise("13.5")
 def test_tp_gpt_equals_full_gpt(lesson):
     loss, grads = full_gpt()
 
@@ -747,7 +808,7 @@ def test_tp_gpt_equals_full_gpt(lesson):
             assert np.abs(g - want).max() < 1e-10, f"rank {r}: {name}'s gradient differs from the full GPT's"
 
 
-@pytest.mark.exercise("13.6")
+@pytest.mark.exercise("13.5")
 def test_tp_rejects_indivisible_heads(lesson):
     def job(comm, which):
         block = gpt64().blocks[0]
@@ -815,10 +876,7 @@ def ring_job(comm, ring_attention, ring_attention_backward, q, k, v, do, n, caus
 RING_CASES = [(1, 4, (), 3, 3), (2, 3, (2,), 4, 2), (3, 5, (2, 3), 2, 3), (4, 1, (1,), 3, 3), (4, 4, (2,), 5, 4)]
 
 
-@pytest.mark.exercise("13.7")
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("N,n,lead,d,dv", RING_CASES)
-def test_ring_attention_forward(lesson, N, n, lead, d, dv, causal):
+def check_ring_attention_forward(lesson, N, n, lead, d, dv, causal):
     q, k, v, do = ring_data(N, n, lead, d, dv, seed=N + n)
     o, lse, _ = oracle_attention(q, k, v, causal)
     res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, causal, False)
@@ -835,10 +893,14 @@ def test_ring_attention_forward(lesson, N, n, lead, d, dv, causal):
         assert set(sent_to) <= {(r + 1) % N}, f"{what}, rank {r}: send only to the right neighbour, sent to {sent_to}"
 
 
-@pytest.mark.exercise("13.7")
+@pytest.mark.exercise("13.6")
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("N,n,lead,d,dv", RING_CASES)
-def test_ring_attention_backward(lesson, N, n, lead, d, dv, causal):
+def test_ring_attention_forward(lesson, causal):
+    for case in RING_CASES:
+        check_ring_attention_forward(lesson, *case, causal)
+
+
+def check_ring_attention_backward(lesson, N, n, lead, d, dv, causal):
     q, k, v, do = ring_data(N, n, lead, d, dv, seed=2 * N + n)
     dq, dk, dvv = oracle_attention_grads(q, k, v, do, causal)
     res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, causal, True)
@@ -856,9 +918,14 @@ def test_ring_attention_backward(lesson, N, n, lead, d, dv, causal):
             f"then dK, dV home), sent {msgs} ({sent} bytes)"
 
 
-@pytest.mark.exercise("13.7")
-@pytest.mark.parametrize("N", [2, 3])
-def test_ring_self_attention_in_the_gpt(lesson, N):
+@pytest.mark.exercise("13.6")
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_backward(lesson, causal):
+    for case in RING_CASES:
+        check_ring_attention_backward(lesson, *case, causal)
+
+
+def check_ring_self_attention_in_the_gpt(lesson, N):
     cfg = GPTConfig(vocab_size=7, block_size=6 * N, n_layer=1, n_head=2, n_embd=8)
     wy, wgx, wg = full_layer("attn", cfg, 5)
 
@@ -880,6 +947,12 @@ def test_ring_self_attention_in_the_gpt(lesson, N):
     total = {k: sum(r[2][k] for r in res.results) for k in wg}
     for k, want in wg.items():
         assert np.abs(total[k] - want).max() < 1e-10, f"{k}: the ranks' gradients must add up to the full layer's"
+
+
+@pytest.mark.exercise("13.6")
+def test_ring_self_attention_in_the_gpt(lesson):
+    for N in [2, 3]:
+        check_ring_self_attention_in_the_gpt(lesson, N)
 
 
 # ---------------------------------------------------------------- 13.8 planner
@@ -929,10 +1002,7 @@ def all_plans(model, n):
                     yield (dp, tp, pp, m)
 
 
-@pytest.mark.exercise("13.8")
-@pytest.mark.parametrize("model,n,node", [((4, 64, 4, 32, 8), 4, 1), ((8, 96, 6, 48, 12), 6, 1),
-                                          ((12, 128, 8, 64, 16), 8, 4), ((6, 64, 4, 16, 6), 12, 4)])
-def test_estimate_plan_formulas(lesson, model, n, node):
+def check_estimate_plan_formulas(lesson, model, n, node):
     ms, cs, cd = specs(lesson, model, n, node=node, alpha_node=1e-6, beta_node=2e-11)
     for plan in all_plans(model, n):
         got = lesson.estimate_plan(ms, cs, lesson.Plan(*plan))
@@ -942,15 +1012,20 @@ def test_estimate_plan_formulas(lesson, model, n, node):
                                                            "(check which link each group uses)"
 
 
+@pytest.mark.exercise("13.7")
+def test_estimate_plan_formulas(lesson):
+    for model, n, node in [((4, 64, 4, 32, 8), 4, 1), ((8, 96, 6, 48, 12), 6, 1), ((12, 128, 8, 64, 16), 8, 4),
+                           ((6, 64, 4, 16, 6), 12, 4)]:
+        check_estimate_plan_formulas(lesson, model, n, node)
+
+
 
 
 def oracle_schedule_steps(lesson):
     return lambda p, m: [[lesson.Step(*s) for s in row] for row in oracle_1f1b(p, m)]
 
 
-@pytest.mark.exercise("13.8")
-@pytest.mark.parametrize("alpha,beta,tol", [(0.0, 0.0, 1e-9), (5e-6, 1e-9, 0.05), (2e-5, 1e-8, 0.05)])
-def test_estimate_against_the_simulator(lesson, alpha, beta, tol):
+def check_estimate_against_the_simulator(lesson, alpha, beta, tol):
     model = (4, 64, 4, 32, 8)
     ms, cs, _ = specs(lesson, model, 4, alpha=alpha, beta=beta)
     for plan in [(1, 1, 4, 4), (1, 2, 2, 2), (2, 1, 2, 4), (1, 4, 1, 2), (4, 1, 1, 1), (2, 2, 1, 2), (1, 1, 4, 1)]:
@@ -960,7 +1035,13 @@ def test_estimate_against_the_simulator(lesson, alpha, beta, tol):
                                                 f"simulator {simulated:.6g} s (must agree within {tol:.0%})"
 
 
-@pytest.mark.exercise("13.8")
+@pytest.mark.exercise("13.7")
+def test_estimate_against_the_simulator(lesson):
+    for alpha, beta, tol in [(0.0, 0.0, 1e-9), (5e-6, 1e-9, 0.05), (2e-5, 1e-8, 0.05)]:
+        check_estimate_against_the_simulator(lesson, alpha, beta, tol)
+
+
+@pytest.mark.exercise("13.7")
 def test_estimate_plan_rejects_invalid(lesson):
     ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 8)
     for plan, word in [((1, 1, 4, 2), "rank"), ((1, 8, 1, 1), "head"), ((1, 1, 8, 1), "layer"), ((8, 1, 1, 2), "batch"),
@@ -969,11 +1050,7 @@ def test_estimate_plan_rejects_invalid(lesson):
             lesson.estimate_plan(ms, cs, lesson.Plan(*plan))
 
 
-@pytest.mark.exercise("13.8")
-@pytest.mark.parametrize("model,n,memory,node", [((4, 64, 4, 32, 8), 4, 1e15, 1), ((4, 64, 4, 32, 8), 4, 2.0e6, 1),
-                                                 ((8, 128, 8, 64, 16), 8, 1e15, 8), ((8, 128, 8, 64, 16), 8, 6e6, 4),
-                                                 ((12, 96, 6, 128, 24), 6, 1e15, 2)])
-def test_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node):
+def check_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node):
     ms, cs, cd = specs(lesson, model, n, memory=memory, node=node, alpha_node=1e-6, beta_node=2e-11)
     cands = [(oracle_estimate(model, cd, pl), pl) for pl in all_plans(model, n)]
     fits = [((t, mem, pl[1], pl[2], pl[3]), pl) for (mem, t), pl in cands if mem <= memory]
@@ -985,14 +1062,22 @@ def test_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node):
     assert math.isclose(est.time, oracle_estimate(model, cd, want)[1], rel_tol=1e-9)
 
 
-@pytest.mark.exercise("13.8")
+@pytest.mark.exercise("13.7")
+def test_best_plan_is_the_fastest_that_fits(lesson):
+    for model, n, memory, node in [((4, 64, 4, 32, 8), 4, 1e15, 1), ((4, 64, 4, 32, 8), 4, 2.0e6, 1),
+                                     ((8, 128, 8, 64, 16), 8, 1e15, 8), ((8, 128, 8, 64, 16), 8, 6e6, 4),
+                                     ((12, 96, 6, 128, 24), 6, 1e15, 2)]:
+        check_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node)
+
+
+@pytest.mark.exercise("13.7")
 def test_best_plan_when_nothing_fits(lesson):
     ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 4, memory=1e5)
     with pytest.raises(ValueError, match="fit"):
         lesson.best_plan(ms, cs)
 
 
-@pytest.mark.exercise("13.8")
+@pytest.mark.exercise("13.7")
 def test_planner_pick_is_near_the_simulated_best(lesson):
     model = (4, 64, 4, 32, 8)
     ms, cs, _ = specs(lesson, model, 4, alpha=2e-5, beta=1e-8)
@@ -1121,11 +1206,11 @@ def test_mpi_tp_mlp(lesson, mpi_runs):
     check_mpi_case(lesson, mpi_runs, "test_mpi_tp_mlp")
 
 
-@pytest.mark.exercise("13.6")
+@pytest.mark.exercise("13.5")
 def test_mpi_tp_block(lesson, mpi_runs):
     check_mpi_case(lesson, mpi_runs, "test_mpi_tp_block")
 
 
-@pytest.mark.exercise("13.7")
+@pytest.mark.exercise("13.6")
 def test_mpi_ring_attention(lesson, mpi_runs):
     check_mpi_case(lesson, mpi_runs, "test_mpi_ring_attention")
