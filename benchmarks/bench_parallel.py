@@ -7,7 +7,7 @@
    plan is run as a skeleton on the communicator's simulator (`simulate_plan`); how often
    `best_plan`'s pick is the simulated best, the worst ratio of its simulated time to the best's,
    and the estimate's error.
-3. Real: the 1F1B pipeline of a 12-layer MLP (width 256, float64, batch 512, m = 8) on 2 MPI
+3. Real: the 1F1B pipeline of a 12-layer MLP (width 512, float64, batch 1024, m = 8) on 2 MPI
    processes against 1 process running the whole batch: step time (best of 5), and the bubble in
    the measured timeline. On a 2-core machine the two ranks each get a core, if nothing else runs.
 """
@@ -149,12 +149,12 @@ def main(out_dir: Path) -> None:
     if not ok:
         print(f"\nMPI part skipped: {why}")
     else:
-        width, batch, m, reps = 256, 512, 8, 5
+        width, batch, m, reps = 512, 1024, 8, 5
         one = run(timed_pipeline, 1, width, batch, 1, reps, engine="mpi", timeout=600)
         one_m = run(timed_pipeline, 1, width, batch, m, reps, engine="mpi", timeout=600)
         two = run(timed_pipeline, 2, width, batch, m, reps, engine="mpi", timeout=600)
         t1, t1m, t2 = one.results[0][0], one_m.results[0][0], max(r[0] for r in two.results)
-        ivs = pipeline_intervals(two, since=max(r[1] for r in two.results))
+        ivs = pipeline_intervals(two, since=max(r[1] for r in two.results), until=max(r[1] for r in two.results) + t2)
         busy = sum(iv.end - iv.start for iv in ivs)
         print(f"\nreal pipeline on MPI ({why}): 12-layer MLP, width {width}, float64, batch {batch}")
         print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")

@@ -375,10 +375,10 @@ def float64_model(model: Module) -> Module:
     return model
 
 
-def pipeline_intervals(result: RunResult, since: float = -math.inf) -> list[Interval]:
-    """The F and B intervals of a run of pipeline_step that start at `since` or later, as Intervals
+def pipeline_intervals(result: RunResult, since: float = -math.inf, until: float = math.inf) -> list[Interval]:
+    """The F and B intervals of a run of pipeline_step that start in [since, until), as Intervals
     (stage = rank), with time counted from the first of them."""
-    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main" and e.start >= since]
+    events = [e for e in result.timeline if e.kind in ("F", "B") and e.stream == "main" and since <= e.start < until]
     t0 = min((e.start for e in events), default=0.0)
     out = []
     for e in events:

@@ -681,7 +681,7 @@ def test_gpt_pipeline_equals_one_process(lesson):
         check_gpt_pipeline_equals_one_process(lesson, p, m)
 
 
-# ---------------------------------------------------------------- 13.6 tensor-parallel attention and blocks
+# ---------------------------------------------------------------- 13.5 (second part) tensor-parallel attention and blocks
 
 TP_NAMES = {"attn.q_weight": ("attn.q.weight", 1), "attn.q_bias": ("attn.q.bias", 0),
             "attn.k_weight": ("attn.k.weight", 1), "attn.k_bias": ("attn.k.bias", 0),
@@ -819,7 +819,7 @@ def test_tp_rejects_indivisible_heads(lesson):
             sim(lesson, job, 3, which)
 
 
-# ---------------------------------------------------------------- 13.7 ring attention
+# ---------------------------------------------------------------- 13.6 ring attention
 
 
 def oracle_attention(q, k, v, causal):
@@ -955,7 +955,7 @@ def test_ring_self_attention_in_the_gpt(lesson):
         check_ring_self_attention_in_the_gpt(lesson, N)
 
 
-# ---------------------------------------------------------------- 13.8 planner
+# ---------------------------------------------------------------- 13.7 planner
 
 
 def oracle_estimate(model, cluster, plan):
