@@ -106,6 +106,17 @@ def timed_pipeline(comm, width, batch, m, reps):
     return best
 
 
+def pipeline_timings(comm, width, batch, m, reps):
+    """On 2 ranks, one launch: rank 0 alone (a group of one) times the whole batch and the m
+    micro-batches, then both ranks time the 2-stage pipeline."""
+    alone = None
+    if comm.rank == 0:
+        solo = comm.group([0])
+        alone = (timed_pipeline(solo, width, batch, 1, reps)[0], timed_pipeline(solo, width, batch, m, reps)[0])
+    comm.barrier()
+    return alone, timed_pipeline(comm, width, batch, m, reps)
+
+
 def main(out_dir: Path) -> None:
     import matplotlib
 
@@ -150,11 +161,10 @@ def main(out_dir: Path) -> None:
         print(f"\nMPI part skipped: {why}")
     else:
         width, batch, m, reps = 512, 1024, 8, 5
-        one = run(timed_pipeline, 1, width, batch, 1, reps, engine="mpi", timeout=600)
-        one_m = run(timed_pipeline, 1, width, batch, m, reps, engine="mpi", timeout=600)
-        two = run(timed_pipeline, 2, width, batch, m, reps, engine="mpi", timeout=600)
-        t1, t1m, t2 = one.results[0][0], one_m.results[0][0], max(r[0] for r in two.results)
-        ivs = pipeline_intervals(two, since=max(r[1] for r in two.results), until=max(r[1] for r in two.results) + t2)
+        res = run(pipeline_timings, 2, width, batch, m, reps, engine="mpi", timeout=600)
+        (t1, t1m), t2 = res.results[0][0], max(r[1][0] for r in res.results)
+        start = max(r[1][1] for r in res.results)
+        ivs = pipeline_intervals(res, since=start, until=start + t2)
         busy = sum(iv.end - iv.start for iv in ivs)
         print(f"\nreal pipeline on MPI ({why}): 12-layer MLP, width {width}, float64, batch {batch}")
         print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")

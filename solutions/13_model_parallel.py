@@ -1638,13 +1638,22 @@ def timed_pipeline(comm, width, batch, m, reps):
     return best
 
 
+def pipeline_timings(comm, width, batch, m, reps):
+    """On 2 ranks, one launch: rank 0 alone (a group of one) times the whole batch and the m
+    micro-batches, then both ranks time the 2-stage pipeline."""
+    alone = None
+    if comm.rank == 0:
+        solo = comm.group([0])
+        alone = (timed_pipeline(solo, width, batch, 1, reps)[0], timed_pipeline(solo, width, batch, m, reps)[0])
+    comm.barrier()
+    return alone, timed_pipeline(comm, width, batch, m, reps)
+
+
 if mpi_status()[0]:
     width, batch, reps = (512, 1024, 3) if not SMALL else (64, 64, 1)
-    one_proc = run(timed_pipeline, 1, width, batch, 1, reps, engine="mpi", timeout=300)
-    one_micro = run(timed_pipeline, 1, width, batch, 8, reps, engine="mpi", timeout=300)
-    two = run(timed_pipeline, 2, width, batch, 8, reps, engine="mpi", timeout=300)
-    t1, t1m, t2 = one_proc.results[0][0], one_micro.results[0][0], max(r[0] for r in two.results)
-    ivs = pipeline_intervals(two, since=max(r[1] for r in two.results), until=max(r[1] for r in two.results) + t2)
+    res = run(pipeline_timings, 2, width, batch, 8, reps, engine="mpi", timeout=300)
+    (t1, t1m), t2, start = res.results[0][0], max(r[1][0] for r in res.results), max(r[1][1] for r in res.results)
+    ivs = pipeline_intervals(res, since=start, until=start + t2)
     print(f"one process: whole batch {t1 * 1e3:.1f} ms, 8 micro-batches {t1m * 1e3:.1f} ms; 2 stages, m = 8: "
           f"{t2 * 1e3:.1f} ms (speed-up {t1 / t2:.2f}x; at best 2 m/(m+1) = {2 * 8 / 9:.2f}x)")
     print(f"measured bubble {measured_bubble(ivs, 2):.3f}, unit-time formula (p-1)/(m+p-1) = {1 / 9:.3f}")
