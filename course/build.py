@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-import nbformat
 
+from course.percent import from_dict
 from course.source import (
     BEGIN,
     END,
@@ -67,11 +67,11 @@ def stub_source(source: str, exercise: str | None, where: str) -> str:
     return "\n".join(out)
 
 
-def _finish(nb, lesson: Lesson) -> nbformat.NotebookNode:
+def _finish(nb, lesson: Lesson):
     """Deterministic ids, no outputs, standard metadata."""
     nb = copy.deepcopy(nb)
     nb.nbformat, nb.nbformat_minor = 4, 5
-    nb.metadata = nbformat.from_dict(
+    nb.metadata = from_dict(
         {
             "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},
@@ -80,13 +80,13 @@ def _finish(nb, lesson: Lesson) -> nbformat.NotebookNode:
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{lesson.stem.replace('_', '-')}-{i:03d}"
         meta = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
-        cell.metadata = nbformat.from_dict(meta)
+        cell.metadata = from_dict(meta)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return nb
 
 
-def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset()) -> nbformat.NotebookNode:
+def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset()):
     """The lesson as students get it: solutions replaced by stubs, except the exercises in
     `solved` (used by `make check` to prove each exercise is graded on its own)."""
     nb = copy.deepcopy(nb if nb is not None else read_source(lesson))
@@ -98,7 +98,7 @@ def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset
     return _finish(nb, lesson)
 
 
-def solution_notebook(lesson: Lesson, nb=None) -> nbformat.NotebookNode:
+def solution_notebook(lesson: Lesson, nb=None):
     """The lesson with its solutions (what `make demo` and `make check` execute)."""
     return _finish(nb if nb is not None else read_source(lesson), lesson)
 
@@ -119,7 +119,9 @@ def exported_modules(lesson: Lesson, nb=None) -> dict[str, str]:
 
 
 def notebook_text(nb) -> str:
-    return nbformat.writes(nb, version=4) + "\n"
+    import nbformat
+
+    return nbformat.writes(nbformat.from_dict(nb), version=4) + "\n"
 
 
 def _sha(text: str) -> str:

@@ -13,8 +13,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import jupytext
-import nbformat
 
 # MT_ROOT lets the machinery's own tests run it on a sample course in a temporary folder.
 ROOT = Path(os.environ.get("MT_ROOT") or Path(__file__).resolve().parent.parent)
@@ -79,9 +77,14 @@ def find_lesson(key: str | int) -> Lesson:
     raise LookupError(f"no lesson {key!r}; lessons are {names}")
 
 
-def read_source(lesson: Lesson) -> nbformat.NotebookNode:
+def read_source(lesson: Lesson):
     """The lesson source as a notebook (solutions included, no outputs)."""
-    return jupytext.read(lesson.source, fmt="py:percent")
+    # course.percent reads the percent format exactly as jupytext does (tests/machinery checks it
+    # on every lesson) without importing jupytext and nbformat, whose import (jsonschema's format
+    # checkers) costs seconds in every grading process.
+    from course.percent import read
+
+    return read(lesson.source)
 
 
 def directives(cell) -> dict[str, str]:

@@ -913,7 +913,6 @@ def make_digits(n: int, noise: float = 0.15, rng: np.random.Generator | None = N
     return np.clip(X, 0, 1).astype(np.float32), y
 
 # %% tags=["demo"]
-
 rng = np.random.default_rng(0)
 fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
 for ax, (name, (X, y)) in zip(axes[:2], [("moons", make_moons(400, 0.15, rng)), ("spirals", make_spirals(600, 0.2, rng))]):

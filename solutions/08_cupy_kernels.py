@@ -611,8 +611,6 @@ def sgemm_emulated(a: np.ndarray, b: np.ndarray, kernel: str = "regtile") -> np.
     return _run_sgemm(np.asarray(a), np.asarray(b), kernel, np,
                       lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
 
-
-
 # %% [markdown]
 # On a GPU: every kernel against cuBLAS at n = 1024, 2048, 4096 (float32; CuPy's `matmul`
 # calls cuBLAS SGEMM, which on an H100 uses the FP32 FMA units, not the tensor cores, unless

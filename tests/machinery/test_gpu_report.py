@@ -24,7 +24,7 @@ def test_percent_reader_matches_jupytext_on_every_lesson():
         for i, (w, g) in enumerate(zip(want.cells, got.cells)):
             where = f"{lesson.stem} cell {i}"
             assert g.cell_type == w.cell_type, where
-            assert g.source == w.source.strip("\n"), f"{where}: source differs"
+            assert g.source == w.source, f"{where}: source differs (avoid blank lines right after a cell marker and more than one blank line before the next)"
             assert g.metadata.get("tags", []) == w.get("metadata", {}).get("tags", []), f"{where}: tags differ"
 
 
