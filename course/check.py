@@ -28,7 +28,7 @@ def check(exercise: str, names: dict | None = None) -> None:
     pytest_plugin.RESULTS.clear()
     args = [str(lesson.tests), f"--exercise={exercise}", "-q", "--no-header", "-p", "no:cacheprovider",
             f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), "--import-mode=importlib",
-            "--capture=sys", "--timeout-method=signal"]
+            "--capture=sys", "--timeout-method=signal", "--tb=line"]
     sink = io.StringIO()
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):

@@ -218,7 +218,7 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
             results_path = f.name
         cmd = [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl={impl}", "-q", "-rN",
-               "--no-header", "-p", "no:cacheprovider", "--timeout-method=signal", *extra]
+               "--no-header", "-p", "no:cacheprovider", "--timeout-method=signal", "--tb=line", *extra]
         cmd += [f"--deselect={nodeid}" for nodeid in done if "::" in nodeid]
         # pytest-timeout's signal stops a test in Python code; the watchdog kills one stuck in
         # compiled code, with some grace so pytest-timeout's clearer report comes first.
