@@ -280,6 +280,25 @@ def test_cross_entropy_huge_logits(lesson):
 
 
 @pytest.mark.exercise("3.3")
+def test_cross_entropy_is_built_from_primitive_ops(lesson):
+    """The exercise is the log-sum-exp trick itself: the graph must hold exp, sum and log nodes,
+    not lesson 02's fused logsumexp node (which log_softmax and softmax use)."""
+    z = Tensor(np.random.default_rng(9).standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    loss = lesson.cross_entropy(z, np.array([0, 2, 1, 1]))
+    ops, seen, todo = set(), set(), [loss]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        ops.add(node._op)
+        todo.extend(node._parents)
+    assert "logsumexp" not in ops, ("cross_entropy calls lesson 02's logsumexp (or log_softmax): build the loss from "
+                                    "the primitive ops (max, subtract, exp, sum, log) as the exercise asks")
+    assert {"exp", "sum", "log"} <= ops, f"expected exp, sum and log in the loss's graph, found the ops {sorted(ops)}"
+
+
+@pytest.mark.exercise("3.3")
 def test_cross_entropy_on_another_device(lesson):
     strict = load_strict_device()
     rng = np.random.default_rng(8)
