@@ -621,7 +621,7 @@ def gflops(fn, n, threads_used, repeat=5):
         numba.set_num_threads(before)
 
 
-n = 512 if SMALL else 1024
+n = 256 if SMALL else 1024
 results = {"lesson 05 tiled, 1 thread": gflops(matmul_tiled, n, 1, repeat=2)}
 for t in sorted({1, threads}):
     results[f"simd, {t} thread{'s' * (t > 1)}"] = gflops(matmul_simd, n, t)
@@ -652,7 +652,7 @@ def micro_kernel_everywhere(a, bt, c, calls):
             micro_kernel(a[t], bt[t], c[t], 0, 0, 0, a.shape[2])
 
 
-def peak_gflops(threads_used, kc=256, calls=2000):
+def peak_gflops(threads_used, kc=256, calls=300 if SMALL else 2000):
     a = rng.standard_normal((threads_used, MR, kc)).astype(np.float32)
     bt = rng.standard_normal((threads_used, NR, kc)).astype(np.float32)
     c = np.zeros((threads_used, MR, 16), np.float32)  # 256 bytes per thread: no false sharing of C
@@ -667,19 +667,19 @@ def peak_gflops(threads_used, kc=256, calls=2000):
 
 thread_counts = list(range(1, threads + 1))
 peaks = {t: peak_gflops(t) for t in thread_counts}
-sizes = (64, 128, 256) if SMALL else (64, 128, 256, 512, 1024, 2048)
+sizes = (64, 128) if SMALL else (64, 128, 256, 512, 1024, 2048)
 fig, (ax_n, ax_t) = plt.subplots(1, 2, figsize=(12, 4.3))
 for t, style in ((1, "--"), (threads, "-")):
     for name, fn in (("simd", matmul_simd), ("numpy", np.matmul)):
-        ys = [gflops(fn, n_, t, repeat=3) for n_ in sizes]
+        ys = [gflops(fn, n_, t, repeat=2 if SMALL else 3) for n_ in sizes]
         ax_n.plot(sizes, ys, style, marker="o", label=f"{name}, {t} thread{'s' * (t > 1)}")
         print(f"{name:5s} {t} thread(s): " + "  ".join(f"n={n_}: {g:.0f}" for n_, g in zip(sizes, ys)) + " GFLOP/s")
     ax_n.axhline(peaks[t], color="k", ls=style, lw=1, label=f"peak, {t} thread{'s' * (t > 1)}")
 ax_n.set(xscale="log", xlabel="n (square, float32)", ylabel="GFLOP/s", title="GFLOP/s against n")
 ax_n.set_xticks(sizes, [str(x) for x in sizes])
-n_scale = 256 if SMALL else 1024
+n_scale = 128 if SMALL else 1024
 for name, fn in (("simd", matmul_simd), ("numpy", np.matmul)):
-    ys = [gflops(fn, n_scale, t, repeat=3) for t in thread_counts]
+    ys = [gflops(fn, n_scale, t, repeat=2 if SMALL else 3) for t in thread_counts]
     ax_t.plot(thread_counts, ys, marker="o", label=f"{name}, n = {n_scale}")
     print(f"{name:5s} n={n_scale}: " + "  ".join(f"{t} thr: {g:.0f}" for t, g in zip(thread_counts, ys)) + " GFLOP/s")
 ax_t.plot(thread_counts, [peaks[t] for t in thread_counts], "k--", marker="s", label="peak (micro-kernel from L1)")
