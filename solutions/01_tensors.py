@@ -873,13 +873,18 @@ print("reshape of the transpose must copy: ", not np.shares_memory(a, a.T.reshap
 # %% [markdown]
 # Expect the view to take well under a microsecond at any size (it creates a small object),
 # the contiguous copy to run near the machine's memory bandwidth, and the copy of the
-# transpose to be many times slower: each read of `a.T` in row-major order of the output
-# jumps `n` floats ahead, so each 64-byte cache line loaded serves one 4-byte element before
-# it is evicted, and the hardware prefetcher cannot follow the pattern. Measured on the 2-core
-# dev machine (4096 x 4096 float32, 64 MiB, best of 7): the view 0.2-0.4 us, the contiguous
-# copy 11 ms (about 12 GB/s counting read plus write), the copy of the transpose 220-270 ms
-# (about 0.5 GB/s), 20 times slower for the same bytes. At 1024 x 1024 (4 MiB, which fits in
-# the L3 cache) the contiguous copy reached about 40 GB/s and the transposed one about 1 GB/s.
+# transpose to be many times slower. Reading `a.T` in row-major order of the output jumps `n`
+# floats ahead at every step, 16 KiB at n = 4096. Each read therefore uses 4 bytes of a
+# 64-byte cache line whose other 60 bytes are wanted only 1 to 15 columns later, after the
+# line has left the small L1 cache, and each read lands on a different 4 KiB page, so it also
+# needs its own address translation (a [TLB](../hardware_notes/caches.md#the-tlb) lookup, often
+# a miss). The hardware prefetcher is not what fails: it follows constant strides, but only
+# within one page, and a 16 KiB stride leaves the page at every step. Measured on the 2-core
+# dev machine (a Zen 4 VM, best of 5, with another job running): at 4096 x 4096 float32
+# (64 MiB), the view 0.2-0.4 us, the contiguous copy 9.6-17 ms (8-14 GB/s counting read plus
+# write), the copy of the transpose 130-320 ms (0.4-1.0 GB/s), 13-19 times slower for the same
+# bytes. At 1024 x 1024 (4 MiB, which fits in the L3 cache) the contiguous copy reached 84 GB/s
+# and the transposed one 2 GB/s.
 # Cache blocking (lesson 05) is the cure: transpose in tiles small enough that every cache
 # line loaded is used fully before it is evicted.
 #

@@ -837,7 +837,7 @@ params = [Tensor(p, requires_grad=True) for p in (W1, b1, W2, b2)]
 n_params = sum(p.size for p in params)
 t_fwd = best_of(lambda: loss_fn(*params))
 t_bwd = best_of(lambda: loss_fn(*params).backward())
-t_num = best_of(lambda: numerical_grad(loss_fn, W1, b1, W2, b2), repeat=2)
+t_num = best_of(lambda: numerical_grad(loss_fn, W1, b1, W2, b2), repeat=3)
 print(f"{n_params} parameters")
 print(f"forward            {t_fwd * 1e6:8.0f} us")
 print(f"forward + backward {t_bwd * 1e6:8.0f} us  ({t_bwd / t_fwd:.1f}x forward)")
@@ -845,13 +845,17 @@ print(f"central diffs      {t_num * 1e6:8.0f} us  ({t_num / t_fwd:.0f}x forward,
 
 # %% [markdown]
 # Expect forward + backward to cost a small multiple of the forward (each op's VJP does about
-# as much work as its forward, plus Python overhead per node), and central differences at
-# least `2 * 57 = 114` forward passes, more in practice because each evaluation also rebuilds
-# its input tensors. Measured on the 2-core dev machine (best of 20): forward 150-200 us,
-# forward + backward 2.3-2.4 times that, central differences 340-410 times. At these tiny
-# sizes the time is Python overhead per op, not arithmetic; the ratio that matters grows with
-# the model: a network with a million parameters needs two million forward passes for its
-# numerical gradient and still one backward pass for the exact one.
+# as much work as its forward, plus Python overhead per node), and central differences about
+# `2 * 57 = 114` forward passes. Those passes run under `no_grad()`, which skips the graph
+# bookkeeping, so each is cheaper than the recorded forward timed here; rebuilding the input
+# tensors for every evaluation adds some back. Measured on the 2-core dev machine (a Zen 4 VM,
+# another job running; best of 5, best of 3 for central differences), three runs: forward
+# 90-170 us, forward + backward 1.9 times that, central differences 100-650 times the forward.
+# The spread of the last figure is the shared machine (each of its runs takes tens of
+# milliseconds, long enough to be interrupted), not the method. At these tiny sizes the time
+# is Python overhead per op, not arithmetic; the ratio that matters grows with the model: a
+# network with a million parameters needs two million forward passes for its numerical
+# gradient and still one backward pass for the exact one.
 #
 # ## What you measured / what to remember
 #

@@ -542,7 +542,15 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     return ax
 
 # %% [markdown]
-# **Demo: this machine's roofs**, on one thread and on all of them. TODO_ROOFS_PROSE
+# **Demo: this machine's roofs**, on one thread and on all of them. One `make demo L=04` run
+# on the 2-core dev machine (a 2-vCPU AMD EPYC Zen 4 virtual machine, AVX-512, OpenBLAS 0.3.31,
+# another job holding part of one core) measured: one thread, 25 GB/s for the triad and
+# 98 GFLOP/s for a float32 matmul, a ridge of 3.9 FLOP/byte; two threads, 53 GB/s and
+# 192 GFLOP/s, a ridge of 3.6. Both roofs doubled with the second core, so the ridge barely
+# moved. Mixing them, compute from two threads over bandwidth from one, gives 7.7 FLOP/byte:
+# twice the real ridge, the figure this lesson printed before it measured both roofs the same
+# way. Under heavy load the multi-threaded figures fall by 10x or more, which is why
+# `load_report` comes first. Expect your own figures to differ; the ratio is what matters.
 
 # %% tags=["demo"]
 import numba
@@ -838,10 +846,14 @@ for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * roofs[all_th
 #   asynchronous devices, and report min and median. Noise only adds time; the minimum is the
 #   stable estimate. `minitorch.bench.benchmark` is what every later lesson uses.
 # - 1 MAC = 2 FLOPs. `(m,k) @ (k,n)`: `2mnk` FLOPs, at least `(mk + kn + mn) * itemsize` bytes.
-# - Arithmetic intensity decides the bound: attainable = `min(P, I * B)`. On the 2-core dev
-#   machine the triad gave 20-23 GB/s and BLAS float32 140-174 GFLOP/s (best runs on a shared
-#   machine), a ridge of about 7-8 FLOP/byte: elementwise ops and softmax (I < 1) are
-#   memory-bound by a wide margin, large matmuls compute-bound.
+# - Arithmetic intensity decides the bound: attainable = `min(P, I * B)`. Measure both roofs
+#   on the same threads. On the 2-core dev machine (Zen 4 VM) one thread gave 25 GB/s and
+#   98 GFLOP/s float32, two threads 53 GB/s and 192 GFLOP/s: a ridge of about 4 FLOP/byte
+#   either way (7.7 if the two are mixed). Elementwise ops and softmax (I < 1) are memory-bound
+#   by a wide margin, large matmuls compute-bound; NumPy's elementwise ops use one core, so
+#   they reach only half of the two-thread bandwidth roof.
+# - A roof is the best rate seen; a kernel that beat it raised it and sits at 100% by
+#   construction (here `a + b` and the largest matmul).
 # - A kernel far below its roof wastes either traffic (NumPy softmax: several passes) or
 #   compute (small matmul: overheads). Lessons 05-08 close these gaps on the CPU and the GPU.
 # - Transformers: `N ~ 12 n_layers d^2`, forward `~2N` FLOPs per token (+ `2 n_layers n_ctx d`

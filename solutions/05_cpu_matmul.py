@@ -703,30 +703,33 @@ plt.show()
 # %% [markdown]
 # ## What you measured / what to remember
 #
-# Figures measured on the 2-core dev machine (AMD EPYC, Zen 3, under KVM; 32 KiB L1d and
-# 512 KiB L2 per core, 32 MiB L3 shared), float64, while other jobs shared the machine, so
-# treat them as rough:
+# Figures from one `make demo L=05` run on the 2-core dev machine (a 2-vCPU AMD EPYC Zen 4
+# virtual machine: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared; OpenBLAS 0.3.31),
+# float64, while another job kept the machine busy (load average 3-4), so treat them as rough:
 #
-# | n | python | ijk | ikj | tiled (T=144) | NumPy (OpenBLAS, 2 threads) |
-# |---|---|---|---|---|---|
-# | 64 | 0.03 | 3.3 | 14.7 | 11.8 | 34 |
-# | 512 | - | 0.54 | 13.9 | 10.2 | 77 |
-# | 1024 | - | 0.37 | 9.5 | 8.6 | 73 |
-# | 2048 | - | - | 3.8 | 8.0 | 41 |
+# | n | python | ijk | ikj | tiled (T=208) | NumPy, 1 BLAS thread | NumPy, 2 BLAS threads |
+# |---|---|---|---|---|---|---|
+# | 64 | 0.04 | 3.8 | 9.0 | 8.2 | 43 | 40 |
+# | 256 | - | 0.85 | 17.1 | 12.2 | 49 | 90 |
+# | 512 | - | 0.69 | 16.5 | 11.3 | 48 | 91 |
+# | 1024 | - | 0.50 | 16.5 | 12.5 | 50 | 38 |
+# | 2048 | - | - | 3.7 | 11.3 | 51 | 46 |
 #
-# GFLOP/s, from one `make demo L=05` run; a second run agreed to within about 20 % except for
-# NumPy at small sizes, which collapsed in some runs (0.3 GFLOP/s at n = 128, 0.11 at n = 96)
-# whenever another process held the second core and OpenBLAS's two threads waited for each
-# other. Also measured: compiling `ijk_kernel` took about 0.2 s against 0.2-0.4 ms for the
-# compiled call at n = 64; at n = 512 the six loop orders gave 12.5-14.6 (ikj), 9.4-13.3 (kij),
-# 0.5 (ijk, jik) and 0.13-0.15 (jki, kji) GFLOP/s; `ijk` ran at 1.7-1.9 GFLOP/s for n = 1023
-# and 0.26-0.39 for n = 1024 (the effect on `ikj` was smaller than the run-to-run noise); at
-# n = 2048 the tile sweep was flat from T = 64 to 256 (6.5-7.7 GFLOP/s), fell to 3.1-3.5 at
-# T = 16, and the L2-derived T = 144 was within noise of the best.
+# GFLOP/s. One BLAS thread is the fair comparison for our single-threaded loops, and it is
+# also the steadier figure: the two-thread column doubles it at n = 256 and 512 but fell below
+# it at 1024 and 2048 in this run, whenever the other job held the second core and OpenBLAS's
+# two threads waited for each other. Also measured in that run: compiling `ijk_kernel` took
+# 0.10 s against 0.19 ms for the compiled call at n = 64; at n = 512 the six loop orders gave
+# 20.7 (ikj), 10.3 (kij), 0.54 (ijk), 0.42 (jik), 0.13 (kji) and 0.08 (jki) GFLOP/s; `ijk` ran
+# at 2.3 GFLOP/s for n = 1023 and 0.60 for n = 1024, `ikj` at 15.0 and 13.0; at n = 2048 the
+# tile sweep rose from 4.3-5.1 GFLOP/s at T = 16-64 to 9.5 at T = 256, above the L2-derived
+# T = 208 row of the table. On the Zen 3 machine this lesson was first measured on (512 KiB L2)
+# the same code gave 3.3, 14.7 and 11.8 GFLOP/s for ijk, ikj and tiled at n = 64, and 3.8 (ikj)
+# against 8.0 (tiled) at n = 2048.
 #
 # - **The interpreter costs two orders of magnitude.** The same i-j-k loops compiled by Numba
-#   ran about 100x faster than CPython (3.3 vs 0.03 GFLOP/s at n = 64); with the right loop
-#   order, about 500x.
+#   ran about 90x faster than CPython (3.8 vs 0.04 GFLOP/s at n = 64); with the right loop
+#   order, about 200x at n = 64 and 400x at n = 256.
 # - **Memory order matters as much as the arithmetic.** All loop orders do identical FLOPs;
 #   the ones whose innermost loop walks contiguous memory (`j` innermost) use every byte of
 #   each 64-byte cache line, let the prefetcher stream, and let the compiler vectorise. The

@@ -485,8 +485,8 @@ def pack_operands(a: np.ndarray, b: np.ndarray, mr: int = MR, nr: int = NR) -> t
 # ```
 #
 # Block sizes (given, `MC, KC, NC`): the `bt` block, NC x KC = 48 x 1024 float32 = 192 KiB, and
-# the A panel, MC x KC = 32 x 1024 = 128 KiB, fit together in this machine's 512 KiB L2;
-# 4 rows of A (16 KiB) fit in the 32 KiB L1 and are reused by NC / NR = 16 micro-kernel calls.
+# the A panel, MC x KC = 32 x 1024 = 128 KiB, fit together in the 512 KiB L2 of the Zen 3 dev
+# machine (Zen 4 cores have 1 MiB); 4 rows of A (16 KiB) fit in the 32 KiB L1 and are reused by NC / NR = 16 micro-kernel calls.
 # A long KC matters for this micro-kernel in particular: its 12 accumulators are reduced
 # horizontally after every call (8 lanes to 1, twelve times), which costs as much as a few
 # dozen iterations of its loop, so the loop must be long. Measured on the 2-core dev machine,
@@ -867,7 +867,7 @@ if HAVE_NN:
 #
 # | what | measured |
 # |---|---|
-# | dot product, float32, 4096 elements (in L1), one core | 1.9 GFLOP/s without fast-math, 1.5 with `contract` only, 10.4 with `fastmath=True` (4 packed FMAs) |
+# | dot product, float32, 4096 elements (in L1), one core, timed from Python | 1.9 GFLOP/s without fast-math, 1.5 with `contract` only, 10.4 with `fastmath=True` (4 packed FMAs): mostly the ~0.5 us call, see below |
 # | 4 x 16 accumulator in an `np.zeros` array, one core, L1 | about 4 GFLOP/s (scalar `vfmadd213ss`, a load and a store per FMA) |
 # | micro-kernel, 12 scalar accumulators, one core, L1 | up to 72-81 GFLOP/s float32, 46 float64; plain-loop reference 30-36 and 16-19 |
 # | micro-kernel from L1 on both cores at once | up to 152 GFLOP/s float32: the machine's measured FMA peak for this kernel |
@@ -886,6 +886,32 @@ if HAVE_NN:
 # packing and the fork and join. An outer-product micro-kernel with the block of C in vector
 # registers (what BLAS does) is the next step; it needs explicit vector types, which Numba does
 # not have.
+#
+# The same lesson on the machine the dev VM later became (a 2-vCPU AMD EPYC **Zen 4** VM:
+# AVX-512, 32 KiB L1d and 1 MiB L2 per core, OpenBLAS 0.3.31), in one `make demo L=06` run
+# while another job held part of a core (load average 1.6-1.9). Numba compiles the same loops
+# to 512-bit `zmm` instructions here (16 float32 per FMA), and the tests pass unchanged:
+#
+# | what | measured (Zen 4 VM, busy) |
+# |---|---|
+# | dot product, 1024 float32 in L1, one core, timed inside a compiled loop | 2.6 GFLOP/s without fast-math, 1.9 with `contract` only, 32 with `fastmath=True` (63 ns per call; the same call timed from Python took 590 ns, which would have read as 3.5 GFLOP/s) |
+# | micro-kernel from L1, one core | 72 GFLOP/s float32, 47 float64; plain-loop reference 49 and 20 |
+# | peak: micro-kernel from L1 on 1 / 2 threads at once | 87 / 138 GFLOP/s float32 (163 on 2 threads in a busier second run: peaks are noisy too) |
+# | n = 1024 float32: lesson 05 `tiled`, `matmul_simd`, NumPy, 1 thread each | 23, 67, 98 GFLOP/s (our kernel: 68 % of one-thread BLAS) |
+# | n = 1024 float32: `matmul_simd`, NumPy, 2 threads each | 54, 67 GFLOP/s: both *slower* than one thread |
+# | GFLOP/s against n (64 to 2048), 1 thread: `matmul_simd` / NumPy | 15, 38, 57, 70, 72, 56 / 90, 95, 97, 97, 95, 101 |
+# | the same, 2 threads | 12, 41, 59, 121, 45, 52 / 89, 0.3, 2, 13, 60, 93 |
+# | MLP [2, 128, 128, 3], 300 Adam steps, 2 threads | same losses to 3.7e-7; NumPy backend 11 s, Numba backend 72 s |
+# | 1024 x 1024 product forward + backward through `Tensor`, 2 threads | NumPy backend 216 ms, Numba backend 335 ms |
+#
+# The one-thread figures behave like the Zen 3 ones (the kernel near its L1 speed from
+# n = 512 on, NumPy flat near the per-core peak); the two-thread row is what a busy machine
+# does to threads. Where the other job held the second core, each product waited for its
+# slower thread: NumPy's two-thread curve fell to 0.3-13 GFLOP/s at n = 128-512, and ours
+# doubled only at n = 512. The plots of section 5 show the same run, with the peak drawn; on an
+# idle machine the two-thread curves sit near twice the one-thread ones, as in the Zen 3 table
+# above. This is why the demo prints `load_report()` first, and why speed claims in this course
+# come with the load they were measured under.
 #
 # - **Read the machine code.** Whether a loop is vectorised is a fact you can check in a
 #   second: `vfmadd231ps %ymm...` is 8 float32 FMAs, `vfmadd231ss` is one.
