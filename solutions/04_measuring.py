@@ -244,6 +244,7 @@ print("1 warm-up  :", [format_seconds(t) for t in warm.times])
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
 
+print(load_report())
 x = np.random.default_rng(1).random(200_000 if SMALL else 1_000_000)
 t = benchmark(np.sort, x, warmup=2, repeat=30 if SMALL else 100)
 print(t)

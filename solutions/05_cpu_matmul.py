@@ -250,6 +250,7 @@ t0 = time.perf_counter(); ijk_kernel_fresh(a, b, c); t1 = time.perf_counter()
 ijk_kernel_fresh(a, b, c); t2 = time.perf_counter()
 print(f"first call (compiles): {t1 - t0:.3f} s   second call: {(t2 - t1) * 1e6:.0f} us")
 
+print(load_report())
 for n in (200, 256) if SMALL else (1000, 1024):
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
     print(f"n={n:4d}  ijk {gflops_of(matmul_ijk, a, b, repeat=2):6.2f} GFLOP/s")
@@ -356,6 +357,7 @@ def loop_order_kernel(order: str):
     return njit(scope["kernel"])
 
 
+print(load_report())
 n = 256 if SMALL else 512
 a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
 order_results = {}
@@ -646,6 +648,7 @@ check("5.6")
 # `ikj` was living in (here: the 32 MiB L3, shared by both cores, at n = 2048 in float64).
 
 # %% tags=["demo"]
+print(load_report())
 n = 384 if SMALL else 2048
 a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
 print(f"n={n}: B is {b.nbytes / 2**20:.1f} MiB; default tile (float64) = {default_tile(8)}")

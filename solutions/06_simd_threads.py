@@ -401,6 +401,7 @@ def micro_gflops(kernel, dtype, kc=256, calls=2000):
     return 2 * MR * NR * kc * calls / t / 1e9
 
 
+print(load_report())
 for dtype in (np.float32, np.float64):
     print(f"{np.dtype(dtype).name}: micro_kernel {micro_gflops(micro_kernel, dtype):6.1f} GFLOP/s   "
           f"reference {micro_gflops(micro_kernel_reference, dtype):6.1f} GFLOP/s (one core, data in L1)")
