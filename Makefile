@@ -3,6 +3,10 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 L       ?=
 FORCE   ?=
+# Notebooks started by `make lab` and `make demo` give NumPy's BLAS this many threads. One:
+# lessons 01-04 multiply small matrices, where threads only wait for each other (lesson 03
+# measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
+BLAS_THREADS ?= 1
 
 .PHONY: setup lab build test check demo bench gpucheck clean
 
@@ -15,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lab: $(STAMP)
-	.venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons
+	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons
 
 build: $(STAMP)
 	$(PY) -m course.build $(if $(FORCE),--force)
@@ -28,7 +32,7 @@ check: $(STAMP)
 
 demo: $(STAMP)
 	@test -n "$(L)" || (echo "usage: make demo L=05" && exit 2)
-	$(PY) -m course.maintain demo $(L)
+	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.maintain demo $(L)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)

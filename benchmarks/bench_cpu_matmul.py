@@ -1,8 +1,10 @@
 """Lessons 05-06: GFLOP/s of every CPU matmul version against NumPy's BLAS.
 
 For n = 256, 512, 1024 (float32, square): lesson 05's matmul_ijk, matmul_ikj, matmul_tiled and
-lesson 06's matmul_simd (1 thread and all Numba threads), each also as a fraction of NumPy's
-matmul measured in the same run, plus two peaks measured on this machine: the FMA throughput of
+lesson 06's matmul_simd (1 thread and all Numba threads), and NumPy's matmul with its BLAS on
+1 thread and on all threads (set with threadpoolctl, so the count is known whatever the
+environment says), each also as a fraction of all-thread NumPy measured in the same run, plus
+two peaks measured on this machine: the FMA throughput of
 lesson 06's micro-kernel running from L1 on every core (what the arithmetic units can do), and
 the best NumPy BLAS rate at n = 2048. Prints a table and saves cpu_matmul.png and
 cpu_matmul.json. Run through `make bench` (or `make bench L=cpu_matmul`).
@@ -21,7 +23,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from minitorch.bench import benchmark, matmul_flops
+from minitorch.bench import benchmark, blas_limit, load_report, matmul_flops
 from minitorch.cpu_matmul import matmul_ijk, matmul_ikj, matmul_tiled
 from minitorch.simd_matmul import MR, NR, matmul_simd, micro_kernel
 
@@ -73,8 +75,11 @@ def main(out_dir: Path) -> None:
         "tiled (05)": matmul_tiled,
         "simd 1 thread (06)": _simd_1thread,
         f"simd {threads} threads (06)": matmul_simd,
-        "numpy (BLAS)": np.matmul,
+        "numpy, BLAS 1 thread": np.matmul,
+        f"numpy, BLAS {threads} threads": np.matmul,
     }
+    blas_threads = {"numpy, BLAS 1 thread": 1, f"numpy, BLAS {threads} threads": threads}
+    numpy_all = f"numpy, BLAS {threads} threads"
     rng = np.random.default_rng(0)
     operands = {}
     for n in SIZES:
@@ -98,7 +103,8 @@ def main(out_dir: Path) -> None:
                 if n > LIMITS.get(name, n):
                     continue
                 repeat = 1 if name.startswith(("ijk", "ikj", "tiled")) else 5
-                t = benchmark(fn, a, b, warmup=1, repeat=repeat).min
+                with blas_limit(blas_threads.get(name, 1)):
+                    t = benchmark(fn, a, b, warmup=1, repeat=repeat).min
                 best[name][n] = min(best[name].get(n, float("inf")), t)
         for th in peaks:
             peaks[th] = max(peaks[th], fma_peak(th) / 1e9)
@@ -106,22 +112,23 @@ def main(out_dir: Path) -> None:
     peak_1, peak_all = peaks[1], peaks[threads]
     from minitorch.bench import measure_peak_matmul
 
-    blas_peak = measure_peak_matmul(512 if SMALL else 2048, np.float32, repeat=5) / 1e9
+    blas_peak = measure_peak_matmul(512 if SMALL else 2048, np.float32, repeat=5, threads=threads) / 1e9
 
+    print(load_report())
     print(f"CPU matmul, float32, square n x n; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, {threads} Numba threads ({numba.threading_layer()} layer)")
     print(f"measured peaks: micro-kernel from L1 {peak_1:.1f} GFLOP/s on 1 thread, {peak_all:.1f} on "
-          f"{threads}; NumPy BLAS best (n={512 if SMALL else 2048}) {blas_peak:.1f} GFLOP/s")
-    print("GFLOP/s (fraction of NumPy in the same run)")
-    print(f"{'version':22s}" + "".join(f"{'n=' + str(n):>18s}" for n in SIZES))
+          f"{threads}; NumPy BLAS best (n={512 if SMALL else 2048}, {threads} threads) {blas_peak:.1f} GFLOP/s")
+    print(f"GFLOP/s (fraction of NumPy with {threads} BLAS threads, in the same run)")
+    print(f"{'version':24s}" + "".join(f"{'n=' + str(n):>18s}" for n in SIZES))
     for name in versions:
         cells = []
         for n in SIZES:
             if n in table[name]:
-                cells.append(f"{table[name][n]:8.1f} ({table[name][n] / table['numpy (BLAS)'][n]:5.0%})")
+                cells.append(f"{table[name][n]:8.1f} ({table[name][n] / table[numpy_all][n]:5.0%})")
             else:
                 cells.append("-")
-        print(f"{name:22s}" + "".join(f"{c:>18s}" for c in cells))
+        print(f"{name:24s}" + "".join(f"{c:>18s}" for c in cells))
 
     (out_dir / "cpu_matmul.json").write_text(json.dumps({
         "dtype": "float32", "sizes": list(SIZES), "threads": threads,

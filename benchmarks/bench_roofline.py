@@ -1,12 +1,14 @@
 """Lesson 04: this machine's roofline.
 
-Measures sustained memory bandwidth (STREAM-style triad, one core) and the best float32 matmul
-FLOP/s of NumPy's BLAS, times a few kernels (elementwise add, NumPy softmax, matmul at several
-sizes), prints a table and saves roofline.png. Run through `make bench` (or `make bench L=roofline`).
+Measures the two roofs the same way, once on one thread and once on all of them: sustained memory
+bandwidth (STREAM-style triad, a Numba loop on that many threads) and the best float32 matmul
+FLOP/s of NumPy's BLAS limited to that many threads. Times a few kernels (elementwise add, NumPy
+softmax, matmul at several sizes) with BLAS on the same threads, prints a table per thread count
+and saves roofline.png (one panel each). Run through `make bench` (or `make bench L=roofline`).
 
 The machine may be shared: every figure is a best-of-repeats, and a roof is raised to the best
 rate any kernel reached (a kernel cannot beat a true roof; if it does, the roof's own run was
-unlucky).
+unlucky). Such a kernel then sits at 100% by construction; the table and plot say "sets the roof".
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from pathlib import Path
 
 import numpy as np
 
+import numba
+
 from minitorch.bench import (
     arithmetic_intensity,
     attainable_flops,
     benchmark,
+    blas_limit,
     elementwise_bytes,
     elementwise_flops,
     matmul_bytes,
+    load_report,
     matmul_flops,
     measure_bandwidth,
     measure_peak_matmul,
@@ -72,30 +78,34 @@ def main(out_dir: Path) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-
-    bw = max(measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=10) for _ in range(2))
-    sizes = (256, 512) if SMALL else (512, 1024, 2048)
-    peaks = {n: measure_peak_matmul(n, repeat=5) for n in sizes}
-    peak64 = measure_peak_matmul(512 if SMALL else 1024, dtype=np.float64, repeat=5)
-    points = kernels(rng)
-
-    measured_bw, measured_peak = bw, max(peaks.values())
-    bw = max(bw, points["add"][1] / points["add"][0])
-    peak = max(measured_peak, *(f for k, (_, f) in points.items() if k.startswith("matmul")))
-
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs, "
           f"numpy {np.__version__}")
-    print(f"triad bandwidth (1 core)     {measured_bw / 1e9:8.1f} GB/s")
-    for n, p in peaks.items():
-        print(f"BLAS float32 matmul n={n:<5d} {p / 1e9:8.1f} GFLOP/s")
-    print(f"BLAS float64 matmul          {peak64 / 1e9:8.1f} GFLOP/s")
-    print(f"roofs used: {bw / 1e9:.1f} GB/s, {peak / 1e9:.1f} GFLOP/s, ridge {peak / bw:.1f} FLOP/byte\n")
-    print(f"{'kernel':12s} {'FLOP/byte':>10s} {'GFLOP/s':>10s} {'% of roof':>10s}")
-    for k, (i, f) in points.items():
-        print(f"{k:12s} {i:10.3f} {f / 1e9:10.2f} {f / attainable_flops(i, peak, bw):10.1%}")
+    print(load_report())
+    counts = sorted({1, numba.get_num_threads()})
+    fig, axes = plt.subplots(1, len(counts), figsize=(6.5 * len(counts), 4.5), squeeze=False)
+    for ax, threads in zip(axes[0], counts):
+        bw = max(measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=10, threads=threads) for _ in range(2))
+        sizes = (256, 512) if SMALL else (512, 1024, 2048)
+        peaks = {n: measure_peak_matmul(n, repeat=5, threads=threads) for n in sizes}
+        peak64 = measure_peak_matmul(512 if SMALL else 1024, dtype=np.float64, repeat=5, threads=threads)
+        with blas_limit(threads):
+            points = kernels(rng)
+        measured_bw, measured_peak = bw, max(peaks.values())
+        bw = max(bw, points["add"][1] / points["add"][0])
+        peak = max(measured_peak, *(f for k, (_, f) in points.items() if k.startswith("matmul")))
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    roofline_plot(peak, bw, points, ax=ax, title=f"roofline, {os.cpu_count()}-CPU machine, float32")
+        label = f"{threads} thread{'s' * (threads > 1)}"
+        print(f"\n== {label}")
+        print(f"triad bandwidth              {measured_bw / 1e9:8.1f} GB/s")
+        for n, p in peaks.items():
+            print(f"BLAS float32 matmul n={n:<5d} {p / 1e9:8.1f} GFLOP/s")
+        print(f"BLAS float64 matmul          {peak64 / 1e9:8.1f} GFLOP/s")
+        print(f"roofs used: {bw / 1e9:.1f} GB/s, {peak / 1e9:.1f} GFLOP/s, ridge {peak / bw:.1f} FLOP/byte")
+        print(f"{'kernel':12s} {'FLOP/byte':>10s} {'GFLOP/s':>10s} {'% of roof':>10s}")
+        for k, (i, f) in points.items():
+            frac = f / attainable_flops(i, peak, bw)
+            print(f"{k:12s} {i:10.3f} {f / 1e9:10.2f} {frac:10.1%}" + ("  sets the roof" if abs(frac - 1) < 1e-9 else ""))
+        roofline_plot(peak, bw, points, ax=ax, title=f"roofline, {label}, float32")
     fig.tight_layout()
     path = out_dir / "roofline.png"
     fig.savefig(path, dpi=120)

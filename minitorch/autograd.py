@@ -116,7 +116,8 @@ class Tensor(_t.Tensor):
         """Accumulate d(self)/d(leaf) * grad into `.grad` of every leaf that requires it.
 
         `grad` defaults to 1 for a tensor with one element; otherwise it must be given, with
-        self's shape."""
+        self's shape. It is cast to self's dtype (as PyTorch does): a float64 seed must not turn
+        the backward of a float32 graph into float64."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad (no input has requires_grad=True, "
                                "or it was computed under no_grad())")
@@ -129,6 +130,8 @@ class Tensor(_t.Tensor):
             g = grad.data if isinstance(grad, _t.Tensor) else self.backend.asarray(grad)
             if tuple(g.shape) != self.shape:
                 raise ValueError(f"backward(): gradient shape {tuple(g.shape)} != tensor shape {self.shape}")
+            if g.dtype != self.dtype:
+                g = g.astype(self.dtype)
         grads: dict[int, Any] = {id(self): g}
         for node in reversed(topo_order(self)):
             g = grads.pop(id(node), None)
@@ -151,6 +154,8 @@ class Tensor(_t.Tensor):
 
     # -- differentiable ops (forward from lesson 01, backward from this lesson) --
     def _binary(self, other: Any, name: str, reverse: bool = False) -> Tensor:
+        if isinstance(other, np.generic):  # a NumPy scalar counts as a Python number (lesson 01)
+            other = other.item()
         out = super()._binary(other, name, reverse)
         a, b = (other, self) if reverse else (self, other)
         ad = a.data if isinstance(a, _t.Tensor) else a
@@ -181,6 +186,10 @@ class Tensor(_t.Tensor):
     def relu(self) -> Tensor:
         out = super().relu()
         return self._record(out, (self,), lambda g: (relu_vjp(g, self.data, out.data, xp=self.xp),), "relu")
+
+    def sigmoid(self) -> Tensor:
+        out = super().sigmoid()
+        return self._record(out, (self,), lambda g: (sigmoid_vjp(g, self.data, out.data, xp=self.xp),), "sigmoid")
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         out = super().sum(axis, keepdims)
@@ -276,11 +285,17 @@ def div_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any
 
 
 def pow_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
-    """VJP of out = a ** b. grad_b is 0 where a <= 0. Returns (grad_a, grad_b)."""
-    grad_a = g * b * a ** (b - 1)
-    positive = xp.asarray(a) > 0
-    safe_a = xp.where(positive, a, 1)
-    grad_b = xp.where(positive, g * out * xp.log(safe_a), 0)
+    """VJP of out = a ** b (a, b: arrays or Python numbers). grad_a is 0 where b == 0; grad_b
+    is 0 where a <= 0. Returns (grad_a, grad_b) in g's dtype, with no warnings at a = 0."""
+    if isinstance(b, (int, float)):
+        grad_a = g * b * a ** (b - 1) if b != 0 else g * 0
+    else:
+        grad_a = xp.where(b == 0, 0, g * b * a ** xp.where(b == 0, 1, b - 1))
+    if isinstance(a, (int, float)):
+        grad_b = g * out * math.log(a) if a > 0 else g * 0
+    else:
+        positive = a > 0
+        grad_b = xp.where(positive, g * out * xp.log(xp.where(positive, a, 1)), 0)
     return grad_a, grad_b
 
 
@@ -302,6 +317,11 @@ def tanh_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
 def relu_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
     """VJP of out = max(x, 0); the derivative at x == 0 is taken as 0."""
     return g * (x > 0)
+
+
+def sigmoid_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+    """VJP of out = sigmoid(x), using out (finite for every x, even where exp(-x) overflows)."""
+    return g * out * (1 - out)
 
 
 def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
@@ -335,7 +355,7 @@ def max_vjp(g: Any, x: Any, out: Any, axes: tuple[int, ...], keepdims: bool, *, 
         kept = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
         g, out = g.reshape(kept), out.reshape(kept)
     mask = x == out
-    count = mask.sum(axis=axes, keepdims=True)
+    count = mask.sum(axis=axes, keepdims=True).astype(g.dtype)  # int64 counts would promote to float64
     return g * mask / count
 
 
@@ -383,18 +403,20 @@ def logsumexp(x: Any, axis: int | Sequence[int] | None = -1, keepdims: bool = Fa
     return x._record(out, (x,), vjp, "logsumexp")
 
 
-def log_softmax(x: Any, axis: int = -1) -> Tensor:
+def log_softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
     """log(softmax(x)) along `axis`, stable: s - logsumexp(s, axis, keepdims=True), s = x - max(x).
 
-    The max is a constant (no gradient flows through it; the result does not depend on it)."""
+    The max is a constant (no gradient flows through it; the result does not depend on it).
+    A bad `axis` gets lesson 01's message (normalize_axis), not NumPy's AxisError."""
     if not isinstance(x, Tensor):
         x = Tensor(x)
+    axis = normalize_axis(axis, x.ndim)
     m = x.xp.max(x.data, axis=axis, keepdims=True)
     s = x - x._new(x.xp.where(x.xp.isfinite(m), m, 0))
     return s - logsumexp(s, axis=axis, keepdims=True)
 
 
-def softmax(x: Any, axis: int = -1) -> Tensor:
+def softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis`, stable: exp(log_softmax(x))."""
     return log_softmax(x, axis).exp()
 

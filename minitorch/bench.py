@@ -5,12 +5,15 @@ Generated from solutions/04_measuring.py (lesson 04).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -49,6 +52,47 @@ def format_seconds(s: float) -> str:
         if abs(s) >= scale or unit == "ns":
             return f"{s / scale:.3g} {unit}"
     return f"{s} s"
+
+
+def blas_threads() -> dict[str, int]:
+    """{BLAS library: threads it will use} for NumPy's BLAS (via threadpoolctl), e.g. {'openblas': 1}."""
+    from threadpoolctl import threadpool_info
+
+    return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@contextlib.contextmanager
+def blas_limit(threads: int | None) -> Iterator[None]:
+    """Run the block with NumPy's BLAS on `threads` threads (None: leave it as it is)."""
+    if threads is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=int(threads), user_api="blas"):
+        yield
+
+
+def load_report(busy_per_core: float = 0.75) -> str:
+    """One line to print before timing anything: the 1-minute load average, the number of
+    CPUs, and the threads NumPy's BLAS (and Numba, if imported) will use. It starts with
+    "WARNING" when the load is above `busy_per_core` per CPU (and above 1.5): other programs
+    are running, so timings will be slower and noisier than on an idle machine, and anything
+    using every core (BLAS, prange) waits for the slowest thread."""
+    cpus = os.cpu_count() or 1
+    threads = ", ".join(f"{lib} BLAS {n} thread{'s' * (n != 1)}" for lib, n in blas_threads().items())
+    if "numba" in sys.modules:
+        n = sys.modules["numba"].get_num_threads()
+        threads += f", Numba {n} thread{'s' * (n != 1)}"
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on Windows
+        return f"{cpus} CPUs ({threads}); load average not available here"
+    line = f"load average {load:.2f} on {cpus} CPUs ({threads})"
+    if load > max(busy_per_core * cpus, 1.5):
+        return (f"WARNING: the machine is busy: {line}. Timings below will be slower and noisier "
+                "than on an idle machine; multi-threaded ones suffer most.")
+    return line + ": quiet enough to time"
 
 
 def benchmark(fn: Callable[..., Any], *args: Any, warmup: int = 1, repeat: int = 5, number: int = 1,
@@ -161,50 +205,67 @@ def attainable_flops(intensity: float | np.ndarray, peak_flops: float,
     return float(out) if out.ndim == 0 else out
 
 
-_TRIAD = None
+_TRIAD: dict[bool, Any] = {}
 
 
-def _triad_kernel():
-    global _TRIAD
-    if _TRIAD is None:
-        from numba import njit
+def _triad_kernel(parallel: bool = False):
+    """The compiled triad a = b + s*c: a plain loop, or a prange loop over Numba's threads."""
+    if parallel not in _TRIAD:
+        from numba import njit, prange
 
-        @njit(cache=False)
-        def triad(a, b, c, s):
-            for i in range(a.shape[0]):
-                a[i] = b[i] + s * c[i]
+        if parallel:
+            @njit(parallel=True, cache=False)
+            def triad(a, b, c, s):
+                for i in prange(a.shape[0]):
+                    a[i] = b[i] + s * c[i]
+        else:
+            @njit(cache=False)
+            def triad(a, b, c, s):
+                for i in range(a.shape[0]):
+                    a[i] = b[i] + s * c[i]
 
-        _TRIAD = triad
-    return _TRIAD
+        _TRIAD[parallel] = triad
+    return _TRIAD[parallel]
 
 
-def measure_bandwidth(n: int = 10_000_000, repeat: int = 10, dtype=np.float64) -> float:
-    """Sustained memory bandwidth in bytes/s from a STREAM-style triad a = b + s*c on one core.
+def measure_bandwidth(n: int = 10_000_000, repeat: int = 10, dtype=np.float64, threads: int | None = None) -> float:
+    """Sustained memory bandwidth in bytes/s from a STREAM-style triad a = b + s*c.
 
-    Counts 3 * n * itemsize bytes per call (STREAM's convention); returns the best of `repeat`
-    runs, after one warm-up call that also compiles the Numba loop.
+    threads: 1 runs a plain loop on one core; None (all of Numba's threads) or n > 1 run a
+    prange loop on that many threads. Counts 3 * n * itemsize bytes per call (STREAM's
+    convention); returns the best of `repeat` runs, after one warm-up call that also compiles.
     """
-    if n < 1 or repeat < 1:
-        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
-    triad = _triad_kernel()
+    if n < 1 or repeat < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"n, repeat and threads must be >= 1, got n={n}, repeat={repeat}, threads={threads}")
+    import numba
+
+    before = numba.get_num_threads()
+    use = before if threads is None else min(int(threads), numba.config.NUMBA_NUM_THREADS)
+    triad = _triad_kernel(parallel=use > 1)
     a = np.zeros(n, dtype=dtype)
     b = np.ones(n, dtype=dtype)
     c = np.full(n, 2.0, dtype=dtype)
-    t = benchmark(triad, a, b, c, dtype(3.0), warmup=1, repeat=repeat)
+    numba.set_num_threads(use)
+    try:
+        t = benchmark(triad, a, b, c, dtype(3.0), warmup=1, repeat=repeat)
+    finally:
+        numba.set_num_threads(before)
     if not np.all(a[: min(n, 1000)] == 7.0):
         raise RuntimeError("triad kernel computed a wrong result")
     return 3 * n * np.dtype(dtype).itemsize / t.min
 
 
-def measure_peak_matmul(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
-    """Best FLOP/s of NumPy's BLAS on an (n, n) @ (n, n) matmul of `dtype` (all BLAS threads)."""
-    if n < 1 or repeat < 1:
-        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
+def measure_peak_matmul(n: int = 1024, dtype=np.float32, repeat: int = 5, threads: int | None = None) -> float:
+    """Best FLOP/s of NumPy's BLAS on an (n, n) @ (n, n) matmul of `dtype`, with BLAS on
+    `threads` threads (None: as BLAS is currently set up)."""
+    if n < 1 or repeat < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"n, repeat and threads must be >= 1, got n={n}, repeat={repeat}, threads={threads}")
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
     out = np.empty((n, n), dtype=dtype)
-    t = benchmark(np.matmul, a, b, out, warmup=2, repeat=repeat)
+    with blas_limit(threads):
+        t = benchmark(np.matmul, a, b, out, warmup=2, repeat=repeat)
     return 2.0 * n**3 / t.min
 
 
@@ -212,7 +273,9 @@ def roofline_plot(peak_flops: float, bandwidth: float,
                   points: dict[str, tuple[float, float]] | None = None, ax=None, title: str | None = None):
     """Draw the roofline min(peak_flops, I * bandwidth) on log-log axes and place measured kernels.
 
-    points: {label: (intensity FLOP/byte, achieved FLOP/s)}. Returns the matplotlib Axes.
+    points: {label: (intensity FLOP/byte, achieved FLOP/s)}. A point exactly on the roof is
+    labelled "sets the roof": the roof was raised to it (a measured roof is the best rate seen),
+    so it sits at 100% by construction. Returns the matplotlib Axes.
     """
     import matplotlib.pyplot as plt
 
@@ -234,7 +297,8 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     for label, (intensity, achieved) in points.items():
         ax.plot(intensity, achieved / 1e9, "o")
         frac = achieved / float(np.minimum(peak_flops, intensity * bandwidth))
-        ax.annotate(f"{label} ({frac:.0%})", (intensity, achieved / 1e9), textcoords="offset points",
+        note = "100%: sets the roof" if abs(frac - 1) < 1e-9 else f"{frac:.0%}"
+        ax.annotate(f"{label} ({note})", (intensity, achieved / 1e9), textcoords="offset points",
                     xytext=(5, 4), fontsize=8)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("GFLOP/s")

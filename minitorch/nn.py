@@ -192,6 +192,11 @@ class Tanh(Module):
         return x.tanh()
 
 
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid()
+
+
 class Sequential(Module):
     """Apply modules in order. Parameters are named layers.0.weight, layers.1.bias, ..."""
 
@@ -210,13 +215,13 @@ class Sequential(Module):
         return len(self.layers)
 
 
-ACTIVATIONS = {"relu": ReLU, "tanh": Tanh}
+ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
 
 
 class MLP(Sequential):
     """Linear(sizes[0], sizes[1]) -> act -> ... -> Linear(sizes[-2], sizes[-1]) (no final act).
 
-    x (N, sizes[0]) -> logits (N, sizes[-1]). init defaults to "he" for relu, "glorot" for tanh.
+    x (N, sizes[0]) -> logits (N, sizes[-1]). init defaults to "he" for relu, "glorot" otherwise.
     """
 
     def __init__(self, sizes: list[int], activation: str = "relu", rng: np.random.Generator | None = None,

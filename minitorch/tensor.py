@@ -178,13 +178,18 @@ def broadcast_strides(shape: Sequence[int], strides: Sequence[int], target: Sequ
 def normalize_axis(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     """Sorted tuple of non-negative axes for an `axis` argument over `ndim` dimensions.
 
-    None -> all axes (0, ..., ndim-1); an int or a sequence of ints, each in [-ndim, ndim).
+    None -> all axes (0, ..., ndim-1); an int, or a tuple or list of ints, each in [-ndim, ndim).
     Raises ValueError naming the axis and ndim when out of range, ValueError for a repeated
-    axis, TypeError when an axis is not an int.
+    axis, TypeError naming the value when `axis` (or an entry) is not an int (1.0, True, "0").
     """
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:
+        raise TypeError(f"axis must be None, an int or a tuple of ints, got {axis!r} ({type(axis).__name__})")
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
@@ -269,6 +274,8 @@ class Tensor:
     Attributes: .data (backend array), .shape, .dtype, .ndim, .size, .device.
     """
 
+    __array_ufunc__ = None  # NumPy operators defer to ours: np.ones(3) - x is x.__rsub__(...)
+
     def __init__(self, data: Any, dtype: Any = None, device: str = "cpu"):
         backend = get_backend(device)
         if isinstance(data, Tensor):
@@ -351,16 +358,19 @@ class Tensor:
         """Elementwise `self <name> other` (or `other <name> self` if reverse) with broadcasting.
 
         `name` is a ufunc of the backend's array module: "add", "subtract", "multiply",
-        "divide", "power". `other` is a Tensor, a Python scalar or an array. Raises ValueError
-        naming both shapes if they do not broadcast, ValueError naming both devices if the
-        tensors live on different devices. Returns a tensor of type(self) on self.device.
+        "divide", "power". `other` is a Tensor, a Python scalar, a NumPy scalar (used as the
+        Python number other.item(), so it does not promote float32) or an array. Raises
+        ValueError naming both shapes if they do not broadcast, ValueError naming both devices
+        if the tensors live on different devices. Returns a tensor of type(self) on self.device.
         """
         if isinstance(other, Tensor):
             if other.device != self.device:
                 raise ValueError(f"{name}: tensors are on different devices: {self.device!r} and {other.device!r}; "
                                  f"move one with .to()")
             b = other.data
-        elif isinstance(other, (bool, int, float, np.number)):
+        elif isinstance(other, np.generic):
+            b = other.item()
+        elif isinstance(other, (bool, int, float)):
             b = other
         else:
             b = Tensor(other, device=self.device).data
@@ -419,6 +429,14 @@ class Tensor:
 
     def relu(self) -> Tensor:
         return self._new(self.xp.maximum(self.data, 0))
+
+    def sigmoid(self) -> Tensor:
+        """1 / (1 + exp(-x)), stable for any x: with e = exp(-|x|) in (0, 1], it is 1 / (1 + e)
+        for x >= 0 and e / (1 + e) for x < 0, so no exp overflows and tiny values keep their
+        relative precision."""
+        xp = self.xp
+        e = xp.exp(-xp.abs(self.data))
+        return self._new(xp.where(self.data >= 0, 1, e) / (1 + e))
 
     # -- reductions (axis handling: normalize_axis) --
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:

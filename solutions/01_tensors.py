@@ -23,7 +23,9 @@
 # autograd, lesson 06 plugs in a Numba matmul and lesson 08 a CuPy (GPU) array backend, all
 # without editing this module: the extension points are listed in section 7.
 # Background: [memory layout](../hardware_notes/memory_layout.md) (row-major storage,
-# strides, cache lines) and [number formats](../hardware_notes/number_formats.md).
+# strides, contiguity), [cache lines](../hardware_notes/caches.md#cache-lines) (why the order of
+# a walk through memory matters) and [number formats](../hardware_notes/number_formats.md)
+# (the dtypes a `Tensor` accepts and how they promote).
 
 # %%
 #| default_exp tensor
@@ -369,9 +371,15 @@ print(gather(col.ravel(), (2, 3, 4), st)[1])
 # Reductions (`sum`, `mean`, `max`) take `axis=None` (all axes), an int, or a tuple of ints,
 # where -1 means the last axis. Every reduction, softmax and loss in the course goes through
 # one function that turns that argument into a sorted tuple of non-negative axes, or says
-# precisely what is wrong: an axis out of range (name it and the number of dimensions) or a
-# repeated axis. NumPy raises `AxisError`, a subclass of both `ValueError` and `IndexError`;
-# we raise `ValueError`.
+# precisely what is wrong: an axis out of range (name it and the number of dimensions), a
+# repeated axis, or something that is not an axis at all (`axis=1.0` would otherwise fail deep
+# inside with "'float' object is not iterable"). NumPy raises `AxisError`, a subclass of both
+# `ValueError` and `IndexError`; we raise `ValueError`, and `TypeError` for a non-integer.
+#
+# The tests compare your function with NumPy's own axis normalisation
+# (`np.lib.array_utils.normalize_axis_tuple`), and then plug it into the reductions of the
+# reference `Tensor` (section 7 defines yours) to check `sum`, `mean` and `max` with every
+# kind of `axis`, and their error messages.
 
 # %%
 #| export
@@ -379,14 +387,19 @@ print(gather(col.ravel(), (2, 3, 4), st)[1])
 def normalize_axis(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     """Sorted tuple of non-negative axes for an `axis` argument over `ndim` dimensions.
 
-    None -> all axes (0, ..., ndim-1); an int or a sequence of ints, each in [-ndim, ndim).
+    None -> all axes (0, ..., ndim-1); an int, or a tuple or list of ints, each in [-ndim, ndim).
     Raises ValueError naming the axis and ndim when out of range, ValueError for a repeated
-    axis, TypeError when an axis is not an int.
+    axis, TypeError naming the value when `axis` (or an entry) is not an int (1.0, True, "0").
     """
     ### BEGIN SOLUTION
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+        axes = (axis,)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(axis)
+    else:
+        raise TypeError(f"axis must be None, an int or a tuple of ints, got {axis!r} ({type(axis).__name__})")
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
@@ -433,7 +446,9 @@ check("1.6")
 # The exercise is the heart of the class: `_binary`, which every arithmetic operator calls.
 # It must
 #
-# 1. accept a `Tensor`, a Python scalar (kept as a scalar, so float32 stays float32), or an
+# 1. accept a `Tensor`, a Python scalar (kept as a scalar, so float32 stays float32), a NumPy
+#    scalar (`np.float64(2)`, `np.sqrt(d)`: treat it as the Python number `other.item()`, as
+#    PyTorch does, or NumPy 2's promotion rules turn a float32 tensor into float64), or an
 #    array (wrapped as a tensor on this tensor's device);
 # 2. refuse tensors on a different device, naming both devices (no silent copies between
 #    CPU and GPU; the user calls `.to()`);
@@ -444,6 +459,13 @@ check("1.6")
 # For step 3 you may use `np.broadcast_shapes` on the two shape tuples (shapes are plain
 # tuples on every backend) or your `broadcast_shape`; either way catch the failure and raise
 # your own message.
+#
+# One more detail is given in the class: `__array_ufunc__ = None`. Without it, NumPy handles
+# `np.ones(3) - x` or `np.float64(2) * x` itself: it sees an object that is not an array,
+# treats it as a sequence of 0-d tensors and returns a NumPy *object array* of tensors. With
+# it, NumPy's operators return `NotImplemented`, Python calls our reflected operator
+# (`x.__rsub__`, `x.__rmul__`) and the result is a `Tensor`; a NumPy function called on a
+# tensor (`np.exp(x)`) raises a clear `TypeError` instead of building an object array.
 
 # %%
 #| export
@@ -519,6 +541,8 @@ class Tensor:
     scalar; no copy is made when it already is a backend array of the right dtype.
     Attributes: .data (backend array), .shape, .dtype, .ndim, .size, .device.
     """
+
+    __array_ufunc__ = None  # NumPy operators defer to ours: np.ones(3) - x is x.__rsub__(...)
 
     def __init__(self, data: Any, dtype: Any = None, device: str = "cpu"):
         backend = get_backend(device)
@@ -602,9 +626,10 @@ class Tensor:
         """Elementwise `self <name> other` (or `other <name> self` if reverse) with broadcasting.
 
         `name` is a ufunc of the backend's array module: "add", "subtract", "multiply",
-        "divide", "power". `other` is a Tensor, a Python scalar or an array. Raises ValueError
-        naming both shapes if they do not broadcast, ValueError naming both devices if the
-        tensors live on different devices. Returns a tensor of type(self) on self.device.
+        "divide", "power". `other` is a Tensor, a Python scalar, a NumPy scalar (used as the
+        Python number other.item(), so it does not promote float32) or an array. Raises
+        ValueError naming both shapes if they do not broadcast, ValueError naming both devices
+        if the tensors live on different devices. Returns a tensor of type(self) on self.device.
         """
         ### BEGIN SOLUTION
         if isinstance(other, Tensor):
@@ -612,7 +637,9 @@ class Tensor:
                 raise ValueError(f"{name}: tensors are on different devices: {self.device!r} and {other.device!r}; "
                                  f"move one with .to()")
             b = other.data
-        elif isinstance(other, (bool, int, float, np.number)):
+        elif isinstance(other, np.generic):
+            b = other.item()
+        elif isinstance(other, (bool, int, float)):
             b = other
         else:
             b = Tensor(other, device=self.device).data
@@ -672,6 +699,14 @@ class Tensor:
 
     def relu(self) -> Tensor:
         return self._new(self.xp.maximum(self.data, 0))
+
+    def sigmoid(self) -> Tensor:
+        """1 / (1 + exp(-x)), stable for any x: with e = exp(-|x|) in (0, 1], it is 1 / (1 + e)
+        for x >= 0 and e / (1 + e) for x < 0, so no exp overflows and tiny values keep their
+        relative precision."""
+        xp = self.xp
+        e = xp.exp(-xp.abs(self.data))
+        return self._new(xp.where(self.data >= 0, 1, e) / (1 + e))
 
     # -- reductions (axis handling: normalize_axis) --
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
@@ -802,10 +837,15 @@ print("matmuls through the swapped backend:", counting.calls, "| cpu backend aft
 # speed depends on the order in which it touches memory. The cell below times, on a large
 # float32 matrix: a transpose (a view), a copy of the contiguous matrix, and a copy of its
 # transpose into row-major order (`np.ascontiguousarray(a.T)`), which reads memory with a
-# stride of a whole row.
+# stride of a whole row. It first prints the machine's load (`load_report`, from lesson 04's
+# `minitorch.bench`): timings taken while other programs run are slower and noisier.
 
 # %% tags=["demo"]
 import time
+
+from minitorch.bench import load_report
+
+print(load_report())
 
 
 def best_of(fn, repeat=5):
@@ -833,13 +873,18 @@ print("reshape of the transpose must copy: ", not np.shares_memory(a, a.T.reshap
 # %% [markdown]
 # Expect the view to take well under a microsecond at any size (it creates a small object),
 # the contiguous copy to run near the machine's memory bandwidth, and the copy of the
-# transpose to be many times slower: each read of `a.T` in row-major order of the output
-# jumps `n` floats ahead, so each 64-byte cache line loaded serves one 4-byte element before
-# it is evicted, and the hardware prefetcher cannot follow the pattern. Measured on the 2-core
-# dev machine (4096 x 4096 float32, 64 MiB, best of 7): the view 0.2-0.4 us, the contiguous
-# copy 11 ms (about 12 GB/s counting read plus write), the copy of the transpose 220-270 ms
-# (about 0.5 GB/s), 20 times slower for the same bytes. At 1024 x 1024 (4 MiB, which fits in
-# the L3 cache) the contiguous copy reached about 40 GB/s and the transposed one about 1 GB/s.
+# transpose to be many times slower. Reading `a.T` in row-major order of the output jumps `n`
+# floats ahead at every step, 16 KiB at n = 4096. Each read therefore uses 4 bytes of a
+# 64-byte cache line whose other 60 bytes are wanted only 1 to 15 columns later, after the
+# line has left the small L1 cache, and each read lands on a different 4 KiB page, so it also
+# needs its own address translation (a [TLB](../hardware_notes/caches.md#the-tlb) lookup, often
+# a miss). The hardware prefetcher is not what fails: it follows constant strides, but only
+# within one page, and a 16 KiB stride leaves the page at every step. Measured on the 2-core
+# dev machine (a Zen 4 VM, best of 5, with another job running): at 4096 x 4096 float32
+# (64 MiB), the view 0.2-0.4 us, the contiguous copy 9.6-17 ms (8-14 GB/s counting read plus
+# write), the copy of the transpose 130-320 ms (0.4-1.0 GB/s), 13-19 times slower for the same
+# bytes. At 1024 x 1024 (4 MiB, which fits in the L3 cache) the contiguous copy reached 84 GB/s
+# and the transposed one 2 GB/s.
 # Cache blocking (lesson 05) is the cure: transpose in tiles small enough that every cache
 # line loaded is used fully before it is evicted.
 #

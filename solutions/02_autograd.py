@@ -17,7 +17,8 @@
 # You will write:
 #
 # 1. `topo_order`: the graph in topological order, iteratively (no recursion limit).
-# 2. The VJPs of the elementwise ops: `mul`, `div`, `pow`, `exp`, `log`, `tanh`, `relu`.
+# 2. The VJPs of the elementwise ops: `mul`, `div`, `pow`, `exp`, `log`, `tanh`, `relu`,
+#    `sigmoid`.
 # 3. `unbroadcast`: sum a gradient back to the shape of an input that was broadcast.
 # 4. The VJPs of the reductions `sum`, `mean` and `max`, with axes and `keepdims`.
 # 5. The VJP of `matmul`, with batch dimensions and vectors.
@@ -62,8 +63,8 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 # `grad`, and for a tensor made by an op, its `_parents` (the input tensors that need
 # gradients) and `_vjp`, a closure that maps the output gradient to one gradient per parent.
 # The closure captures what the backward needs (the inputs, sometimes the output); this saved
-# state is why training uses far more memory than inference, a cost lesson 12 attacks with
-# activation checkpointing.
+# state is why training uses far more memory than inference, a cost that activation
+# checkpointing trades for recomputation (the data-parallel lesson, planned as lesson 12).
 #
 # The engine, `backward`, is given. It calls your `topo_order` (section 1), walks the nodes
 # from the output back, calls each node's `_vjp`, and accumulates into a dictionary keyed by
@@ -179,7 +180,8 @@ class Tensor(_t.Tensor):
         """Accumulate d(self)/d(leaf) * grad into `.grad` of every leaf that requires it.
 
         `grad` defaults to 1 for a tensor with one element; otherwise it must be given, with
-        self's shape."""
+        self's shape. It is cast to self's dtype (as PyTorch does): a float64 seed must not turn
+        the backward of a float32 graph into float64."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad (no input has requires_grad=True, "
                                "or it was computed under no_grad())")
@@ -192,6 +194,8 @@ class Tensor(_t.Tensor):
             g = grad.data if isinstance(grad, _t.Tensor) else self.backend.asarray(grad)
             if tuple(g.shape) != self.shape:
                 raise ValueError(f"backward(): gradient shape {tuple(g.shape)} != tensor shape {self.shape}")
+            if g.dtype != self.dtype:
+                g = g.astype(self.dtype)
         grads: dict[int, Any] = {id(self): g}
         for node in reversed(topo_order(self)):
             g = grads.pop(id(node), None)
@@ -214,6 +218,8 @@ class Tensor(_t.Tensor):
 
     # -- differentiable ops (forward from lesson 01, backward from this lesson) --
     def _binary(self, other: Any, name: str, reverse: bool = False) -> Tensor:
+        if isinstance(other, np.generic):  # a NumPy scalar counts as a Python number (lesson 01)
+            other = other.item()
         out = super()._binary(other, name, reverse)
         a, b = (other, self) if reverse else (self, other)
         ad = a.data if isinstance(a, _t.Tensor) else a
@@ -244,6 +250,10 @@ class Tensor(_t.Tensor):
     def relu(self) -> Tensor:
         out = super().relu()
         return self._record(out, (self,), lambda g: (relu_vjp(g, self.data, out.data, xp=self.xp),), "relu")
+
+    def sigmoid(self) -> Tensor:
+        out = super().sigmoid()
+        return self._record(out, (self,), lambda g: (sigmoid_vjp(g, self.data, out.data, xp=self.xp),), "sigmoid")
 
     def sum(self, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
         out = super().sum(axis, keepdims)
@@ -371,11 +381,21 @@ print("d/dx of x + x + ... (5001 terms):", x.grad.item())
 # | `log(x)` | `g / x` | |
 # | `tanh(x)` | `g * (1 - out**2)` | |
 # | `relu(x)` | `g * (x > 0)` | |
+# | `sigmoid(x)` | `g * out * (1 - out)` | |
 #
-# Reusing `out` (exp, tanh) saves recomputing the function. `relu`'s derivative at exactly 0 is
-# undefined; we use 0, as PyTorch does. For `a ** b` with `a <= 0` the derivative in `b` is
-# not a real number (for `a < 0`) or has the limit 0; we return 0 there, using
-# `xp.where` so that no `log` of a non-positive number is evaluated into a warning.
+# Reusing `out` (exp, tanh, sigmoid) saves recomputing the function, and for sigmoid it is also
+# what keeps the backward as stable as the forward: lesson 01's `sigmoid` never overflows, but
+# the textbook derivative `exp(-x) / (1 + exp(-x))**2` gives `inf / inf = nan` at `x = -1000`.
+# `relu`'s derivative at exactly 0 is undefined; we use 0, as PyTorch does. Two edge cases of
+# `a ** b`, both as PyTorch has them: where `b == 0` the gradient of `a` is 0 (`x ** 0` is the
+# constant 1), although the formula gives `0 * 0 ** -1 = 0 * inf = nan` at `a = 0`; and for
+# `a <= 0` the derivative in `b` is not a real number (for `a < 0`) or has the limit 0: we
+# return 0 there. For arrays use `xp.where`, and feed the formula a harmless value (exponent
+# 1, base 1) where its result is not used, so that no `0 ** -1` or `log` of a non-positive
+# number is evaluated into a warning. `a` or `b` may also be a Python number (`x ** 2`,
+# `2 ** x`): handle that case with plain Python (`math.log`), because `xp.where` would turn
+# the number into a 0-d int64 or float64 array, and a float64 array, unlike a Python number,
+# promotes a float32 gradient to float64.
 # `a` and `b` may be arrays or Python scalars; the engine drops gradients of scalars.
 # Return gradients with the shape of `g` (the broadcast shape); `unbroadcast` does the rest.
 # `add_vjp` and `sub_vjp` are given in the class cell above.
@@ -399,12 +419,18 @@ def div_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any
 
 
 def pow_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
-    """VJP of out = a ** b. grad_b is 0 where a <= 0. Returns (grad_a, grad_b)."""
+    """VJP of out = a ** b (a, b: arrays or Python numbers). grad_a is 0 where b == 0; grad_b
+    is 0 where a <= 0. Returns (grad_a, grad_b) in g's dtype, with no warnings at a = 0."""
     ### BEGIN SOLUTION
-    grad_a = g * b * a ** (b - 1)
-    positive = xp.asarray(a) > 0
-    safe_a = xp.where(positive, a, 1)
-    grad_b = xp.where(positive, g * out * xp.log(safe_a), 0)
+    if isinstance(b, (int, float)):
+        grad_a = g * b * a ** (b - 1) if b != 0 else g * 0
+    else:
+        grad_a = xp.where(b == 0, 0, g * b * a ** xp.where(b == 0, 1, b - 1))
+    if isinstance(a, (int, float)):
+        grad_b = g * out * math.log(a) if a > 0 else g * 0
+    else:
+        positive = a > 0
+        grad_b = xp.where(positive, g * out * xp.log(xp.where(positive, a, 1)), 0)
     return grad_a, grad_b
     ### END SOLUTION
 
@@ -434,6 +460,13 @@ def relu_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
     """VJP of out = max(x, 0); the derivative at x == 0 is taken as 0."""
     ### BEGIN SOLUTION
     return g * (x > 0)
+    ### END SOLUTION
+
+
+def sigmoid_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+    """VJP of out = sigmoid(x), using out (finite for every x, even where exp(-x) overflows)."""
+    ### BEGIN SOLUTION
+    return g * out * (1 - out)
     ### END SOLUTION
 
 
@@ -513,7 +546,7 @@ def max_vjp(g: Any, x: Any, out: Any, axes: tuple[int, ...], keepdims: bool, *, 
         kept = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
         g, out = g.reshape(kept), out.reshape(kept)
     mask = x == out
-    count = mask.sum(axis=axes, keepdims=True)
+    count = mask.sum(axis=axes, keepdims=True).astype(g.dtype)  # int64 counts would promote to float64
     return g * mask / count
     ### END SOLUTION
 
@@ -583,7 +616,8 @@ check("2.5")
 # Its gradient is `d lse / d x_i = exp(x_i - lse) = softmax(x)_i`, so `logsumexp` gets its
 # own VJP: `g` (with the reduced axis reinserted) times `exp(x - lse)`, reusing the saved
 # output. Recording it as one node, rather than as max, subtract, exp, sum, log, saves memory
-# and time, and is the first example of a *fused* op (lesson 09 fuses softmax on the GPU).
+# and time, and is the first example of a *fused* op (lesson 08, exercise 8.6, fuses the
+# whole softmax into one GPU kernel).
 # With it, `log_softmax(x) = x - logsumexp(x, keepdims=True)` and
 # `softmax(x) = exp(log_softmax(x))` are stable and differentiable for free (given). One more
 # detail, about precision rather than overflow: for logits near 1000, `x - lse` subtracts two
@@ -623,18 +657,20 @@ def logsumexp(x: Any, axis: int | Sequence[int] | None = -1, keepdims: bool = Fa
 
 # %%
 #| export
-def log_softmax(x: Any, axis: int = -1) -> Tensor:
+def log_softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
     """log(softmax(x)) along `axis`, stable: s - logsumexp(s, axis, keepdims=True), s = x - max(x).
 
-    The max is a constant (no gradient flows through it; the result does not depend on it)."""
+    The max is a constant (no gradient flows through it; the result does not depend on it).
+    A bad `axis` gets lesson 01's message (normalize_axis), not NumPy's AxisError."""
     if not isinstance(x, Tensor):
         x = Tensor(x)
+    axis = normalize_axis(axis, x.ndim)
     m = x.xp.max(x.data, axis=axis, keepdims=True)
     s = x - x._new(x.xp.where(x.xp.isfinite(m), m, 0))
     return s - logsumexp(s, axis=axis, keepdims=True)
 
 
-def softmax(x: Any, axis: int = -1) -> Tensor:
+def softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis`, stable: exp(log_softmax(x))."""
     return log_softmax(x, axis).exp()
 
@@ -783,6 +819,10 @@ print("batch matmul, relu, pow, max over axes, division: ok")
 # %% tags=["demo"]
 import time
 
+from minitorch.bench import load_report  # lesson 04's timing helpers
+
+print(load_report())
+
 
 def best_of(fn, repeat=5):
     times = []
@@ -797,7 +837,7 @@ params = [Tensor(p, requires_grad=True) for p in (W1, b1, W2, b2)]
 n_params = sum(p.size for p in params)
 t_fwd = best_of(lambda: loss_fn(*params))
 t_bwd = best_of(lambda: loss_fn(*params).backward())
-t_num = best_of(lambda: numerical_grad(loss_fn, W1, b1, W2, b2), repeat=2)
+t_num = best_of(lambda: numerical_grad(loss_fn, W1, b1, W2, b2), repeat=3)
 print(f"{n_params} parameters")
 print(f"forward            {t_fwd * 1e6:8.0f} us")
 print(f"forward + backward {t_bwd * 1e6:8.0f} us  ({t_bwd / t_fwd:.1f}x forward)")
@@ -805,13 +845,17 @@ print(f"central diffs      {t_num * 1e6:8.0f} us  ({t_num / t_fwd:.0f}x forward,
 
 # %% [markdown]
 # Expect forward + backward to cost a small multiple of the forward (each op's VJP does about
-# as much work as its forward, plus Python overhead per node), and central differences at
-# least `2 * 57 = 114` forward passes, more in practice because each evaluation also rebuilds
-# its input tensors. Measured on the 2-core dev machine (best of 20): forward 150-200 us,
-# forward + backward 2.3-2.4 times that, central differences 340-410 times. At these tiny
-# sizes the time is Python overhead per op, not arithmetic; the ratio that matters grows with
-# the model: a network with a million parameters needs two million forward passes for its
-# numerical gradient and still one backward pass for the exact one.
+# as much work as its forward, plus Python overhead per node), and central differences about
+# `2 * 57 = 114` forward passes. Those passes run under `no_grad()`, which skips the graph
+# bookkeeping, so each is cheaper than the recorded forward timed here; rebuilding the input
+# tensors for every evaluation adds some back. Measured on the 2-core dev machine (a Zen 4 VM,
+# another job running; best of 5, best of 3 for central differences), three runs: forward
+# 90-170 us, forward + backward 1.9 times that, central differences 100-650 times the forward.
+# The spread of the last figure is the shared machine (each of its runs takes tens of
+# milliseconds, long enough to be interrupted), not the method. At these tiny sizes the time
+# is Python overhead per op, not arithmetic; the ratio that matters grows with the model: a
+# network with a million parameters needs two million forward passes for its numerical
+# gradient and still one backward pass for the exact one.
 #
 # ## What you measured / what to remember
 #

@@ -19,8 +19,10 @@
 # What you write becomes three modules: `minitorch/nn.py` (modules, layers, loss, `fit`),
 # `minitorch/optim.py` (optimisers) and `minitorch/data.py` (the data generators). Later
 # lessons train with them: lesson 06 swaps a Numba matmul under `Linear`, lesson 08 moves the
-# same model to a GPU, lesson 09 trains a tiny GPT. For the memory an optimiser costs at
-# scale, read [optimizer memory](../hardware_notes/optimizer_memory.md).
+# same model to a GPU, and the planned lesson 09 trains a tiny GPT with them. For the memory
+# an optimiser costs at scale, read [optimizer memory](../hardware_notes/optimizer_memory.md);
+# for what float32 can and cannot represent (why a naive softmax overflows above 88.7),
+# [number formats](../hardware_notes/number_formats.md).
 #
 # Conventions: model inputs and parameters are float32 (the usual training precision; the
 # tests compare against float64 NumPy with float32 tolerances). Class labels are int64 arrays
@@ -342,6 +344,11 @@ class Tanh(Module):
         return x.tanh()
 
 
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid()
+
+
 class Sequential(Module):
     """Apply modules in order. Parameters are named layers.0.weight, layers.1.bias, ..."""
 
@@ -360,13 +367,13 @@ class Sequential(Module):
         return len(self.layers)
 
 
-ACTIVATIONS = {"relu": ReLU, "tanh": Tanh}
+ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "sigmoid": Sigmoid}
 
 
 class MLP(Sequential):
     """Linear(sizes[0], sizes[1]) -> act -> ... -> Linear(sizes[-2], sizes[-1]) (no final act).
 
-    x (N, sizes[0]) -> logits (N, sizes[-1]). init defaults to "he" for relu, "glorot" for tanh.
+    x (N, sizes[0]) -> logits (N, sizes[-1]). init defaults to "he" for relu, "glorot" otherwise.
     """
 
     def __init__(self, sizes: list[int], activation: str = "relu", rng: np.random.Generator | None = None,
@@ -1048,6 +1055,10 @@ check("3.7")
 # %% tags=["demo"]
 import time
 
+from minitorch.bench import load_report  # lesson 04: load average and thread counts before timing
+
+print(load_report())
+
 
 def plot_boundary(ax, model, X, y, title):
     lo, hi = X.min(0) - 0.3, X.max(0) + 0.3
@@ -1128,6 +1139,7 @@ plt.show()
 # its training set.
 
 # %% tags=["demo"]
+print(load_report())
 rng = np.random.default_rng(3)
 n_train, n_val = (400, 200) if SMALL else (5000, 2000)
 Xd, yd = make_digits(n_train + n_val, rng=rng)
@@ -1153,14 +1165,51 @@ plt.show()
 
 # %% [markdown]
 # At full size (5000 training and 2000 validation digits, 30 epochs) the 2-core dev machine
-# gave: SGD 0.941 train / 0.909 validation accuracy, SGD with momentum 0.997 / 0.977, Adam
+# gave: SGD 0.941 train / 0.909 validation accuracy, SGD with momentum 0.998 / 0.977, Adam
 # 0.995 / 0.972. The accuracies are reproducible (every random choice is seeded); the times
-# printed are not. On that machine, shared with other jobs, the same run took anywhere from 2
-# to 40 seconds, because NumPy's BLAS starts several threads even for a 64 x 128 matrix
-# product: a (64, 64) @ (64, 128) float32 matmul took 14 us with `OPENBLAS_NUM_THREADS=1` and
-# about 12 ms (min of 200) with the default threads while the machine was busy. Small
-# matrices do not pay for threads; lesson 06 comes back to when they do.
+# printed are not: in that run each optimizer's 30 epochs took 2.8-3.6 s, with one BLAS
+# thread (what `make demo` sets) on a machine that another job kept busy (load average 4.4).
 #
+# **Threads that wait.** NumPy hands every product to its BLAS library, which splits a large
+# enough product over one thread per CPU. On a machine where other programs hold the CPUs, the
+# threads of one product get descheduled and the others wait for them: a product that should
+# take microseconds occasionally takes milliseconds. The cell below times the products this
+# model does, a training batch `(64, 64) @ (64, 128)` and the validation set
+# `(2000, 64) @ (64, 128)`, with BLAS on one thread and on all of them (`blas_limit`, lesson
+# 04), and prints the minimum, the median and the worst of 200 runs; then it times five epochs
+# of the training above both ways.
+#
+# One run on the 2-core dev machine (a Zen 4 VM, OpenBLAS 0.3.31, load average 4.3: busy):
+# the batch product took 10.3 us either way (OpenBLAS does not split a product that small);
+# the validation product took 332 us at best on one thread and 175 us on two, but its worst
+# run took 8.5 ms on one thread and 28 ms on two. A training run does such products thousands
+# of times, and the slow ones add up: 30 epochs of SGD with momentum took 1.0 s with one BLAS
+# thread and 13.7 s with two, in the same process, minutes apart. Small matrices do not pay
+# for threads on a shared machine; lesson 06 measures when large ones do.
+
+# %% tags=["demo"]
+from minitorch.bench import benchmark, blas_limit, format_seconds, load_report
+
+print(load_report())
+rng = np.random.default_rng(4)
+weights = rng.standard_normal((64, 128), dtype=np.float32)
+for rows in (64, 2000):
+    inputs = rng.standard_normal((rows, 64), dtype=np.float32)
+    for threads in sorted({1, os.cpu_count() or 1}):
+        with blas_limit(threads):
+            t = benchmark(np.matmul, inputs, weights, warmup=5, repeat=50 if SMALL else 200)
+        print(f"({rows:4d}, 64) @ (64, 128), BLAS on {threads} thread{'s' * (threads > 1)}: min {format_seconds(t.min):>8s}"
+              f"   median {format_seconds(t.median):>8s}   worst {format_seconds(max(t.times)):>8s}")
+for threads in sorted({1, os.cpu_count() or 1}):  # and the training run itself: 5 epochs of SGD + momentum
+    with blas_limit(threads):
+        model = MLP([64, 128, 10], rng=np.random.default_rng(1))
+        t0 = time.perf_counter()
+        fit(model, Xtr, ytr, SGD(model.parameters(), lr=0.05, momentum=0.9), epochs=1 if SMALL else 5,
+            batch_size=64, rng=np.random.default_rng(0), X_val=Xva, y_val=yva, progress=False)
+    print(f"{1 if SMALL else 5} epochs of the digits MLP, BLAS on {threads} thread{'s' * (threads > 1)}: "
+          f"{time.perf_counter() - t0:.2f} s")
+
+# %% [markdown]
 # Finally the checkpoint round trip on disk: save the Adam-trained weights with `np.savez`,
 # load them into a model built from a different seed, and check it predicts identically.
 
@@ -1183,8 +1232,8 @@ print(f"{model.num_parameters()} parameters saved and restored; identical predic
 #   structural names (`layers.2.weight`) that make checkpoints portable, and shared parameters
 #   reported once so they are updated once per step.
 # - Each layer multiplies the activations' scale by `sqrt(fan_in) * s` (times what the
-#   nonlinearity keeps). Choose `s` so that factor is 1: He (`2 / fan_in`) for ReLU, Glorot or
-#   LeCun for tanh. Naive scales explode or vanish geometrically with depth (measured above:
+#   nonlinearity keeps). Choose `s` so that factor is 1: He (`s = sqrt(2 / fan_in)`) for ReLU,
+#   Glorot (`s = sqrt(2 / (fan_in + fan_out))`) or LeCun (`s = sqrt(1 / fan_in)`) for tanh. Naive scales explode or vanish geometrically with depth (measured above:
 #   about `1e21` and `1e-19` after 20 ReLU layers of width 256). In training, an MLP with 8
 #   hidden layers diverged to `nan` with `s = 1`, never left chance with `s = 0.01`, and reached
 #   99% on the spirals in about 15 epochs with He init.

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Lesson 04: measuring
 #
-# Lessons 05-09 make minitorch fast. "Fast" needs two numbers: how long a kernel takes, and how
+# Lessons 05-08 make minitorch fast. "Fast" needs two numbers: how long a kernel takes, and how
 # long it *could* take on this machine. This lesson builds both.
 #
 # 1. **Timing honestly**: warm-up, JIT compilation excluded, repeats, min and median, noise.
@@ -12,8 +12,11 @@
 #    training memory (16 bytes per parameter for mixed-precision Adam), compute-optimal scaling.
 #
 # What you write becomes `minitorch/bench.py`, the benchmarking utility later lessons and
-# `make bench` use. Hardware background: [the roofline model](../hardware_notes/roofline.md) and
-# [transformer arithmetic](../hardware_notes/transformer_arithmetic.md).
+# `make bench` use. Hardware background: [the roofline model](../hardware_notes/roofline.md),
+# [transformer arithmetic](../hardware_notes/transformer_arithmetic.md), why bandwidth falls
+# further behind compute with every hardware generation
+# ([the memory wall](../hardware_notes/memory.md#the-memory-wall)), and what a training run
+# costs in GPU-hours and energy ([energy](../hardware_notes/energy.md#the-cost-of-a-training-run)).
 
 # %%
 #| default_exp bench
@@ -24,12 +27,15 @@ Generated from solutions/04_measuring.py (lesson 04).
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -55,13 +61,23 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 #   leaks into the first timed repeat.
 # - **Timer resolution.** `perf_counter` is good to well under a microsecond, but a call that
 #   takes 2 us is dominated by the Python overhead of the timing loop itself. Time `number`
-#   calls in a row and divide, as `timeit` does.
+#   calls in a row and divide, as `timeit` does. Calling a compiled (Numba) function from
+#   Python costs a fixed few hundred nanoseconds as well; a kernel of a microsecond or less is
+#   timed inside a compiled loop instead (lesson 06 does this).
 # - **Noise.** Other processes, frequency changes, interrupts and the garbage collector only
 #   ever make a run *slower*. On a shared machine (ours: 2 cores, other engineers' tests
 #   running) the noise is large. Repeat and report the **minimum** (the best estimate of the
 #   kernel's cost: noise is additive and positive; Chen & Revels 2016) together with the
 #   **median** (what a user typically sees). Python's `timeit` disables the garbage collector
 #   while timing; so do we.
+# - **Threads.** NumPy's BLAS (OpenBLAS in NumPy's wheels) starts one thread per CPU, and a
+#   product split over threads runs at the pace of the slowest one: when another program holds
+#   a core, even a small matmul waits for it (lesson 03 measures this). `make lab` and
+#   `make demo` therefore start the notebooks with one BLAS thread (`OPENBLAS_NUM_THREADS=1`),
+#   and a demo that compares with a multi-threaded BLAS sets and states the count itself, with
+#   `blas_limit(n)` (given below, built on threadpoolctl). `load_report()` prints the load
+#   average and the thread counts; every timing demo in the course prints it first, and it
+#   warns when the machine is busy.
 #
 # ### Exercise 4.1: `benchmark`
 #
@@ -113,6 +129,47 @@ def format_seconds(s: float) -> str:
         if abs(s) >= scale or unit == "ns":
             return f"{s / scale:.3g} {unit}"
     return f"{s} s"
+
+
+def blas_threads() -> dict[str, int]:
+    """{BLAS library: threads it will use} for NumPy's BLAS (via threadpoolctl), e.g. {'openblas': 1}."""
+    from threadpoolctl import threadpool_info
+
+    return {i["internal_api"]: i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+
+@contextlib.contextmanager
+def blas_limit(threads: int | None) -> Iterator[None]:
+    """Run the block with NumPy's BLAS on `threads` threads (None: leave it as it is)."""
+    if threads is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=int(threads), user_api="blas"):
+        yield
+
+
+def load_report(busy_per_core: float = 0.75) -> str:
+    """One line to print before timing anything: the 1-minute load average, the number of
+    CPUs, and the threads NumPy's BLAS (and Numba, if imported) will use. It starts with
+    "WARNING" when the load is above `busy_per_core` per CPU (and above 1.5): other programs
+    are running, so timings will be slower and noisier than on an idle machine, and anything
+    using every core (BLAS, prange) waits for the slowest thread."""
+    cpus = os.cpu_count() or 1
+    threads = ", ".join(f"{lib} BLAS {n} thread{'s' * (n != 1)}" for lib, n in blas_threads().items())
+    if "numba" in sys.modules:
+        n = sys.modules["numba"].get_num_threads()
+        threads += f", Numba {n} thread{'s' * (n != 1)}"
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):  # no load average on Windows
+        return f"{cpus} CPUs ({threads}); load average not available here"
+    line = f"load average {load:.2f} on {cpus} CPUs ({threads})"
+    if load > max(busy_per_core * cpus, 1.5):
+        return (f"WARNING: the machine is busy: {line}. Timings below will be slower and noisier "
+                "than on an idle machine; multi-threaded ones suffer most.")
+    return line + ": quiet enough to time"
 
 # %%
 #| export
@@ -187,6 +244,7 @@ print("1 warm-up  :", [format_seconds(t) for t in warm.times])
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
 
+print(load_report())
 x = np.random.default_rng(1).random(200_000 if SMALL else 1_000_000)
 t = benchmark(np.sort, x, warmup=2, repeat=30 if SMALL else 100)
 print(t)
@@ -367,59 +425,83 @@ check("4.3")
 # that fit in cache measure the cache instead: on the dev machine `a + b` on 2 million float32
 # (24 MB in all, inside L3) ran at about 48 GB/s, twice the DRAM figure.
 #
-# **Compute.** The best FLOP/s of NumPy's BLAS (OpenBLAS here) on a large float32 matmul, using
-# all cores. This is not the hardware's theoretical peak (cores x GHz x FLOP/cycle) but the
-# highest rate *we can actually get* from Python, which is the useful ceiling for this course.
-# Lesson 06 reports your own kernels as a fraction of it.
+# **Compute.** The best FLOP/s of NumPy's BLAS (OpenBLAS here) on a large float32 matmul.
+# This is not the hardware's theoretical peak (cores x GHz x FLOP/cycle) but the highest rate
+# *we can actually get* from Python, which is the useful ceiling for this course. Lesson 06
+# reports your own kernels as a fraction of it.
+#
+# **The same way for both.** A roofline compares two rates, so both must be measured on the
+# same cores: one thread each, or all threads each. A bandwidth taken on one core next to a
+# compute peak taken on all of them draws a ridge point that belongs to no real configuration
+# (on the dev machine it moves the ridge by about 2x). Both functions take `threads` (None:
+# all of them): the triad runs as a Numba `prange` loop on that many threads, the matmul with
+# BLAS limited to that many (`blas_limit`).
 #
 # The two measurements are given: they are instrumentation, not exercises.
 
 # %%
 #| export
-_TRIAD = None
+_TRIAD: dict[bool, Any] = {}
 
 
-def _triad_kernel():
-    global _TRIAD
-    if _TRIAD is None:
-        from numba import njit
+def _triad_kernel(parallel: bool = False):
+    """The compiled triad a = b + s*c: a plain loop, or a prange loop over Numba's threads."""
+    if parallel not in _TRIAD:
+        from numba import njit, prange
 
-        @njit(cache=False)
-        def triad(a, b, c, s):
-            for i in range(a.shape[0]):
-                a[i] = b[i] + s * c[i]
+        if parallel:
+            @njit(parallel=True, cache=False)
+            def triad(a, b, c, s):
+                for i in prange(a.shape[0]):
+                    a[i] = b[i] + s * c[i]
+        else:
+            @njit(cache=False)
+            def triad(a, b, c, s):
+                for i in range(a.shape[0]):
+                    a[i] = b[i] + s * c[i]
 
-        _TRIAD = triad
-    return _TRIAD
+        _TRIAD[parallel] = triad
+    return _TRIAD[parallel]
 
 
-def measure_bandwidth(n: int = 10_000_000, repeat: int = 10, dtype=np.float64) -> float:
-    """Sustained memory bandwidth in bytes/s from a STREAM-style triad a = b + s*c on one core.
+def measure_bandwidth(n: int = 10_000_000, repeat: int = 10, dtype=np.float64, threads: int | None = None) -> float:
+    """Sustained memory bandwidth in bytes/s from a STREAM-style triad a = b + s*c.
 
-    Counts 3 * n * itemsize bytes per call (STREAM's convention); returns the best of `repeat`
-    runs, after one warm-up call that also compiles the Numba loop.
+    threads: 1 runs a plain loop on one core; None (all of Numba's threads) or n > 1 run a
+    prange loop on that many threads. Counts 3 * n * itemsize bytes per call (STREAM's
+    convention); returns the best of `repeat` runs, after one warm-up call that also compiles.
     """
-    if n < 1 or repeat < 1:
-        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
-    triad = _triad_kernel()
+    if n < 1 or repeat < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"n, repeat and threads must be >= 1, got n={n}, repeat={repeat}, threads={threads}")
+    import numba
+
+    before = numba.get_num_threads()
+    use = before if threads is None else min(int(threads), numba.config.NUMBA_NUM_THREADS)
+    triad = _triad_kernel(parallel=use > 1)
     a = np.zeros(n, dtype=dtype)
     b = np.ones(n, dtype=dtype)
     c = np.full(n, 2.0, dtype=dtype)
-    t = benchmark(triad, a, b, c, dtype(3.0), warmup=1, repeat=repeat)
+    numba.set_num_threads(use)
+    try:
+        t = benchmark(triad, a, b, c, dtype(3.0), warmup=1, repeat=repeat)
+    finally:
+        numba.set_num_threads(before)
     if not np.all(a[: min(n, 1000)] == 7.0):
         raise RuntimeError("triad kernel computed a wrong result")
     return 3 * n * np.dtype(dtype).itemsize / t.min
 
 
-def measure_peak_matmul(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
-    """Best FLOP/s of NumPy's BLAS on an (n, n) @ (n, n) matmul of `dtype` (all BLAS threads)."""
-    if n < 1 or repeat < 1:
-        raise ValueError(f"n and repeat must be >= 1, got n={n}, repeat={repeat}")
+def measure_peak_matmul(n: int = 1024, dtype=np.float32, repeat: int = 5, threads: int | None = None) -> float:
+    """Best FLOP/s of NumPy's BLAS on an (n, n) @ (n, n) matmul of `dtype`, with BLAS on
+    `threads` threads (None: as BLAS is currently set up)."""
+    if n < 1 or repeat < 1 or (threads is not None and threads < 1):
+        raise ValueError(f"n, repeat and threads must be >= 1, got n={n}, repeat={repeat}, threads={threads}")
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
     out = np.empty((n, n), dtype=dtype)
-    t = benchmark(np.matmul, a, b, out, warmup=2, repeat=repeat)
+    with blas_limit(threads):
+        t = benchmark(np.matmul, a, b, out, warmup=2, repeat=repeat)
     return 2.0 * n**3 / t.min
 
 
@@ -427,7 +509,9 @@ def roofline_plot(peak_flops: float, bandwidth: float,
                   points: dict[str, tuple[float, float]] | None = None, ax=None, title: str | None = None):
     """Draw the roofline min(peak_flops, I * bandwidth) on log-log axes and place measured kernels.
 
-    points: {label: (intensity FLOP/byte, achieved FLOP/s)}. Returns the matplotlib Axes.
+    points: {label: (intensity FLOP/byte, achieved FLOP/s)}. A point exactly on the roof is
+    labelled "sets the roof": the roof was raised to it (a measured roof is the best rate seen),
+    so it sits at 100% by construction. Returns the matplotlib Axes.
     """
     import matplotlib.pyplot as plt
 
@@ -449,7 +533,8 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     for label, (intensity, achieved) in points.items():
         ax.plot(intensity, achieved / 1e9, "o")
         frac = achieved / float(np.minimum(peak_flops, intensity * bandwidth))
-        ax.annotate(f"{label} ({frac:.0%})", (intensity, achieved / 1e9), textcoords="offset points",
+        note = "100%: sets the roof" if abs(frac - 1) < 1e-9 else f"{frac:.0%}"
+        ax.annotate(f"{label} ({note})", (intensity, achieved / 1e9), textcoords="offset points",
                     xytext=(5, 4), fontsize=8)
     ax.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax.set_ylabel("GFLOP/s")
@@ -458,44 +543,64 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     return ax
 
 # %% [markdown]
-# **Demo: this machine's roofs.** On the 2-core dev machine (AMD EPYC, AVX2, OpenBLAS 0.3.31,
-# shared with other engineers' test runs) `make bench` measured 20-23 GB/s for the triad and
-# 140-174 GFLOP/s for a float32 matmul (float64: 23-57 GFLOP/s) when the other core was
-# mostly idle; under heavy load the matmul figure fell by 10x or more. The ridge point is
-# therefore about 7-8 FLOP/byte: a kernel must do that much work per byte before memory stops
-# being its limit. Expect your own figures to differ; the ratio is what matters, and a figure
-# far below the ones above on an idle machine means something else was running.
+# **Demo: this machine's roofs**, on one thread and on all of them. One `make demo L=04` run
+# on the 2-core dev machine (a 2-vCPU AMD EPYC Zen 4 virtual machine, AVX-512, OpenBLAS 0.3.31,
+# another job holding part of one core) measured: one thread, 25 GB/s for the triad and
+# 98 GFLOP/s for a float32 matmul, a ridge of 3.9 FLOP/byte; two threads, 53 GB/s and
+# 192 GFLOP/s, a ridge of 3.6. Both roofs doubled with the second core, so the ridge barely
+# moved. Mixing them, compute from two threads over bandwidth from one, gives 7.7 FLOP/byte:
+# twice the real ridge, the figure this lesson printed before it measured both roofs the same
+# way. Under heavy load the multi-threaded figures fall by 10x or more, which is why
+# `load_report` comes first. Expect your own figures to differ; the ratio is what matters.
 
 # %% tags=["demo"]
-bw = measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=5 if SMALL else 10)
-peak = max(measure_peak_matmul(n, repeat=3 if SMALL else 5) for n in ((256, 512) if SMALL else (512, 1024, 2048)))
-print(f"triad bandwidth : {bw / 1e9:6.1f} GB/s")
-print(f"BLAS float32    : {peak / 1e9:6.1f} GFLOP/s")
-print(f"ridge point     : {peak / bw:6.1f} FLOP/byte")
+import numba
+
+print(load_report())
+all_threads = numba.get_num_threads()
+roofs = {}
+for threads in sorted({1, all_threads}):
+    bw_t = measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=5 if SMALL else 10, threads=threads)
+    peak_t = max(measure_peak_matmul(n, repeat=3 if SMALL else 5, threads=threads)
+                 for n in ((256, 512) if SMALL else (512, 1024, 2048)))
+    roofs[threads] = (bw_t, peak_t)
+    print(f"{threads} thread{'s' * (threads > 1)}: triad {bw_t / 1e9:6.1f} GB/s   BLAS float32 {peak_t / 1e9:6.1f} "
+          f"GFLOP/s   ridge {peak_t / bw_t:5.1f} FLOP/byte")
+print(f"mixed (compute on {all_threads} threads, bandwidth on 1): ridge {roofs[all_threads][1] / roofs[1][0]:.1f} "
+      "FLOP/byte, a machine that does not exist")
 
 # %% [markdown]
 # **Demo: kernels on the roofline.** We time three kinds of kernel and place each at its
-# *minimum-traffic* intensity and its achieved FLOP/s; the label shows the fraction of the
-# roof it reaches. What to expect:
+# *minimum-traffic* intensity and its achieved FLOP/s, once with BLAS on one thread against
+# the one-thread roofs and once with BLAS on every thread against the all-thread roofs; the
+# label shows the fraction of the roof each reaches. What to expect:
 #
-# - `a + b` sits on the slanted roof: memory-bound, near the measured bandwidth (NumPy's add
-#   is a single pass, close to ideal). It cannot go faster without moving fewer bytes.
+# - `a + b` sits on the slanted roof of one thread: memory-bound, near the measured bandwidth
+#   (NumPy's add is a single pass, close to ideal). NumPy's elementwise loops always run on
+#   one thread, so against the all-thread roof it reaches only what one core can pull from
+#   memory.
 # - NumPy softmax lands far *below* its roof (under 10% on the dev machine): its five steps
 #   (`max`, `-`, `exp`, `sum`, `/`) each read a full array and three of them write a fresh
 #   temporary: 8 array passes instead of 2, about 4x the minimum bytes. It also pays page
 #   faults for the new temporaries, and `exp` costs more than the one FLOP we count. Fusing
-#   the steps into one pass (lesson 09) is what moves it up.
+#   the steps into one pass (lesson 08's softmax kernel, exercise 8.6) is what moves it up.
 # - matmul climbs with size: small matrices are limited by overheads, large ones approach the
-#   flat roof (they define it: the roof is BLAS's best).
+#   flat roof.
+#
+# A measured roof is the best rate seen. When a kernel beats it (the roof's own run was
+# unlucky), the roof is raised to that kernel rather than reporting more than 100%; such a
+# point then sits at 100% *by construction*, and the plot and table say "sets the roof". The
+# largest matmul often does: it is the same measurement as the compute roof.
 
 # %% tags=["demo"]
 rng = np.random.default_rng(0)
-points = {}
 n = 8_000_000 if SMALL else 20_000_000  # 96+ MB: well beyond the L3 cache
 a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
 out = np.empty_like(a)
-t = benchmark(np.add, a, b, out, warmup=2, repeat=5)
-points["add"] = (arithmetic_intensity(elementwise_flops(n), elementwise_bytes(n, 4)), elementwise_flops(n) / t.min)
+r, c = (512, 1024) if SMALL else (4096, 1024)
+x = rng.standard_normal((r, c), dtype=np.float32)
+mats = {m: (rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32))
+        for m in ((32, 128, 512) if SMALL else (32, 128, 512, 2048))}
 
 
 def np_softmax(x):
@@ -503,25 +608,28 @@ def np_softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-r, c = (512, 1024) if SMALL else (4096, 1024)
-x = rng.standard_normal((r, c), dtype=np.float32)
-t = benchmark(np_softmax, x, warmup=2, repeat=5)
-points["softmax"] = (arithmetic_intensity(softmax_flops(r, c), softmax_bytes(r, c, 4)), softmax_flops(r, c) / t.min)
-
-for m in ((32, 128, 512) if SMALL else (32, 128, 512, 2048)):
-    A, B = rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32)
-    t = benchmark(np.matmul, A, B, warmup=2, repeat=5, number=max(1, 2_000_000 // m**2))
-    points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)),
-                             matmul_flops(m, m, m) / t.min)
-
-# A roof is the best rate observed. If a kernel beats it, the roof's own measurement was
-# unlucky (the other core was busy), so raise the roof rather than report >100%.
-bw = max(bw, points["add"][1] / points["add"][0])
-peak = max(peak, *(f for k, (i, f) in points.items() if k.startswith("matmul")))
-for k, (i, f) in points.items():
-    print(f"{k:12s} intensity {i:8.3f} FLOP/B   {f / 1e9:8.2f} GFLOP/s   "
-          f"{f / attainable_flops(i, peak, bw):6.1%} of roof")
-roofline_plot(peak, bw, points, title="this machine, measured")
+fig, axes = plt.subplots(1, len(roofs), figsize=(6.5 * len(roofs), 4.5), squeeze=False)
+for ax, (threads, (bw_t, peak_t)) in zip(axes[0], roofs.items()):
+    points = {}
+    with blas_limit(threads):
+        t = benchmark(np.add, a, b, out, warmup=2, repeat=5)
+        points["add"] = (arithmetic_intensity(elementwise_flops(n), elementwise_bytes(n, 4)), elementwise_flops(n) / t.min)
+        t = benchmark(np_softmax, x, warmup=2, repeat=5)
+        points["softmax"] = (arithmetic_intensity(softmax_flops(r, c), softmax_bytes(r, c, 4)),
+                             softmax_flops(r, c) / t.min)
+        for m, (A, B) in mats.items():
+            t = benchmark(np.matmul, A, B, warmup=2, repeat=5, number=max(1, 2_000_000 // m**2))
+            points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)),
+                                     matmul_flops(m, m, m) / t.min)
+    bw_t = max(bw_t, points["add"][1] / points["add"][0])  # raise a roof that a kernel beat
+    peak_t = max(peak_t, *(f for k, (i, f) in points.items() if k.startswith("matmul")))
+    print(f"{threads} thread{'s' * (threads > 1)} (roofs {bw_t / 1e9:.1f} GB/s, {peak_t / 1e9:.1f} GFLOP/s):")
+    for k, (i, f) in points.items():
+        frac = f / attainable_flops(i, peak_t, bw_t)
+        print(f"  {k:12s} intensity {i:8.3f} FLOP/B   {f / 1e9:8.2f} GFLOP/s   {frac:6.1%} of roof"
+              + ("  (sets the roof: 100% by construction)" if abs(frac - 1) < 1e-9 else ""))
+    roofline_plot(peak_t, bw_t, points, ax=ax, title=f"this machine, {threads} thread{'s' * (threads > 1)}")
+plt.tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -629,9 +737,11 @@ for ctx in (1024, 8192, 65536):
 # weights is needed so small updates are not lost to rounding. What it saves is activation
 # memory and, on tensor-core hardware, time. SGD with momentum keeps one state (4 bytes), plain
 # SGD none (mixed SGD still keeps the 4-byte master copy). Activations are extra and depend on
-# batch size and sequence length (lesson 12 trades them for compute). A 7B-parameter model thus
-# needs 112 GB for weights, gradients and Adam state before any activation: more than one
-# 80 GB GPU, which is the problem ZeRO (lesson 12) solves by sharding the three terms.
+# batch size and sequence length (activation checkpointing trades them for compute; the
+# data-parallel lesson, planned as lesson 12, does both). A 7B-parameter model thus needs
+# 112 GB for weights, gradients and Adam state before any activation: more than one 80 GB GPU,
+# which is the problem ZeRO solves by sharding the three terms across GPUs (see
+# [optimizer memory](../hardware_notes/optimizer_memory.md)).
 #
 # ### Exercise 4.5: `training_flops`, `training_memory_breakdown`
 
@@ -716,11 +826,13 @@ check("4.6")
 # (generous) 50% of it is sustained through a whole training run, and ask what a day of compute
 # buys. The answer is humbling: a Chinchilla-optimal model of a few million parameters. The same
 # arithmetic for a server of 8 H100 GPUs (989 TFLOP/s dense bf16 each, NVIDIA's datasheet) at
-# 40% utilisation gives a model of about 1.5 billion parameters in a day.
+# 40% utilisation gives a model of about 1.5 billion parameters in a day. The same formula,
+# with power and prices, gives the cost of a real run: [the cost of a training
+# run](../hardware_notes/energy.md#the-cost-of-a-training-run) works it through for Llama 3.1.
 
 # %% tags=["demo"]
 day = 24 * 3600
-for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * peak),
+for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * roofs[all_threads][1]),
                           ("8 x H100 bf16 at 40%", 8 * 989e12 * 0.4)):
     c = flops_per_s * day
     n_opt, d_opt = chinchilla_optimal(c)
@@ -735,12 +847,16 @@ for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * peak),
 #   asynchronous devices, and report min and median. Noise only adds time; the minimum is the
 #   stable estimate. `minitorch.bench.benchmark` is what every later lesson uses.
 # - 1 MAC = 2 FLOPs. `(m,k) @ (k,n)`: `2mnk` FLOPs, at least `(mk + kn + mn) * itemsize` bytes.
-# - Arithmetic intensity decides the bound: attainable = `min(P, I * B)`. On the 2-core dev
-#   machine the triad gave 20-23 GB/s and BLAS float32 140-174 GFLOP/s (best runs on a shared
-#   machine), a ridge of about 7-8 FLOP/byte: elementwise ops and softmax (I < 1) are
-#   memory-bound by a wide margin, large matmuls compute-bound.
+# - Arithmetic intensity decides the bound: attainable = `min(P, I * B)`. Measure both roofs
+#   on the same threads. On the 2-core dev machine (Zen 4 VM) one thread gave 25 GB/s and
+#   98 GFLOP/s float32, two threads 53 GB/s and 192 GFLOP/s: a ridge of about 4 FLOP/byte
+#   either way (7.7 if the two are mixed). Elementwise ops and softmax (I < 1) are memory-bound
+#   by a wide margin, large matmuls compute-bound; NumPy's elementwise ops use one core, so
+#   they reach only half of the two-thread bandwidth roof.
+# - A roof is the best rate seen; a kernel that beat it raised it and sits at 100% by
+#   construction (here `a + b` and the largest matmul).
 # - A kernel far below its roof wastes either traffic (NumPy softmax: several passes) or
-#   compute (small matmul: overheads). Lessons 05-09 close these gaps.
+#   compute (small matmul: overheads). Lessons 05-08 close these gaps on the CPU and the GPU.
 # - Transformers: `N ~ 12 n_layers d^2`, forward `~2N` FLOPs per token (+ `2 n_layers n_ctx d`
 #   for attention), training `~6N` per token, `C = 6ND`; Adam training state 16 bytes per
 #   parameter in fp32 or mixed precision; compute-optimal `D ~ 20 N`.

@@ -18,8 +18,15 @@
 #
 # What you write becomes `minitorch/cpu_matmul.py`; lesson 06 takes the best kernel from here
 # and adds SIMD, a register-blocked micro-kernel and threads. Background for this lesson:
-# [caches and the memory hierarchy](../hardware_notes/caches.md). Timing and FLOP counting come
-# from lesson 04 (`minitorch.bench`).
+# [caches and the memory hierarchy](../hardware_notes/caches.md) (lines, associativity,
+# prefetching, the TLB), [memory layout](../hardware_notes/memory_layout.md) (row-major order
+# and strides, lesson 01) and [the roofline](../hardware_notes/roofline.md) (why a matmul can
+# be compute-bound and a loop with no reuse cannot). Timing and FLOP counting come from
+# lesson 04 (`minitorch.bench`).
+#
+# Our kernels run on one core. So, to compare like with like, every demo below gives NumPy's
+# BLAS one thread too (`blas_limit(1)`), and shows the all-core BLAS figure next to it where it
+# matters, saying how many threads it used.
 #
 # Conventions for every function below: inputs are NumPy arrays `a` (m, k) and `b` (k, n) of
 # dtype float32 or float64; the result is a new C-contiguous array `c` (m, n) whose dtype is
@@ -141,30 +148,15 @@ check("5.1")
 # How slow is it? The cell below times `matmul_python` and NumPy on small square matrices and
 # reports GFLOP/s, with the `benchmark` function of lesson 04: a warm-up call, then the minimum
 # of several repeats (noise on a shared machine only ever adds time). Expect Python at a few
-# hundredths of a GFLOP/s and NumPy hundreds to a thousand times faster even at these sizes, where
-# its fixed per-call overhead still matters. NumPy's small-size figures are also the most
-# fragile: OpenBLAS splits the work over both cores, and when another process holds one of
-# them its threads wait for each other. In one full-size run on the 2-core dev machine under
-# load, n = 96 measured 0.11 GFLOP/s; on the idle machine, 31-41. Section 6 shows the same
-# effect at larger sizes.
+# hundredths of a GFLOP/s and NumPy (one BLAS thread) hundreds to a thousand times faster even
+# at these sizes, where its fixed per-call overhead still matters.
 
 # %% tags=["demo"]
 import time
 
-try:
-    from minitorch.bench import benchmark
-except ImportError:  # lesson 04's module not built yet: an equivalent minimal timer
-    from types import SimpleNamespace
+from minitorch.bench import benchmark, blas_limit, load_report
 
-    def benchmark(fn, *args, warmup=1, repeat=5):
-        for _ in range(warmup):
-            fn(*args)
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            fn(*args)
-            times.append(time.perf_counter() - t0)
-        return SimpleNamespace(min=min(times), times=times)
+print(load_report())
 
 
 def gflops_of(fn, a, b, repeat=None):
@@ -182,8 +174,10 @@ def gflops_of(fn, a, b, repeat=None):
 rng = np.random.default_rng(0)
 for n in (16, 32) if SMALL else (32, 64, 96):
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    with blas_limit(1):
+        numpy_1 = gflops_of(np.matmul, a, b)
     print(f"n={n:3d}  python {gflops_of(matmul_python, a, b):8.4f} GFLOP/s   "
-          f"numpy {gflops_of(np.matmul, a, b):8.2f} GFLOP/s")
+          f"numpy (1 BLAS thread) {numpy_1:8.2f} GFLOP/s")
 
 # %% [markdown]
 # ## 2. Compiling the loops with Numba
@@ -256,6 +250,7 @@ t0 = time.perf_counter(); ijk_kernel_fresh(a, b, c); t1 = time.perf_counter()
 ijk_kernel_fresh(a, b, c); t2 = time.perf_counter()
 print(f"first call (compiles): {t1 - t0:.3f} s   second call: {(t2 - t1) * 1e6:.0f} us")
 
+print(load_report())
 for n in (200, 256) if SMALL else (1000, 1024):
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
     print(f"n={n:4d}  ijk {gflops_of(matmul_ijk, a, b, repeat=2):6.2f} GFLOP/s")
@@ -362,6 +357,7 @@ def loop_order_kernel(order: str):
     return njit(scope["kernel"])
 
 
+print(load_report())
 n = 256 if SMALL else 512
 a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
 order_results = {}
@@ -520,8 +516,12 @@ def machine_cache_sizes() -> dict[str, int]:
 # the full size.
 #
 # So the largest useful T satisfies `3 * T^2 * itemsize <= cache_bytes`. Rounding T down to a
-# multiple of 8 keeps each tile row a whole number of 32-byte SIMD vectors and, for float64, of
-# 64-byte cache lines.
+# multiple of 8 keeps each tile row a whole number of 32-byte SIMD vectors (float32) and of
+# 64 bytes (float64). Whether those 64 bytes are whole cache lines depends on the matrix, not the
+# tile: a tile row starts at a line boundary only if the matrix's row length in bytes is a
+# multiple of 64 (and its first element is line-aligned, which NumPy's allocator gives large
+# arrays). For n = 1000 float64 (8000-byte rows) every row starts on a line boundary; for
+# n = 1001 most rows do not, and each tile row then straddles one more line than it fills.
 #
 # **Exercise 5.5.** Write `choose_tile(cache_bytes, itemsize, n_tiles=3, multiple=8)`: the
 # largest T with `n_tiles * T*T * itemsize <= cache_bytes`, rounded down to a multiple of
@@ -648,6 +648,7 @@ check("5.6")
 # `ikj` was living in (here: the 32 MiB L3, shared by both cores, at n = 2048 in float64).
 
 # %% tags=["demo"]
+print(load_report())
 n = 384 if SMALL else 2048
 a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
 print(f"n={n}: B is {b.nbytes / 2**20:.1f} MiB; default tile (float64) = {default_tile(8)}")
@@ -660,30 +661,34 @@ for t in (16, 32, 64, 96, 144, 256):
 #
 # The table and plot put every version on one axis, in float64, at several square sizes. Python
 # runs only at the smallest sizes (its time grows as n^3 from an already huge constant), `ijk`
-# only up to 1024. NumPy calls OpenBLAS, which runs on both cores with AVX2 FMA micro-kernels
-# and packed, multi-level-blocked buffers (Goto and van de Geijn, 2008); our kernels use one
-# core and whatever vectorisation LLVM finds on its own. Lesson 06 closes most of the
-# remaining gap. Expect `ikj` to be the best of ours up to n = 1024 and to fall off at 2048,
-# where B (32 MiB) no longer fits in the L3 cache and `tiled` overtakes it. If a NumPy point
-# drops far below its neighbours, another process was using the second core (section 1).
+# only up to 1024. NumPy calls OpenBLAS, with AVX2 FMA micro-kernels and packed,
+# multi-level-blocked buffers (Goto and van de Geijn, 2008), timed twice: on one thread, like
+# our kernels, and on every CPU. Our kernels use one core and whatever vectorisation LLVM finds
+# on its own; lesson 06 closes most of the remaining gap. Expect `ikj` to be the best of ours
+# up to n = 1024 and to fall off at 2048, where B (32 MiB) no longer fits in the L3 cache and
+# `tiled` overtakes it. If the all-thread NumPy point drops far below its neighbours, another
+# process was using a CPU: a threaded product waits for its slowest thread.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
 
+print(load_report())
+cpus = os.cpu_count() or 1
 sizes = [32, 64, 128, 256] if SMALL else [32, 64, 128, 256, 512, 1024, 2048]
-versions = {"python": matmul_python, "ijk": matmul_ijk, "ikj": matmul_ikj,
-            "tiled": matmul_tiled, "numpy": np.matmul}
+versions = {"python": (matmul_python, 1), "ijk": (matmul_ijk, 1), "ikj": (matmul_ikj, 1),
+            "tiled": (matmul_tiled, 1), "numpy 1 thr": (np.matmul, 1), f"numpy {cpus} thr": (np.matmul, cpus)}
 limits = {"python": 64 if SMALL else 96, "ijk": 1024}
 table: dict[str, dict[int, float]] = {v: {} for v in versions}
 for n in sizes:
     a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    for name, fn in versions.items():
+    for name, (fn, threads) in versions.items():
         if n <= limits.get(name, sizes[-1]):
-            table[name][n] = gflops_of(fn, a, b)
+            with blas_limit(threads):  # only NumPy uses BLAS; ours are single-threaded loops
+                table[name][n] = gflops_of(fn, a, b)
 
-print("GFLOP/s (float64, min of repeats)\n" + "n".rjust(6) + "".join(f"{v:>9}" for v in versions))
+print("GFLOP/s (float64, min of repeats)\n" + "n".rjust(6) + "".join(f"{v:>12}" for v in versions))
 for n in sizes:
-    print(f"{n:6d}" + "".join(f"{table[v][n]:9.3f}" if n in table[v] else f"{'-':>9}" for v in versions))
+    print(f"{n:6d}" + "".join(f"{table[v][n]:12.3f}" if n in table[v] else f"{'-':>12}" for v in versions))
 
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for name in versions:
@@ -701,30 +706,33 @@ plt.show()
 # %% [markdown]
 # ## What you measured / what to remember
 #
-# Figures measured on the 2-core dev machine (AMD EPYC, Zen 3, under KVM; 32 KiB L1d and
-# 512 KiB L2 per core, 32 MiB L3 shared), float64, while other jobs shared the machine, so
-# treat them as rough:
+# Figures from one `make demo L=05` run on the 2-core dev machine (a 2-vCPU AMD EPYC Zen 4
+# virtual machine: 32 KiB L1d and 1 MiB L2 per core, 32 MiB L3 shared; OpenBLAS 0.3.31),
+# float64, while another job kept the machine busy (load average 3-4), so treat them as rough:
 #
-# | n | python | ijk | ikj | tiled (T=144) | NumPy (OpenBLAS, 2 threads) |
-# |---|---|---|---|---|---|
-# | 64 | 0.03 | 3.3 | 14.7 | 11.8 | 34 |
-# | 512 | - | 0.54 | 13.9 | 10.2 | 77 |
-# | 1024 | - | 0.37 | 9.5 | 8.6 | 73 |
-# | 2048 | - | - | 3.8 | 8.0 | 41 |
+# | n | python | ijk | ikj | tiled (T=208) | NumPy, 1 BLAS thread | NumPy, 2 BLAS threads |
+# |---|---|---|---|---|---|---|
+# | 64 | 0.04 | 3.8 | 9.0 | 8.2 | 43 | 40 |
+# | 256 | - | 0.85 | 17.1 | 12.2 | 49 | 90 |
+# | 512 | - | 0.69 | 16.5 | 11.3 | 48 | 91 |
+# | 1024 | - | 0.50 | 16.5 | 12.5 | 50 | 38 |
+# | 2048 | - | - | 3.7 | 11.3 | 51 | 46 |
 #
-# GFLOP/s, from one `make demo L=05` run; a second run agreed to within about 20 % except for
-# NumPy at small sizes, which collapsed in some runs (0.3 GFLOP/s at n = 128, 0.11 at n = 96)
-# whenever another process held the second core and OpenBLAS's two threads waited for each
-# other. Also measured: compiling `ijk_kernel` took about 0.2 s against 0.2-0.4 ms for the
-# compiled call at n = 64; at n = 512 the six loop orders gave 12.5-14.6 (ikj), 9.4-13.3 (kij),
-# 0.5 (ijk, jik) and 0.13-0.15 (jki, kji) GFLOP/s; `ijk` ran at 1.7-1.9 GFLOP/s for n = 1023
-# and 0.26-0.39 for n = 1024 (the effect on `ikj` was smaller than the run-to-run noise); at
-# n = 2048 the tile sweep was flat from T = 64 to 256 (6.5-7.7 GFLOP/s), fell to 3.1-3.5 at
-# T = 16, and the L2-derived T = 144 was within noise of the best.
+# GFLOP/s. One BLAS thread is the fair comparison for our single-threaded loops, and it is
+# also the steadier figure: the two-thread column doubles it at n = 256 and 512 but fell below
+# it at 1024 and 2048 in this run, whenever the other job held the second core and OpenBLAS's
+# two threads waited for each other. Also measured in that run: compiling `ijk_kernel` took
+# 0.10 s against 0.19 ms for the compiled call at n = 64; at n = 512 the six loop orders gave
+# 20.7 (ikj), 10.3 (kij), 0.54 (ijk), 0.42 (jik), 0.13 (kji) and 0.08 (jki) GFLOP/s; `ijk` ran
+# at 2.3 GFLOP/s for n = 1023 and 0.60 for n = 1024, `ikj` at 15.0 and 13.0; at n = 2048 the
+# tile sweep rose from 4.3-5.1 GFLOP/s at T = 16-64 to 9.5 at T = 256, above the L2-derived
+# T = 208 row of the table. On the Zen 3 machine this lesson was first measured on (512 KiB L2)
+# the same code gave 3.3, 14.7 and 11.8 GFLOP/s for ijk, ikj and tiled at n = 64, and 3.8 (ikj)
+# against 8.0 (tiled) at n = 2048.
 #
 # - **The interpreter costs two orders of magnitude.** The same i-j-k loops compiled by Numba
-#   ran about 100x faster than CPython (3.3 vs 0.03 GFLOP/s at n = 64); with the right loop
-#   order, about 500x.
+#   ran about 90x faster than CPython (3.8 vs 0.04 GFLOP/s at n = 64); with the right loop
+#   order, about 200x at n = 64 and 400x at n = 256.
 # - **Memory order matters as much as the arithmetic.** All loop orders do identical FLOPs;
 #   the ones whose innermost loop walks contiguous memory (`j` innermost) use every byte of
 #   each 64-byte cache line, let the prefetcher stream, and let the compiler vectorise. The

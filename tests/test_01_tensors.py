@@ -214,7 +214,8 @@ def test_broadcast_strides_match_broadcast_to(lesson, shape, target):
 
 @pytest.mark.exercise("1.5")
 def test_broadcast_strides_errors(lesson):
-    for shape, target in [((3,), (4,)), ((2, 3), (3,)), ((2, 3), (3, 3))]:
+    # the last two go the wrong way: the target has size 1 where the array does not
+    for shape, target in [((3,), (4,)), ((2, 3), (3,)), ((2, 3), (3, 3)), ((5, 3), (5, 1)), ((4,), (2, 1))]:
         with pytest.raises(ValueError) as info:
             lesson.broadcast_strides(shape, (1,) * len(shape), target)
         assert str(shape) in str(info.value) and str(target) in str(info.value), \
@@ -235,31 +236,64 @@ def test_normalize_axis_values(lesson):
     assert tuple(f((), 3)) == ()
 
 
-@pytest.mark.exercise("1.6")
-def test_normalize_axis_errors(lesson):
-    with pytest.raises(ValueError) as info:
-        lesson.normalize_axis(3, 3)
-    assert "3" in str(info.value), f"name the axis and ndim: {info.value}"
-    with pytest.raises(ValueError):
-        lesson.normalize_axis(-4, 3)
-    with pytest.raises(ValueError):
-        lesson.normalize_axis((0, -3), 3)  # repeated
-    with pytest.raises(TypeError):
-        lesson.normalize_axis(1.0, 3)
+AXES = st.one_of(st.none(), st.integers(-6, 5),
+                 st.lists(st.integers(-6, 5), max_size=4).flatmap(lambda v: st.sampled_from([tuple(v), list(v)])))
 
 
 @pytest.mark.exercise("1.6")
-@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, True), (-1, False), ((0, 2), False), ((2, 1), True)])
-def test_tensor_reductions_with_axes(lesson, axis, keepdims):
+@settings(max_examples=80)
+@given(axis=AXES, ndim=st.integers(0, 4))
+def test_normalize_axis_matches_numpy(lesson, axis, ndim):
+    """NumPy's own axis normalisation is the oracle (it keeps the order given; ours sorts)."""
+    from numpy.lib.array_utils import normalize_axis_tuple
+
+    try:
+        expected = tuple(sorted(normalize_axis_tuple(range(ndim) if axis is None else axis, ndim)))
+    except ValueError as exc:  # AxisError (out of range) and repeated axes are both ValueErrors
+        with pytest.raises(ValueError) as info:
+            lesson.normalize_axis(axis, ndim)
+        assert not isinstance(info.value, np.exceptions.AxisError), \
+            f"normalize_axis({axis!r}, {ndim}) should raise its own ValueError, not NumPy's AxisError"
+        if isinstance(exc, np.exceptions.AxisError) and (isinstance(axis, int) or len(axis) == 1):
+            bad = axis if isinstance(axis, int) else axis[0]
+            assert str(bad) in str(info.value) and str(ndim) in str(info.value), \
+                f"the error for axis {axis!r} with ndim={ndim} must name the axis and ndim, got: {info.value}"
+        return
+    got = lesson.normalize_axis(axis, ndim)
+    assert tuple(got) == expected, f"normalize_axis({axis!r}, {ndim}): expected {expected}, got {got}"
+
+
+@pytest.mark.exercise("1.6")
+@pytest.mark.parametrize("axis", [1.0, True, "0", (0, 1.5), [0, None]])
+def test_normalize_axis_rejects_non_integers(lesson, axis):
+    with pytest.raises(TypeError) as info:
+        lesson.normalize_axis(axis, 3)
+    bad = axis if not isinstance(axis, (tuple, list)) else axis[1]
+    assert repr(bad) in str(info.value) or str(bad) in str(info.value), \
+        f"normalize_axis({axis!r}, 3): the TypeError must name the offending value {bad!r}, got: {info.value}"
+    assert "iterable" not in str(info.value), f"raise your own message, not Python's: {info.value}"
+
+
+@pytest.mark.exercise("1.6")
+@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, True), (-1, False), ((0, 2), False), ([2, 1], True)])
+def test_reductions_with_your_normalize_axis(lesson, axis, keepdims, monkeypatch):
+    """Your normalize_axis inside the reference Tensor's sum/mean/max (your Tensor is section 7)."""
+    import minitorch.tensor as reference
+
+    monkeypatch.setattr(reference, "normalize_axis", lesson.normalize_axis)
     a = np.random.default_rng(3).standard_normal((3, 5, 4)).astype(np.float32)
-    t = lesson.Tensor(a)
+    t = reference.Tensor(a)
     for name in ("sum", "mean", "max"):
         got = getattr(t, name)(axis=axis, keepdims=keepdims)
-        expected = getattr(np, name)(a, axis=axis, keepdims=keepdims)
+        expected = getattr(np, name)(a, axis=None if axis is None else tuple(axis) if isinstance(axis, list) else axis,
+                                     keepdims=keepdims)
         assert got.shape == np.shape(expected), f"{name}(axis={axis}, keepdims={keepdims}): shape {got.shape}"
         np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, err_msg=f"{name}(axis={axis})")
-    with pytest.raises(ValueError):
-        t.sum(axis=3)
+    for bad, error in ((3, ValueError), (-4, ValueError), ((0, -3), ValueError), (1.0, TypeError)):
+        with pytest.raises(error) as info:
+            t.sum(axis=bad)
+        assert not isinstance(info.value, np.exceptions.AxisError) and "iterable" not in str(info.value), \
+            f"Tensor.sum(axis={bad!r}) must fail with the course's own message, got {type(info.value).__name__}: {info.value}"
 
 
 # ---------------------------------------------------------------- 1.7 Tensor._binary
@@ -299,6 +333,30 @@ def test_binary_ops_with_scalars_and_reverse(lesson):
 
 
 @pytest.mark.exercise("1.7")
+def test_numpy_scalars_and_arrays_on_either_side(lesson):
+    """NumPy operands on the left reach the Tensor's reflected operators (not an object array);
+    NumPy scalars act like Python numbers (PyTorch's rule): float32 stays float32."""
+    a = np.random.default_rng(6).uniform(1, 2, (3, 4)).astype(np.float32)
+    t = lesson.Tensor(a)
+    two, arr, mat = np.float64(2.0), np.linspace(1, 2, 4, dtype=np.float32), np.ones((2, 3), np.float32)
+    cases = {"np.float64(2) * t": (lambda: two * t, two * a.astype(np.float64)),
+             "t * np.float64(2)": (lambda: t * two, a * 2.0),
+             "np.float32(3) - t": (lambda: np.float32(3) - t, 3 - a),
+             "t / np.sqrt(np.float64(4))": (lambda: t / np.sqrt(np.float64(4.0)), a / 2.0),
+             "np.float64(2) ** t": (lambda: two ** t, 2.0 ** a.astype(np.float64)),
+             "arr - t (float32 array on the left)": (lambda: arr - t, arr - a),
+             "mat @ t (array on the left of @)": (lambda: mat @ t, mat @ a)}
+    for what, (op, expected) in cases.items():
+        got = op()
+        assert isinstance(got, lesson.Tensor), (f"{what}: expected a Tensor, got {type(got).__name__} "
+                                                f"(a NumPy scalar or array must not take over the operator)")
+        assert got.dtype == np.float32, f"{what}: a float32 tensor must stay float32, got {got.dtype}"
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-6, err_msg=what)
+    with pytest.raises(TypeError):
+        np.exp(t)  # a NumPy function on a Tensor: a clear TypeError, not an object array
+
+
+@pytest.mark.exercise("1.7")
 def test_binary_shape_mismatch_names_both_shapes(lesson):
     ta, tb = lesson.Tensor(np.ones((2, 3))), lesson.Tensor(np.ones((4,)))
     for op in (lambda: ta + tb, lambda: ta * tb, lambda: tb - ta):
@@ -313,9 +371,11 @@ def test_binary_device_mismatch_names_both_devices(lesson):
     with lesson.use_backend("fakedev", lesson.Backend("numpy-again")):
         ta = lesson.Tensor(np.ones(3))
         tb = lesson.Tensor(np.ones(3), device="fakedev")
-        with pytest.raises(ValueError) as info:
-            ta + tb
-        assert "cpu" in str(info.value) and "fakedev" in str(info.value), f"name both devices: {info.value}"
+        for what, op in (("cpu + fakedev", lambda: ta + tb), ("fakedev - cpu", lambda: tb - ta),
+                         ("fakedev * cpu", lambda: tb * ta), ("cpu ** fakedev", lambda: ta ** tb)):
+            with pytest.raises(ValueError) as info:
+                op()
+            assert "cpu" in str(info.value) and "fakedev" in str(info.value), f"{what}: name both devices: {info.value}"
         out = tb * 2
         assert out.device == "fakedev", "the result lives on the operands' device"
 

@@ -3,6 +3,7 @@ here in NumPy (float64) or against an independent NumPy construction, over shape
 hypothesis. The engine is tested through graphs whose VJPs are given (add, subtract), so every
 exercise is graded by its own code only."""
 
+import sys
 import types
 import warnings
 
@@ -87,6 +88,66 @@ def test_topo_order_deep_graph_no_recursion_limit(lesson):
     assert len(order) == 20_001 and order[0] is x and order[-1] is node
 
 
+def python_call_depth(fn, *args):
+    """(fn(*args), the deepest nesting of Python calls during it): recursion shows up here."""
+    depth = [0, 0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            depth[0] += 1
+            depth[1] = max(depth[1], depth[0])
+        elif event == "return":
+            depth[0] -= 1
+
+    sys.setprofile(profile)
+    try:
+        result = fn(*args)
+    finally:
+        sys.setprofile(None)
+    return result, depth[1]
+
+
+class CountingNode:
+    """A graph node that counts how often its parents are looked at (each expansion does)."""
+
+    def __init__(self, *parents):
+        self._stored = parents
+        self.reads = 0
+
+    @property
+    def _parents(self):
+        self.reads += 1
+        return self._stored
+
+
+@pytest.mark.exercise("2.1")
+def test_topo_order_is_iterative(lesson):
+    node = CountingNode()
+    for _ in range(600):
+        node = CountingNode(node)
+    order, depth = python_call_depth(lesson.topo_order, node)
+    assert len(order) == 601 and order[-1] is node, "topo_order of a chain of 601 nodes"
+    assert depth < 40, (f"topo_order nested {depth} Python calls deep on a chain of 601 nodes: it recurses "
+                        f"(a deeper graph, or a lower recursion limit, breaks it). Use an explicit stack.")
+
+
+@pytest.mark.exercise("2.1")
+def test_topo_order_expands_each_node_once(lesson):
+    # a ladder of 14 diamonds: 2**14 paths lead from the root to the bottom node
+    bottom = node = CountingNode()
+    nodes = [node]
+    for _ in range(14):
+        left, right = CountingNode(node), CountingNode(node)
+        node = CountingNode(left, right)
+        nodes += [left, right, node]
+    order = lesson.topo_order(node)
+    assert len(order) == len(nodes) and len({id(x) for x in order}) == len(nodes), \
+        f"expected the {len(nodes)} nodes once each, got {len(order)} entries"
+    worst = max(x.reads for x in nodes)
+    assert worst <= 3, (f"a node's parents were looked up {worst} times (the bottom node: {bottom.reads}): nodes "
+                        f"reached by many paths must be expanded once (keep a set of visited ids)")
+
+
 @pytest.mark.exercise("2.1")
 def test_backward_accumulates_reused_nodes(lesson):
     rng = np.random.default_rng(0)
@@ -121,11 +182,18 @@ BINARY = {
     "div_vjp": (lambda a, b: a / b, (-2, 2), (0.5, 2)),
     "pow_vjp": (lambda a, b: a ** b, (0.5, 2), (-2, 2)),
 }
+def sigmoid64(x):
+    """The oracle: exp(-|x|) never overflows."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1, e) / (1 + e)
+
+
 UNARY = {
     "exp_vjp": (np.exp, (-2, 2)),
     "log_vjp": (np.log, (0.2, 3)),
     "tanh_vjp": (np.tanh, (-3, 3)),
     "relu_vjp": (lambda x: np.maximum(x, 0), (-2, 2)),
+    "sigmoid_vjp": (sigmoid64, (-4, 4)),
 }
 PAIRS = st.sampled_from([((3, 4), (3, 4)), ((5,), (5,)), ((2, 1, 3), (4, 1)), ((1,), (3, 2)), ((), (2, 3))])
 
@@ -180,6 +248,98 @@ def test_elementwise_vjps_keep_float32_and_edge_cases(lesson):
     close(np.broadcast_to(gb, (3,)), [0.0, 0.0, 9 * np.log(3)], "d/db a**b is 0 where a <= 0")
 
 
+def stable_derivatives():
+    """name -> (forward, derivative, inputs where the forward is finite), all in float64."""
+    big = np.array([-1000.0, -60.0, -0.5, 0.0, 0.5, 60.0, 1000.0])
+
+    def dtanh(x):
+        e = np.exp(-2 * np.abs(x))
+        return 4 * e / (1 + e) ** 2
+
+    def dsigmoid(x):
+        e = np.exp(-np.abs(x))
+        return e / (1 + e) ** 2
+
+    return {
+        "tanh_vjp": (np.tanh, dtanh, big),
+        "sigmoid_vjp": (sigmoid64, dsigmoid, big),
+        "exp_vjp": (np.exp, np.exp, np.array([-1000.0, -60.0, -0.5, 0.0, 60.0])),
+        "log_vjp": (np.log, lambda x: 1 / x, np.array([1e-30, 0.5, 1e30])),
+        "relu_vjp": (lambda x: np.maximum(x, 0), lambda x: (x > 0) * 1.0, np.array([-1e30, -0.5, 0.5, 1e30])),
+    }
+
+
+@pytest.mark.exercise("2.2")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_vjps_are_finite_where_the_forward_is(lesson, dtype):
+    """A backward that overflows where the forward does not (sigmoid's exp(-x) / (1 + exp(-x))**2
+    at x = -1000) makes a stable op useless in a network."""
+    for name, (fn, deriv, x64) in stable_derivatives().items():
+        x = x64.astype(dtype)
+        with np.errstate(over="ignore", under="ignore"):
+            out = fn(x64).astype(dtype)
+        g = np.linspace(0.5, 1.5, x.size).astype(dtype)
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            try:
+                got = getattr(lesson, name)(g, x, out)
+            except FloatingPointError as exc:
+                raise AssertionError(f"{name} at x = {x.tolist()} ({np.dtype(dtype).name}): {exc} in the backward, "
+                                     f"although the forward is finite there (reuse `out`)") from None
+        got = np.asarray(got)
+        assert got.dtype == dtype, f"{name}: {np.dtype(dtype).name} in must give {np.dtype(dtype).name} out, got {got.dtype}"
+        want = g.astype(np.float64) * deriv(x.astype(np.float64))
+        assert np.all(np.isfinite(got)), f"{name} at x = {x.tolist()}: expected finite gradients {want}, got {got}"
+        # atol: 1 - out rounds to 0 once out is within an ulp of 1 (PyTorch's backward does the same)
+        close(got, want, f"{name} at large |x| ({np.dtype(dtype).name})", rtol=1e-5 if dtype == np.float32 else 1e-9,
+              atol=2 * float(np.finfo(dtype).eps))
+
+
+@pytest.mark.exercise("2.2")
+def test_pow_vjp_edge_cases_and_dtypes(lesson):
+    """x ** 0 is the constant 1: gradient 0, also at x = 0 (PyTorch agrees); a Python number on
+    either side must not promote float32 gradients to float64."""
+    a = np.array([0.0, 0.0, 2.0], dtype=np.float32)
+    g = np.ones(3, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ga, gb = lesson.pow_vjp(g, a, 0, np.ones(3, np.float32))
+        ga2, _ = lesson.pow_vjp(g, a, np.zeros(3, np.float32), np.ones(3, np.float32))
+    for what, got in (("b = 0 (a number)", ga), ("b = zeros (an array)", ga2)):
+        assert np.all(np.isfinite(got)) and np.all(np.asarray(got) == 0), \
+            f"d(a ** b)/da with {what} must be 0 everywhere, also at a = 0; got {np.asarray(got).tolist()}"
+    x = np.array([0.5, 1.5, 3.0], dtype=np.float32)
+    ga, gb = lesson.pow_vjp(g, x, 2, x ** 2)
+    assert np.asarray(ga).dtype == np.float32, f"float32 ** 2: grad a must stay float32, got {np.asarray(ga).dtype}"
+    close(ga, 2 * x.astype(np.float64), "d(x ** 2)/dx", rtol=1e-6)
+    out = (2.0 ** x).astype(np.float32)
+    ga, gb = lesson.pow_vjp(g, 2, x, out)
+    assert np.asarray(gb).dtype == np.float32, f"2 ** float32: grad b must stay float32, got {np.asarray(gb).dtype}"
+    close(gb, out * np.log(2.0), "d(2 ** x)/dx", rtol=1e-6)
+
+
+@pytest.mark.exercise("2.2")
+def test_tensor_sigmoid_forward_and_backward(lesson):
+    """Tensor.sigmoid (lesson 01's stable forward) records sigmoid_vjp: both finite everywhere.
+    (The node's own _vjp is called, so this exercise is graded without the engine of 2.1.)"""
+    x = np.array([-1000.0, -745.0, -50.0, -1.0, 0.0, 1.0, 50.0, 1000.0])
+    t = lesson.Tensor(x, requires_grad=True)
+    g = np.linspace(0.5, 2.0, x.size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow anywhere, forward or backward
+        out = t.sigmoid()
+        (gx,) = out._vjp(g)
+    s = sigmoid64(x)
+    close(out.numpy(), s, "Tensor.sigmoid forward", rtol=1e-12, atol=0)
+    close(gx, g * s * (1 - s), "Tensor.sigmoid backward", rtol=1e-9, atol=1e-300)
+    t32 = lesson.Tensor(x.astype(np.float32), requires_grad=True)
+    (g32,) = t32.sigmoid()._vjp(np.ones(x.size, np.float32))
+    assert np.asarray(g32).dtype == np.float32 and np.all(np.isfinite(g32)), \
+        f"float32 sigmoid gradient: expected finite float32, got {g32!r}"
+    z = lesson.Tensor(np.array([0.0, 3.0]), requires_grad=True)
+    gz = (z ** 0)._vjp(np.ones(2))[0]
+    assert np.array_equal(np.asarray(gz), [0.0, 0.0]), f"d(x ** 0)/dx must be 0, also at x = 0; got {gz}"
+
+
 @pytest.mark.exercise("2.2")
 def test_tensor_ops_record_elementwise_vjps(lesson):
     rng = np.random.default_rng(2)
@@ -230,6 +390,14 @@ def test_unbroadcast_keeps_dtype_and_rejects_bad_shapes(lesson):
         with pytest.raises(ValueError) as info:
             lesson.unbroadcast(g, bad)
         assert str(bad) in str(info.value) and "(2, 3, 4)" in str(info.value), f"name both shapes: {info.value}"
+    # the wrong direction: the gradient has size 1 where the input does not (it cannot come from
+    # broadcasting that input), so there is nothing to sum; it must not be broadcast up either
+    small = np.ones((2, 1, 4), dtype=np.float32)
+    for bad in [(2, 3, 4), (5, 2, 1, 4)]:
+        with pytest.raises(ValueError) as info:
+            lesson.unbroadcast(small, bad)
+        assert str(bad) in str(info.value) and "(2, 1, 4)" in str(info.value), \
+            f"unbroadcast of a (2, 1, 4) gradient to {bad}: name both shapes: {info.value}"
 
 
 # ---------------------------------------------------------------- 2.4 reductions
@@ -262,6 +430,16 @@ def test_max_vjp_splits_ties(lesson):
     out = x.max(axis=1)
     got = lesson.max_vjp(np.array([6.0, 3.0]), x, out, (1,), False)
     close(got, [[0, 3, 3], [1, 1, 1]], "ties share the gradient evenly")
+
+
+@pytest.mark.exercise("2.4")
+def test_reduction_vjps_keep_float32(lesson):
+    x = np.array([[1.0, 3.0, 3.0], [2.0, 5.0, 4.0]], dtype=np.float32)
+    g = np.array([1.0, 2.0], dtype=np.float32)
+    for name, got in (("sum_vjp", lesson.sum_vjp(g, x.shape, (1,), False)),
+                      ("max_vjp", lesson.max_vjp(g, x, x.max(axis=1), (1,), False))):
+        assert np.asarray(got).dtype == np.float32, (f"{name}: a float32 gradient must stay float32, got "
+                                                     f"{np.asarray(got).dtype} (an int64 count promotes to float64)")
 
 
 @pytest.mark.exercise("2.4")
@@ -334,6 +512,16 @@ def test_matmul_vjp_uses_the_given_matmul(lesson):
 
 
 @pytest.mark.exercise("2.5")
+def test_matmul_vjp_keeps_float32(lesson):
+    rng = np.random.default_rng(11)
+    for sa, sb in (((2, 5, 3), (3, 4)), ((3,), (3, 4)), ((5, 3), (3,))):
+        a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+        g = rng.standard_normal(np.matmul(a, b).shape).astype(np.float32)
+        for what, got in zip(("grad a", "grad b"), lesson.matmul_vjp(g, a, b, np.matmul)):
+            assert np.asarray(got).dtype == np.float32, f"{what} of {sa} @ {sb} in float32: got {np.asarray(got).dtype}"
+
+
+@pytest.mark.exercise("2.5")
 def test_tensor_matmul_records_vjp(lesson):
     rng = np.random.default_rng(6)
     a, b = rng.standard_normal((7, 3)), rng.standard_normal((3, 5))
@@ -379,6 +567,43 @@ def test_logsumexp_is_stable(lesson):
 
 
 @pytest.mark.exercise("2.6")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logsumexp_backward_is_stable(lesson, dtype):
+    """The forward subtracts the max; the backward must not undo it (exp(x) / exp(lse) = inf / inf)."""
+    # float32: an ulp of 1000 is 6e-5, so x - lse carries a relative error of about 1e-4
+    x = np.array([[1000.0, 1001.0, 999.0], [-1000.0, -1003.0, -1001.0], [-np.inf, 0.0, 88.0]], dtype=dtype)
+    t = lesson.Tensor(x, requires_grad=True)
+    out = lesson.logsumexp(t, axis=-1)
+    g = np.array([1.0, 2.0, 0.5], dtype=dtype)
+    with np.errstate(over="raise", invalid="raise"):
+        try:
+            (gx,) = out._vjp(g)
+        except FloatingPointError as exc:
+            raise AssertionError(f"logsumexp backward at logits of size 1000: {exc} (use exp(x - out))") from None
+    gx = np.asarray(gx)
+    assert gx.dtype == dtype, f"logsumexp backward: {np.dtype(dtype).name} in must give {np.dtype(dtype).name}, got {gx.dtype}"
+    x64 = x.astype(np.float64)
+    want = g[:, None].astype(np.float64) * np.exp(x64 - np_lse(x64, -1, keepdims=True))
+    assert np.all(np.isfinite(gx)), f"logsumexp backward at large logits must be finite (softmax), got {gx}"
+    close(gx, want, "logsumexp backward at large logits", rtol=1e-4 if dtype == np.float32 else 1e-12, atol=1e-30)
+
+
+@pytest.mark.exercise("2.6")
+def test_axis_errors_are_the_course_messages(lesson):
+    t = lesson.Tensor(np.zeros((2, 3)), requires_grad=True)
+    close(lesson.logsumexp(t, axis=1).numpy(), np.full(2, np.log(3)), "logsumexp of zeros((2, 3)) over axis 1")
+    calls = {"logsumexp": lambda ax: lesson.logsumexp(t, axis=ax), "softmax": lambda ax: lesson.softmax(t, axis=ax),
+             "log_softmax": lambda ax: lesson.log_softmax(t, axis=ax)}
+    for name, call in calls.items():
+        for bad, error in ((3, ValueError), (-3, ValueError), (1.0, TypeError)):
+            with pytest.raises(error) as info:
+                call(bad)
+            assert not isinstance(info.value, np.exceptions.AxisError) and "iterable" not in str(info.value), \
+                (f"{name}(x, axis={bad!r}) leaked {type(info.value).__name__}: {info.value}; check the axis with "
+                 f"normalize_axis before handing it to the array module")
+
+
+@pytest.mark.exercise("2.6")
 def test_softmax_and_log_softmax_values(lesson):
     rng = np.random.default_rng(8)
     x = (rng.standard_normal((4, 7)) * 50).astype(np.float32)
@@ -421,6 +646,16 @@ def test_numerical_grad_against_hand_derived_gradients(lesson):
     got = lesson.numerical_grad(lambda x: (x * x).sum(), T(x))
     close(got[0], 2 * x0, "numerical_grad of a Tensor input", rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(x, x0, err_msg="numerical_grad must not modify its inputs")
+
+
+@pytest.mark.exercise("2.7")
+def test_numerical_grad_uses_eps(lesson):
+    """For x**3 the central difference is exactly 3x^2 + eps^2: the eps argument must be the step."""
+    x = np.array([0.5, -1.0, 2.0])
+    for eps in (0.1, 1e-3):
+        got = lesson.numerical_grad(lambda t: (t ** 3).sum(), x, eps=eps)[0]
+        close(got, 3 * x ** 2 + eps ** 2, f"numerical_grad of sum(x**3) with eps={eps} (3x^2 + eps^2)",
+              rtol=1e-7, atol=1e-9)
 
 
 @pytest.mark.exercise("2.7")

@@ -3,12 +3,54 @@ hand-computed numbers and a NumPy re-implementation over several steps. Every ex
 graded on its own: the tests build Parameters and modules directly (given code), and the
 training-loop test brings its own model, loss and optimiser."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from minitorch.autograd import Tensor, log_softmax
+from minitorch.tensor import use_backend
 
 pytestmark = pytest.mark.lesson03
+
+
+def load_strict_device():
+    """tests/strict_device.py, a fake accelerator whose arrays refuse host NumPy arrays (as
+    CuPy's do), loaded by path: tests/ is not a package."""
+    import importlib.util
+
+    name = "minitorch_tests_strict_device"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("strict_device.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def arrays_in(obj):
+    """Every NumPy array held by obj's attributes (inside lists, tuples and dicts too)."""
+    found, todo = [], list(vars(obj).values())
+    while todo:
+        x = todo.pop()
+        if isinstance(x, np.ndarray):
+            found.append(x)
+        elif isinstance(x, (list, tuple)):
+            todo.extend(x)
+        elif isinstance(x, dict):
+            todo.extend(x.values())
+    return found
+
+
+def check_optimizer_state(opt, params, what):
+    """The update is in place (p.data is the same array before and after) and every state array
+    has the dtype of the parameter of its shape (the test's parameters have distinct shapes)."""
+    dtypes = {tuple(p.shape): p.dtype for p in params}
+    for a in arrays_in(opt):
+        if a.shape in dtypes:
+            assert a.dtype == dtypes[a.shape], (f"{what}: optimizer state of shape {a.shape} is {a.dtype}, but its "
+                                                f"parameter is {dtypes[a.shape]} (create it with xp.zeros_like(p.data))")
 
 
 def grad_of(t):
@@ -144,6 +186,22 @@ def test_linear_init_statistics(lesson):
 
 
 @pytest.mark.exercise("3.2")
+def test_linear_lives_on_its_device(lesson):
+    strict = load_strict_device()
+    with use_backend("strict", strict.StrictBackend()):
+        lin = lesson.Linear(6, 4, rng=np.random.default_rng(5), device="strict")
+        for name in ("weight", "bias"):
+            p = getattr(lin, name)
+            assert p.device == "strict" and isinstance(p.data, strict.DeviceArray), \
+                f"Linear(..., device='strict').{name} must be created on that device, got device {p.device!r}"
+        x = np.random.default_rng(6).standard_normal((3, 6)).astype(np.float32)
+        for what, inp in (("a Tensor on the device", Tensor(x, device="strict")), ("a NumPy array", x)):
+            y = lin(inp)
+            assert y.device == "strict", f"Linear on the 'strict' device with {what} as input: output on {y.device!r}"
+            np.testing.assert_allclose(y.numpy(), x @ lin.weight.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.exercise("3.2")
 def test_linear_forward_backward(lesson):
     rng = np.random.default_rng(3)
     lin = lesson.Linear(13, 5, rng=rng)
@@ -195,9 +253,11 @@ def test_cross_entropy_matches_numpy(lesson, n, c, scale, dtype):
     loss = lesson.cross_entropy(logits, t)
     want, dz = ce_oracle(z, t)
     assert loss.size == 1, f"cross_entropy must return a scalar, got shape {tuple(loss.shape)}"
-    assert np.isclose(loss.item(), want, rtol=1e-5, atol=1e-6), f"loss: expected {want:.6f}, got {loss.item():.6f}"
+    rtol, atol = (1e-5, 1e-6) if dtype == np.float32 else (1e-12, 1e-15)  # float64 must not round through float32
+    assert loss.dtype == dtype, f"float {np.dtype(dtype).name} logits must give a {np.dtype(dtype).name} loss, got {loss.dtype}"
+    assert np.isclose(loss.item(), want, rtol=rtol, atol=atol), f"loss: expected {want:.15g}, got {loss.item():.15g}"
     loss.backward()
-    np.testing.assert_allclose(grad_of(logits), dz, rtol=1e-4, atol=1e-6,
+    np.testing.assert_allclose(grad_of(logits), dz, rtol=rtol * 10, atol=atol,
                                err_msg="d loss / d logits should be (softmax - onehot) / N")
 
 
@@ -217,6 +277,41 @@ def test_cross_entropy_huge_logits(lesson):
     g = grad_of(logits)
     assert np.all(np.isfinite(g)), "gradient contains inf/nan for large logits"
     np.testing.assert_allclose(g, dz, atol=1e-6)
+
+
+@pytest.mark.exercise("3.3")
+def test_cross_entropy_is_built_from_primitive_ops(lesson):
+    """The exercise is the log-sum-exp trick itself: the graph must hold exp, sum and log nodes,
+    not lesson 02's fused logsumexp node (which log_softmax and softmax use)."""
+    z = Tensor(np.random.default_rng(9).standard_normal((4, 3)).astype(np.float32), requires_grad=True)
+    loss = lesson.cross_entropy(z, np.array([0, 2, 1, 1]))
+    ops, seen, todo = set(), set(), [loss]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        ops.add(node._op)
+        todo.extend(node._parents)
+    assert "logsumexp" not in ops, ("cross_entropy calls lesson 02's logsumexp (or log_softmax): build the loss from "
+                                    "the primitive ops (max, subtract, exp, sum, log) as the exercise asks")
+    assert {"exp", "sum", "log"} <= ops, f"expected exp, sum and log in the loss's graph, found the ops {sorted(ops)}"
+
+
+@pytest.mark.exercise("3.3")
+def test_cross_entropy_on_another_device(lesson):
+    strict = load_strict_device()
+    rng = np.random.default_rng(8)
+    z = (3 * rng.standard_normal((6, 5))).astype(np.float32)
+    t = rng.integers(0, 5, 6)
+    with use_backend("strict", strict.StrictBackend()):
+        logits = Tensor(z, requires_grad=True, device="strict")
+        loss = lesson.cross_entropy(logits, t)
+        loss.backward()
+        value, grad = loss.item(), grad_of(logits)
+    want, dz = ce_oracle(z, t)
+    assert np.isclose(value, want, rtol=1e-5), f"cross_entropy on the 'strict' device: expected {want}, got {value}"
+    np.testing.assert_allclose(grad, dz, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.exercise("3.3")
@@ -285,6 +380,58 @@ def test_sgd_matches_numpy_over_steps(lesson, momentum, wd):
     assert all(p.dtype == np.float32 for p in params), "the update must keep the parameters float32"
 
 
+def run_optimizer(lesson, make, device="cpu", steps=4):
+    """Params of float32 and float64 (distinct shapes), `steps` steps of seeded gradients.
+    Returns (params, optimizer, float64 NumPy copies of the initial values, the gradients)."""
+    rng = np.random.default_rng(13)
+    init = [rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((5,)) * 0.1]
+    params = [lesson.Parameter(a, device=device) for a in init]
+    opt = make(params)
+    before = [p.data for p in params]
+    grads = [[rng.standard_normal(a.shape).astype(a.dtype) for a in init] for _ in range(steps)]
+    for step in grads:
+        for p, g in zip(params, step):
+            p.zero_grad()
+            (p * Tensor(g, device=device)).sum().backward()
+        opt.step()
+        for p, b in zip(params, before):
+            assert p.data is b, ("the update must write into p.data in place (p.data[...] -= ...), not rebind "
+                                 "p.data to a new array: other references to the array (a view, a backend, a "
+                                 "checkpoint) would keep the old values")
+    return params, opt, [a.astype(np.float64) for a in init], grads
+
+
+@pytest.mark.exercise("3.4")
+def test_sgd_in_place_dtypes_and_device(lesson):
+    make = lambda ps: lesson.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)  # noqa: E731
+    params, opt, ref, grads = run_optimizer(lesson, make)
+    check_optimizer_state(opt, params, "SGD")
+    vel = [np.zeros_like(r) for r in ref]
+    for step in grads:
+        for i, g in enumerate(step):
+            vel[i] = 0.9 * vel[i] + g + 0.01 * ref[i]
+            ref[i] = ref[i] - 0.1 * vel[i]
+    assert [p.dtype for p in params] == [np.float32, np.float64], "SGD must keep each parameter's dtype"
+    np.testing.assert_allclose(params[1].numpy(), ref[1], rtol=1e-13, atol=1e-15,
+                               err_msg="SGD on a float64 parameter must compute in float64 (not via float32)")
+    strict = load_strict_device()
+    with use_backend("strict", strict.StrictBackend()):
+        dev_params, _, _, _ = run_optimizer(lesson, make, device="strict")
+        for p, q in zip(dev_params, params):
+            np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-6,
+                                       err_msg="SGD on the 'strict' device must give the CPU result")
+
+
+@pytest.mark.exercise("3.4")
+def test_sgd_momentum_zero_weight_decay_used(lesson):
+    p = lesson.Parameter(np.array([1.0, -2.0]))
+    opt = lesson.SGD([p], lr=0.5, weight_decay=0.2)
+    set_grad(lesson, p, [0.0, 0.0])
+    opt.step()
+    np.testing.assert_allclose(p.numpy(), [1.0 - 0.5 * 0.2, -2.0 + 0.5 * 0.4], rtol=1e-15,
+                               err_msg="with a zero gradient, weight decay alone must shrink p by lr * wd * p")
+
+
 # ---------------------------------------------------------------- 3.5 Adam
 
 
@@ -303,6 +450,30 @@ def test_adam_hand_computed(lesson):
                                    err_msg=f"Adam with bias correction: after {t} steps of a constant gradient "
                                            f"each coordinate moves lr * t = {0.01 * t:.2f}")
     assert opt.t == 3, f"Adam.t should count step() calls: expected 3, got {opt.t}"
+
+
+@pytest.mark.exercise("3.5")
+def test_adam_in_place_dtypes_and_device(lesson):
+    make = lambda ps: lesson.Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6)  # noqa: E731
+    params, opt, ref, grads = run_optimizer(lesson, make)
+    check_optimizer_state(opt, params, "Adam")
+    m = [np.zeros_like(r) for r in ref]
+    v = [np.zeros_like(r) for r in ref]
+    for t, step in enumerate(grads, 1):
+        for i, g in enumerate(step):
+            g = g.astype(np.float64)
+            m[i] = 0.8 * m[i] + 0.2 * g
+            v[i] = 0.99 * v[i] + 0.01 * g * g
+            ref[i] = ref[i] - 0.05 * (m[i] / (1 - 0.8 ** t)) / (np.sqrt(v[i] / (1 - 0.99 ** t)) + 1e-6)
+    assert [p.dtype for p in params] == [np.float32, np.float64], "Adam must keep each parameter's dtype"
+    np.testing.assert_allclose(params[1].numpy(), ref[1], rtol=1e-12, atol=1e-14,
+                               err_msg="Adam on a float64 parameter must compute in float64 (not via float32)")
+    strict = load_strict_device()
+    with use_backend("strict", strict.StrictBackend()):
+        dev_params, _, _, _ = run_optimizer(lesson, make, device="strict")
+        for p, q in zip(dev_params, params):
+            np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-6,
+                                       err_msg="Adam on the 'strict' device must give the CPU result")
 
 
 @pytest.mark.exercise("3.5")
@@ -345,9 +516,10 @@ def toy_module(lesson, seed):
             self.w = lesson.Parameter(rng.standard_normal((3, 5)).astype(np.float32))
             self.b = lesson.Parameter(rng.standard_normal(5).astype(np.float32))
             self.e = lesson.Parameter(rng.standard_normal((2, 2, 2)).astype(np.float32))
+            self.s = lesson.Parameter(rng.standard_normal(3) / 3)  # float64: 1/3 has no float32 value
 
         def named_parameters(self, prefix=""):
-            return [("layer.weight", self.w), ("layer.bias", self.b), ("embed", self.e)]
+            return [("layer.weight", self.w), ("layer.bias", self.b), ("embed", self.e), ("scale", self.s)]
 
     return Toy()
 
@@ -356,7 +528,7 @@ def toy_module(lesson, seed):
 def test_state_dict_round_trip(lesson):
     src, dst = toy_module(lesson, 0), toy_module(lesson, 1)
     sd = src.state_dict()
-    assert list(sd) == ["layer.weight", "layer.bias", "embed"], f"keys in named_parameters order, got {list(sd)}"
+    assert list(sd) == ["layer.weight", "layer.bias", "embed", "scale"], f"keys in named_parameters order, got {list(sd)}"
     for k, p in src.named_parameters():
         assert isinstance(sd[k], np.ndarray), f"state_dict[{k!r}] should be a NumPy array, got {type(sd[k]).__name__}"
         assert np.array_equal(sd[k], p.numpy())
@@ -371,6 +543,9 @@ def test_state_dict_round_trip(lesson):
     assert np.array_equal(before, saved["layer.weight"]), "load_state_dict must copy into the existing arrays (in place)"
     sd["layer.bias"][...] = 99.0
     assert not np.any(dst.b.numpy() == 99.0), "load_state_dict must copy: the model aliases the dict's arrays"
+    assert sd["scale"].dtype == np.float64, f"state_dict must keep a float64 parameter float64, got {sd['scale'].dtype}"
+    assert dst.s.dtype == np.float64 and np.array_equal(dst.s.numpy(), saved["scale"]), \
+        "a float64 parameter must round-trip exactly (not through float32)"
     dst.load_state_dict({k: v.astype(np.float64) for k, v in saved.items()})
     assert dst.w.dtype == np.float32, "loading float64 arrays must keep the parameters float32"
 
@@ -449,7 +624,7 @@ def make_loss(record):
         n, c = logits.shape
         onehot = np.zeros((n, c), np.float32)
         onehot[np.arange(n), y] = 1
-        loss = -(log_softmax(logits, axis=-1) * Tensor(onehot)).sum() * (1.0 / n)
+        loss = -(log_softmax(logits, axis=-1) * Tensor(onehot, device=logits.device)).sum() * (1.0 / n)
         record.append((n, loss.item(), int((logits.numpy().argmax(1) == y).sum())))
         return loss
     return loss_fn
@@ -500,6 +675,36 @@ def test_fit_batches_shuffling_and_history(lesson):
     assert np.array_equal(ids2, orders[0]), "the same rng seed must give the same batch order"
     with pytest.raises(ValueError, match=r"103.*100|100.*103"):
         lesson.fit(model2, X, y[:100], opt, epochs=1, batch_size=bs, progress=False, loss_fn=make_loss([]))
+
+
+class DeviceSGD:
+    """Plain SGD that keeps everything on the parameters' device."""
+
+    def __init__(self, params, lr):
+        self.params, self.lr = params, lr
+
+    def zero_grad(self):
+        for p in self.params:
+            p.zero_grad()
+
+    def step(self):
+        for p in self.params:
+            if p.grad is not None:
+                p.data[...] -= self.lr * p.grad.data
+
+
+@pytest.mark.exercise("3.7")
+def test_fit_puts_batches_on_the_model_device(lesson):
+    strict = load_strict_device()
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((40, 3)).astype(np.float32), rng.integers(0, 3, 40)
+    with use_backend("strict", strict.StrictBackend()):
+        model = TinyMLP(3, 8, 3, seed=2)
+        for name in ("W1", "b1", "W2", "b2"):
+            setattr(model, name, Tensor(getattr(model, name).numpy(), requires_grad=True, device="strict"))
+        hist = lesson.fit(model, X, y, DeviceSGD(model.parameters(), lr=0.05), epochs=2, batch_size=16,
+                          rng=np.random.default_rng(0), progress=False, loss_fn=make_loss([]))
+    assert len(hist["loss"]) == 2 and all(np.isfinite(hist["loss"])), f"fit on the 'strict' device: history {hist}"
 
 
 @pytest.mark.exercise("3.7")

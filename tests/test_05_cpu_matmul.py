@@ -55,6 +55,106 @@ def check_errors(fn):
         fn(a, b.astype(np.int64))
 
 
+# ---------------------------------------------------------------- access traces
+# The point of 5.2, 5.3 and 5.6 is the order in which the loops touch memory. Numba compiles
+# the same Python function the student wrote, and `kernel.py_func` is that function
+# uncompiled: run it on arrays that log every element they hand out or receive, and the log
+# is the kernel's access order.
+
+
+class Traced:
+    """A 2-D array, or a view into one, that logs each element access as (name, "r"|"w", (row, col))."""
+
+    def __init__(self, base, name, log, ids=None):
+        self.base, self.name, self.log = base, name, log
+        self.ids = np.arange(base.size).reshape(base.shape) if ids is None else ids
+
+    shape = property(lambda self: self.ids.shape)
+    ndim = property(lambda self: self.ids.ndim)
+    dtype = property(lambda self: self.base.dtype)
+
+    def __len__(self):
+        return self.ids.shape[0]
+
+    def _where(self, i):
+        return divmod(int(i), self.base.shape[1])
+
+    def read_all(self):
+        for i in self.ids.ravel():
+            self.log.append((self.name, "r", self._where(i)))
+        return self.base.flat[self.ids]
+
+    def __array__(self, dtype=None, copy=None):  # NumPy arithmetic on a view reads all of it
+        return self.read_all() if dtype is None else self.read_all().astype(dtype)
+
+    def __getitem__(self, key):
+        sub = self.ids[key]
+        if np.ndim(sub) == 0:
+            self.log.append((self.name, "r", self._where(sub)))
+            return self.base.flat[int(sub)]
+        return Traced(self.base, self.name, self.log, sub)
+
+    def __setitem__(self, key, value):
+        sub = self.ids[key]
+        if isinstance(value, Traced) and value.base is self.base and np.array_equal(value.ids, sub):
+            return  # c[i, :] += x: the in-place add on the view already wrote it
+        value = value.read_all() if isinstance(value, Traced) else value
+        for i in np.ravel(sub):
+            self.log.append((self.name, "w", self._where(i)))
+        self.base.flat[sub] = value
+
+    def _inplace(self, op, other):
+        self[...] = op(self.read_all(), other.read_all() if isinstance(other, Traced) else other)
+        return self
+
+    def __iadd__(self, other):
+        return self._inplace(np.add, other)
+
+    def __isub__(self, other):
+        return self._inplace(np.subtract, other)
+
+
+def trace(kernel, m, k, n, *extra, c_init=None):
+    """Run kernel's uncompiled Python (kernel.py_func) on traced float64 operands a (m, k),
+    b (k, n), c (m, n). Returns (log, a, b, c values after the call)."""
+    rng = np.random.default_rng(m * 100 + n)
+    a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    c = np.zeros((m, n)) if c_init is None else c_init.copy()
+    log = []
+    fn = getattr(kernel, "py_func", kernel)
+    fn(Traced(a, "a", log), Traced(b, "b", log), Traced(c, "c", log), *extra)
+    return log, a, b, c
+
+
+def updates(log):
+    """The multiply-adds of an accumulating kernel, in order: each write of c[i, j] paired with
+    the row p of the last read of b[:, j], as (i, p, j)."""
+    last_b_row, out = {}, []
+    for name, kind, (r, col) in log:
+        if name == "b" and kind == "r":
+            last_b_row[col] = r
+        elif name == "c" and kind == "w":
+            out.append((r, last_b_row.get(col), col))
+    return out
+
+
+def describe(seq, limit=6):
+    return ", ".join(str(t) for t in seq[:limit]) + (", ..." if len(seq) > limit else "")
+
+
+def check_ikj_order(got, m, k, n, what):
+    everything = sorted((i, p, j) for i in range(m) for p in range(k) for j in range(n))
+    assert sorted(got) == everything, (
+        f"{what}: expected one update c[i, j] += a[i, p] * b[p, j] for each of the {len(everything)} triples "
+        f"(i, p, j) of a ({m}, {k}) @ ({k}, {n}) product, found {len(got)} updates of c (does the kernel "
+        f"accumulate in a local variable instead of updating c in the inner loop?)")
+    if got != everything:
+        bad = next(x for x, (g, e) in enumerate(zip(got, everything)) if g != e)
+        raise AssertionError(f"{what}: the loops must run i, then p, then j innermost (i-k-j); update number {bad} "
+                             f"was (i, p, j) = {got[bad]}, expected {everything[bad]}. First updates: "
+                             f"{describe(got)}")
+
+
 # ---------------------------------------------------------------- 5.1 pure Python
 
 
@@ -74,6 +174,40 @@ def test_python_noncontiguous_mixed_and_errors(lesson):
     b = b.astype(np.float64)
     assert_matmul(lesson.matmul_python(a, b), a, b, "matmul_python (float32 @ float64 -> float64)")
     check_errors(lesson.matmul_python)
+
+
+class CountingRow(list):
+    """A row of a nested list that counts the elements read out of it."""
+
+    reads = 0
+
+    def __getitem__(self, i):
+        CountingRow.reads += 1
+        return super().__getitem__(i)
+
+    def __iter__(self):
+        for x in super().__iter__():
+            CountingRow.reads += 1
+            yield x
+
+
+class CountingArray(np.ndarray):
+    """An array whose tolist() gives rows that count their element reads."""
+
+    def tolist(self):
+        return [CountingRow(row) for row in np.asarray(self).tolist()]
+
+
+@pytest.mark.exercise("5.1")
+def test_python_loops_read_every_operand_pair(lesson):
+    m, k, n = 5, 7, 6
+    a, b = operands(m, k, n, np.float64)
+    CountingRow.reads = 0
+    c = lesson.matmul_python(a.view(CountingArray), b.view(CountingArray))
+    assert_matmul(np.asarray(c), a, b, "matmul_python")
+    assert CountingRow.reads >= 2 * m * n * k, (
+        f"matmul_python read {CountingRow.reads} elements of the lists A and B; the three loops read a[i][p] and "
+        f"b[p][j] for each of the {m * n * k} multiply-adds. Write the loops in Python (no NumPy product)")
 
 
 # ---------------------------------------------------------------- 5.2 / 5.3 Numba loop orders
@@ -103,6 +237,42 @@ def test_ijk_noncontiguous_mixed_and_errors(lesson):
     a = a.astype(np.float32)
     assert_matmul(lesson.matmul_ijk(a, b), a, b, "matmul_ijk (float32 @ float64 -> float64)")
     check_errors(lesson.matmul_ijk)
+
+
+@pytest.mark.exercise("5.2")
+def test_ijk_loop_order(lesson):
+    m, k, n = 4, 6, 5
+    log, a, b, c = trace(lesson.ijk_kernel, m, k, n, c_init=np.full((m, n), 7.0))
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12, err_msg="ijk_kernel's uncompiled code (py_func)")
+    pairs, last_a, pending_b = [], None, None
+    for name, kind, (r, col) in log:  # pair each read of a[i, p] with the read of b[p, j] next to it
+        if kind != "r" or name not in "ab":
+            continue
+        if name == "a":
+            if pending_b and pending_b[0] == col:
+                pairs.append((r, col, pending_b[1]))
+                pending_b = None
+            else:
+                last_a = (r, col)
+        elif last_a and last_a[1] == r:
+            pairs.append((last_a[0], r, col))
+            last_a = None
+        else:
+            pending_b = (r, col)
+    expected = [(i, p, j) for i in range(m) for j in range(n) for p in range(k)]
+    assert pairs == expected, (f"ijk_kernel must run i, then j, then p innermost (a dot product per c[i, j]); "
+                               f"its multiply-adds went (i, p, j) = {describe(pairs)}")
+    writes = [rc for name, kind, rc in log if name == "c" and kind == "w"]
+    assert writes == [(i, j) for i in range(m) for j in range(n)], \
+        f"ijk_kernel must write each c[i, j] once, after its dot product; its writes: {describe(writes)}"
+
+
+@pytest.mark.exercise("5.3")
+def test_ikj_loop_order(lesson):
+    m, k, n = 5, 4, 7
+    log, a, b, c = trace(lesson.ikj_kernel, m, k, n)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12, err_msg="ikj_kernel's uncompiled code (py_func)")
+    check_ikj_order(updates(log), m, k, n, "ikj_kernel")
 
 
 @pytest.mark.exercise("5.3")
@@ -214,6 +384,15 @@ def test_choose_tile(lesson, args, kwargs, expected):
 
 
 @pytest.mark.exercise("5.5")
+def test_choose_tile_is_exact_for_huge_caches(lesson):
+    # isqrt(q) = 2**27 exactly, but the float sqrt of q = (2**27 + 1)**2 - 1 rounds up to 2**27 + 1
+    q = (2**27 + 1) ** 2 - 1
+    got = lesson.choose_tile(q * 24, 8, multiple=1)
+    assert got == 2**27, (f"choose_tile({q * 24}, 8, multiple=1) should be {2**27}, got {got!r}: "
+                          f"a float square root rounds up here; use math.isqrt")
+
+
+@pytest.mark.exercise("5.5")
 def test_choose_tile_rejects(lesson):
     assert lesson.choose_tile(24 * 64 * 64, 8) == 64
     for bad in [(0, 8), (-32768, 8), (32768, 0), (32768, -4)]:
@@ -238,6 +417,45 @@ def test_choose_tile_rejects(lesson):
 def test_tiled_matches_numpy(lesson, shape, tile, dtype):
     a, b = operands(*shape, dtype)
     assert_matmul(lesson.matmul_tiled(a, b, tile=tile), a, b, f"matmul_tiled(tile={tile})")
+
+
+@pytest.mark.exercise("5.6")
+@pytest.mark.parametrize("shape, tile", [((11, 13, 19), 4), ((9, 10, 7), 3)])
+def test_tiled_kernel_blocks_by_tile(lesson, shape, tile):
+    """Every (i, p, j) update belongs to one tile (i // T, p // T, j // T); a tiled kernel does
+    all the updates of a tile together, in i-k-j order, before it moves to the next tile."""
+    m, k, n = shape
+    log, a, b, c = trace(lesson.tiled_kernel, m, k, n, tile)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-12, atol=1e-12, err_msg="tiled_kernel's uncompiled code (py_func)")
+    got = updates(log)
+    everything = sorted((i, p, j) for i in range(m) for p in range(k) for j in range(n))
+    assert sorted(got) == everything, (
+        f"tiled_kernel: expected one update c[i, j] += a[i, p] * b[p, j] per triple (i, p, j), "
+        f"{len(everything)} in all, found {len(got)}")
+    runs = []  # [tile, its updates] for each maximal run of updates in one tile
+    for t in got:
+        key = (t[0] // tile, t[1] // tile, t[2] // tile)
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(t)
+        else:
+            runs.append([key, [t]])
+    tiles = {key for key, _ in runs}
+    if len(runs) != len(tiles):
+        seen, again = set(), None
+        for key, _ in runs:
+            if key in seen:
+                again = key
+                break
+            seen.add(key)
+        raise AssertionError(
+            f"tiled_kernel(tile={tile}) on a ({m}, {k}) @ ({k}, {n}) product must finish each {tile} x {tile} x {tile} "
+            f"block before starting another, but it came back to block (i0, p0, j0) = "
+            f"{tuple(x * tile for x in again)} after leaving it: {len(runs)} runs for {len(tiles)} blocks. Does it "
+            f"use the `tile` argument for all three tile loops?")
+    for key, ups in runs:
+        if ups != sorted(ups):
+            raise AssertionError(f"tiled_kernel: inside the block at (i0, p0, j0) = {tuple(x * tile for x in key)} the "
+                                 f"loops must run i, p, j (j innermost); its updates went {describe(ups)}")
 
 
 @pytest.mark.exercise("5.6")

@@ -332,6 +332,37 @@ def test_gemm_parallel_calls_every_block_once_per_k_piece(lesson):
 
 
 @pytest.mark.exercise("6.4")
+def test_gemm_parallel_loop_nest_is_blocked(lesson):
+    """The uncompiled loop nest (py_func; prange runs as range) with a kernel that records its
+    calls: within each row panel (MC rows), the calls for one (NC columns, KC of k) block come
+    together, and every MR x NR block of C is visited once per block."""
+    MC, KC, NC = lesson.MC, lesson.KC, lesson.NC
+    m, k, n = 2 * MC + 2 * MR, KC + 5, NC + 2 * NR
+    calls = []
+    fn = getattr(lesson.gemm_parallel, "py_func", lesson.gemm_parallel)
+    fn(np.zeros((m, k)), np.zeros((n, k)), np.zeros((m, n)), lambda a, bt, c, i0, j0, p0, p1: calls.append((i0, j0, p0, p1)))
+    expected = {(i0, j0, p0, min(p0 + KC, k)) for i0 in range(0, m, MR) for j0 in range(0, n, NR) for p0 in range(0, k, KC)}
+    assert len(calls) == len(expected) and set(calls) == expected, \
+        f"expected the {len(expected)} calls (i0, j0, p0, p1) of the loop nest, got {len(calls)}"
+    runs = []  # consecutive calls of one (row panel, column block, k block)
+    for i0, j0, p0, _ in calls:
+        key = (i0 // MC, j0 // NC, p0 // KC)
+        if not runs or runs[-1] != key:
+            runs.append(key)
+    panels = [r[0] for r in runs]
+    assert panels == sorted(panels), (f"gemm_parallel must finish one row panel of MC = {MC} rows (a prange "
+                                      f"iteration) before the next; panel order: {describe(panels)}")
+    assert len(runs) == len(set(runs)), (
+        f"within a row panel, all the calls for one NC x KC block of bt (columns j0 // NC, k-range p0 // KC) must "
+        f"come together, so that the block stays in L2 while the panel's MR-row slivers use it; the calls went "
+        f"through the blocks (panel, column block, k block) {describe(runs, 8)}")
+
+
+def describe(seq, limit=6):
+    return ", ".join(str(t) for t in seq[:limit]) + (", ..." if len(seq) > limit else "")
+
+
+@pytest.mark.exercise("6.4")
 def test_gemm_parallel_is_a_parfor_run_by_several_threads(lesson):
     fn = lesson.gemm_parallel
     assert fn.targetoptions.get("parallel"), "gemm_parallel must be compiled with @njit(parallel=True)"
@@ -349,20 +380,27 @@ def test_gemm_parallel_is_a_parfor_run_by_several_threads(lesson):
     ids = np.unique(c[3::MR])
     assert len(ids) >= 2, (f"with 2 threads and {m // lesson.MC} row panels, every block was computed by thread "
                            f"{int(ids[0]) - 1}: the loop nest runs serially. Is the outer loop a prange?")
+    for panel in range(m // lesson.MC):
+        owners = np.unique(c[panel * lesson.MC + 3:(panel + 1) * lesson.MC:MR])
+        assert len(owners) == 1, (f"row panel {panel} was computed by threads {[int(t) - 1 for t in owners]}: the "
+                                  f"prange must be the row-panel loop, so that one thread does a whole panel (one "
+                                  f"fork and join per call, each thread's bt block in its own L2)")
 
 
 # ---------------------------------------------------------------- 6.5 the Numba backend
 
 
 class Spy:
-    """A 2-D matmul that checks its arguments, counts calls and uses NumPy."""
+    """A 2-D matmul that checks its arguments, counts calls, records dtypes and uses NumPy."""
 
     def __init__(self):
         self.calls = 0
+        self.dtypes = []
 
     def __call__(self, x, y):
         assert x.ndim == 2 and y.ndim == 2, f"matmul_2d must get 2-D arrays, got {x.shape} and {y.shape}"
         self.calls += 1
+        self.dtypes.append((x.dtype, y.dtype))
         return np.matmul(x.astype(np.float64), y.astype(np.float64)).astype(np.result_type(x, y))
 
 
@@ -404,6 +442,19 @@ def test_backend_matmul_dtypes_and_errors(lesson):
     ia, ib = np.arange(6).reshape(2, 3), np.arange(12).reshape(3, 4)
     np.testing.assert_array_equal(be.matmul(ia, ib), ia @ ib)
     assert spy.calls == 1, "integer operands should go to np.matmul, not to the float kernel"
+    fa = rng.standard_normal((2, 3)).astype(np.float32)
+    for x, y, what in ((fa, ib, "float32 @ int64"), (ia, b[:3], "int64 @ float64")):
+        got = be.matmul(x, y)
+        np.testing.assert_allclose(got, np.matmul(x, y), rtol=1e-12, err_msg=what)
+        assert got.dtype == np.matmul(x, y).dtype, f"{what}: expected dtype {np.matmul(x, y).dtype}, got {got.dtype}"
+        assert spy.calls == 1, (f"{what}: one operand is not a float: the product goes to np.matmul (check both "
+                                f"operands' dtypes, not only the first)")
+    spy.dtypes.clear()
+    a64, b64 = rng.standard_normal((4, 5)), rng.standard_normal((5, 3))
+    got = be.matmul(a64, b64)
+    np.testing.assert_allclose(got, a64 @ b64, rtol=1e-13, atol=1e-13,
+                               err_msg="float64 @ float64 must be computed in float64, not rounded through float32")
+    assert spy.dtypes == [(np.float64, np.float64)], f"float64 operands must reach matmul_2d as float64, got {spy.dtypes}"
     with pytest.raises(ValueError, match=r"\(5, 7\).*\(6, 3\)"):
         be.matmul(np.ones((5, 7)), np.ones((6, 3)))
     with pytest.raises(ValueError, match=r"\(2, 5, 7\).*\(3, 7, 4\)"):
