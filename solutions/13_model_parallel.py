@@ -936,7 +936,6 @@ class TensorParallelMLP(Module):
         return reduce_from_tp(self.comm, h @ self.proj_weight, self.allreduce) + self.proj_bias
         ### END SOLUTION
 
-
 # %% [markdown]
 # The same MLP (width 64, hidden 256, tanh, float64, a batch of 24) on 1 process and on 4
 # simulated ranks, with an all-reduce that counts its calls: one in the forward, one in the
@@ -1070,8 +1069,6 @@ def tensor_parallel_gpt(comm: Communicator, model: Any, allreduce: Callable = ri
     """Replace model.blocks by TensorParallelBlocks for comm's ranks (in place); returns model."""
     model.blocks = [TensorParallelBlock(comm, block, allreduce) for block in model.blocks]
     return model
-
-
 
 # %% tags=["check"]
 check("13.5")
