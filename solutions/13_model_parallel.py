@@ -1074,7 +1074,6 @@ def tensor_parallel_gpt(comm: Communicator, model: Any, allreduce: Callable = ri
 check("13.5")
 
 # %% tags=["demo"]
-
 def tp_gpt_job(comm):
     model = float64_model(load_tiny_gpt()[0])
     n_all = sum(prm.size for b in model.blocks for prm in b.parameters())
