@@ -13,6 +13,8 @@ import functools
 import math
 import os
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -689,70 +691,27 @@ MPI_CASES = {"test_mpi_naive_allreduce": case_collectives, "test_mpi_ring": case
              "test_mpi_data_parallel": case_dp, "test_mpi_overlap": case_overlap, "test_mpi_zero": case_zero}
 
 
-def with_bytes(comm, job, args):
-    before = comm.stats["bytes_sent"]
-    out = job(comm, *args)
-    return out, comm.stats["bytes_sent"] - before
+def load_mpi_cases():
+    """tests/mpi_cases.py (the simulator-vs-MPI runner shared with lesson 13's tests), loaded by
+    path: tests/ is not a package."""
+    import importlib.util
 
-
-def batch_job(comm, cases):
-    """Every case on 4 ranks, then on ranks 0 and 1 as a group of 2 (one launch for both sizes)."""
-    out = {4: {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}}
-    if comm.rank < 2:
-        pair = comm.group([0, 1])
-        out[2] = {name: with_bytes(pair, job, args) for name, (job, args) in cases.items()}
-    return out
+    name = "minitorch_tests_mpi_cases"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("mpi_cases.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def mpi_runs(lesson, request):
-    wanted = [name for name in MPI_CASES if any(item.originalname == name for item in request.session.items)]
-    sim_out, ready = {}, {}
-    for name in wanted:
-        job, args = MPI_CASES[name](lesson)
-        try:
-            sim_out[name] = {n: sim(lesson, with_bytes, n, job, args).results for n in (2, 4)}
-            ready[name] = (job, args)
-        except Exception as exc:  # noqa: BLE001 - reported by the case's own test
-            sim_out[name] = exc
-    mpi_out = None
-    if ready:
-        try:
-            mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=240).results
-        except Exception as exc:  # noqa: BLE001
-            mpi_out = exc
-    return sim_out, mpi_out
-
-
-def assert_same(a, b, where):
-    if isinstance(a, np.ndarray):
-        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), \
-            f"{where}: MPI gave {b!r}, the simulator {a!r}"
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: MPI gave {b!r}, the simulator {a!r}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: MPI gave {b!r}, the simulator {a!r}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}[{k!r}]")
-    else:
-        assert a == b, f"{where}: MPI gave {b!r}, the simulator {a!r}"
+    return load_mpi_cases().run_cases(lesson, request, MPI_CASES, sim, timeout=240)
 
 
 def check_mpi_case(lesson, mpi_runs, name):
-    sim_out, mpi_out = mpi_runs
-    if isinstance(sim_out[name], Exception):
-        raise sim_out[name]
-    ok, why = lesson.mpi_status()
-    if not ok:
-        pytest.skip(f"MPI cannot start here: {why}")
-    if isinstance(mpi_out, Exception):
-        raise mpi_out
-    for n in (2, 4):
-        for r in range(n):
-            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
-            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)
+    load_mpi_cases().check_case(lesson, mpi_runs, name)
 
 
 @pytest.mark.exercise("12.1")

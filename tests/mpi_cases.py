@@ -1,0 +1,95 @@
+"""Run a test file's key cases on real MPI and compare them with the simulator (lessons 12 and
+13; not a test file itself).
+
+A test file names its cases in a dict `{test name: case(lesson) -> (job, args)}`; `job(comm,
+*args)` runs on every rank. `run_cases` runs the cases the session selected on the simulator with
+2 and 4 ranks, then sends those that passed there to one `mpiexec -n 4` launch, which runs each on
+the 4 ranks and again on ranks 0 and 1 as a group of 2 (`comm.group`). A case that fails on the
+simulator is not sent to MPI (it would hang); its own test reports the failure. `check_case`
+asserts that MPI gave, rank by rank, exactly what the simulator gave, bytes sent included.
+
+Test files load it by path (tests/ is not a package, and the notebook check cell imports test
+files in importlib mode). Its functions travel to the MPI ranks by value: `minitorch.comm` ships
+every module of the repository outside minitorch/ and course/ that way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+
+def with_bytes(comm: Any, job: Callable, args: tuple) -> tuple[Any, int]:
+    """job(comm, *args) and the bytes this rank sent while it ran."""
+    before = comm.stats["bytes_sent"]
+    out = job(comm, *args)
+    return out, comm.stats["bytes_sent"] - before
+
+
+def batch_job(comm: Any, cases: dict[str, tuple[Callable, tuple]]) -> dict[int, dict[str, Any]]:
+    """Every case on 4 ranks, then on ranks 0 and 1 as a group of 2 (one launch for both sizes)."""
+    out = {4: {name: with_bytes(comm, job, args) for name, (job, args) in cases.items()}}
+    if comm.rank < 2:
+        pair = comm.group([0, 1])
+        out[2] = {name: with_bytes(pair, job, args) for name, (job, args) in cases.items()}
+    return out
+
+
+def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callable,
+              timeout: float) -> tuple[dict[str, Any], Any]:
+    """(simulator results {name: {n: per-rank results} or the exception}, MPI results or the
+    exception, or None when MPI cannot start or no case is ready). sim(lesson, fn, n, *args) runs
+    fn on the simulator with n ranks."""
+    wanted = [name for name in cases if any(item.originalname == name for item in request.session.items)]
+    sim_out, ready = {}, {}
+    for name in wanted:
+        job, args = cases[name](lesson)
+        try:
+            sim_out[name] = {n: sim(lesson, with_bytes, n, job, args).results for n in (2, 4)}
+            ready[name] = (job, args)
+        except Exception as exc:  # noqa: BLE001 - reported by the case's own test
+            sim_out[name] = exc
+    mpi_out = None
+    if ready and lesson.mpi_status()[0]:
+        try:
+            mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=timeout).results
+        except Exception as exc:  # noqa: BLE001 - reported by every case's test
+            mpi_out = exc
+    return sim_out, mpi_out
+
+
+def assert_same(a: Any, b: Any, where: str) -> None:
+    """a (simulator) and b (MPI) equal bit for bit: arrays of one dtype and shape, nested lists,
+    tuples and dicts of them, or values that compare equal."""
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), \
+            f"{where}: MPI gave {b!r}, the simulator {a!r}"
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: MPI gave {b!r}, the simulator {a!r}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert a == b, f"{where}: MPI gave {b!r}, the simulator {a!r}"
+
+
+def check_case(lesson: Any, runs: tuple[dict[str, Any], Any], name: str) -> None:
+    """The test of one case: its simulator failure re-raised, a skip naming why MPI cannot start,
+    or MPI's results equal to the simulator's on every rank of both sizes."""
+    sim_out, mpi_out = runs
+    if isinstance(sim_out[name], Exception):
+        raise sim_out[name]
+    ok, why = lesson.mpi_status()
+    if not ok:
+        pytest.skip(f"MPI cannot start here: {why}")
+    if isinstance(mpi_out, Exception):
+        raise mpi_out
+    for n in (2, 4):
+        for r in range(n):
+            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
+            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)
