@@ -491,6 +491,34 @@ def test_buckets_overlap_the_backward_pass(lesson, n):
         f"{n} ranks: with buckets the two steps took {res.time:.4g} s, with one bucket (no overlap) {one.time:.4g} s"
 
 
+def step_end_job(comm, step_fn, B, cap):
+    """Two overlapped steps; the rank's main clock after each, and the parameters."""
+    model = make_model("mlp")
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ends = []
+    for X, y in batches(2, B):
+        step_fn(comm, model, opt, X, y, oracle_allreduce, cap)
+        ends.append(comm.time)
+    return ends
+
+
+@pytest.mark.exercise("12.5")
+def test_step_waits_for_every_bucket(lesson):
+    """The optimizer may use a bucket's gradients only once its all-reduce has finished: every
+    communication launched during a step ends (on the simulated clock) before the step returns."""
+    clock = dict(alpha=1e-7, beta=1e-8, flop_rate=1e8)
+    res = sim(lesson, step_end_job, 2, lesson.dp_train_step_overlap, 40, 200, **clock)
+    for r, ends in enumerate(res.results):
+        comm_events = res.events(rank=r, stream="comm")
+        assert comm_events, f"rank {r}: no communication on the comm stream (use comm.launch)"
+        for k, t in enumerate(ends):
+            begin = ends[k - 1] if k else -math.inf
+            late = [e for e in comm_events if begin <= e.start <= t and e.end > t + 1e-15]
+            assert not late, \
+                f"rank {r}, step {k}: the step returned at {t:.6g} s while its all-reduces ran until " \
+                f"{max(e.end for e in late):.6g} s: call work.wait() on every bucket before optimizer.step()"
+
+
 # ---------------------------------------------------------------- 12.6 ZeRO
 
 
@@ -565,12 +593,15 @@ def test_zero_matches_adam_memory_and_traffic(lesson, stage, n):
 class Counting(Module):
     """A Block that counts its forward calls."""
 
-    def __init__(self, block):
+    def __init__(self, block, index=0, log=None):
         self.block = block
         self.calls = 0
+        self.index, self.log = index, log
 
     def forward(self, x):
         self.calls += 1
+        if self.log is not None:
+            self.log.append(self.index)
         return self.block(x)
 
 
@@ -620,6 +651,34 @@ def test_checkpointing_keeps_gradients_and_recomputes_once(lesson, x_grad):
         assert calls == [2] * L, \
             f"{segments} segments: after the backward pass each layer should have run twice (one recomputation), " \
             f"counts {calls}"
+
+
+@pytest.mark.exercise("12.7")
+def test_checkpointing_recomputes_segment_by_segment(lesson):
+    """The segments are chunk_bounds(L, k), and the backward pass recomputes them one at a time,
+    last segment first (each as its gradient arrives), never the whole network at once."""
+    L, width, batch = 7, 4, 5
+    rng = np.random.default_rng(3)
+    x = Tensor(rng.standard_normal((batch, width)))
+    for segments in range(1, L + 1):
+        log = []
+        layers = [Counting(lesson.Block(width, rng), i, log) for i in range(L)]
+        loss = (lesson.checkpointed_forward(layers, x, segments) ** 2).mean()
+        forward = list(log)
+        del log[:]
+        loss.backward()
+        bounds = chunk_bounds_oracle(L, segments)
+        want = [i for lo, hi in reversed(bounds) for i in range(lo, hi)]
+        assert forward == list(range(L)), f"{segments} segments: the forward pass should run layers 0..{L - 1} " \
+                                          f"once each, in order, ran {forward}"
+        assert log == want, f"{segments} segments (chunk_bounds: {bounds}): the backward pass should recompute " \
+                            f"the segments last first, each in layer order: {want}, got {log}"
+
+
+def chunk_bounds_oracle(n, parts):
+    sizes = sizes_of(n, parts)
+    starts = np.cumsum([0] + sizes)
+    return [(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
 
 
 @pytest.mark.exercise("12.7")
