@@ -927,6 +927,65 @@ def test_ring_attention_backward(lesson, causal):
         check_ring_attention_backward(lesson, *case, causal)
 
 
+def counting_attention_np(lesson, monkeypatch, blocks):
+    """Replace the attention_np that ring_attention calls by one that logs (query block, number of
+    keys) and calls the original. The query block is matched to a rank by value (`blocks`)."""
+    original = lesson.ring_attention.__globals__["attention_np"]
+    calls = []
+
+    def counting(q, k, *args, **kwargs):
+        q_arr = np.asarray(q)
+        owner = [r for r, b in enumerate(blocks) if b.shape == q_arr.shape and np.array_equal(b, q_arr)]
+        calls.append((owner[0] if owner else None, np.asarray(k).shape[-2]))
+        return original(q, k, *args, **kwargs)
+    monkeypatch.setitem(lesson.ring_attention.__globals__, "attention_np", counting)
+    return calls
+
+
+@pytest.mark.exercise("13.6")
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_attention_one_block_at_a_time(lesson, monkeypatch, causal):
+    """The point of the ring: a rank attends to one n-key block at a time, and with a causal mask
+    it skips the blocks entirely in its future (rank r computes r + 1 blocks, not N)."""
+    N, n = 4, 3
+    q, k, v, do = ring_data(N, n, (2,), 4, 3, seed=12)
+    blocks = [q[..., r * n:(r + 1) * n, :] for r in range(N)]
+    calls = counting_attention_np(lesson, monkeypatch, blocks)
+    res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, causal, False)
+    o, lse, _ = oracle_attention(q, k, v, causal)
+    for r, (got_o, got_lse, *_) in enumerate(res.results):
+        sl = slice(r * n, (r + 1) * n)
+        assert np.abs(got_o - o[..., sl, :]).max() < 1e-10 and np.abs(got_lse - lse[..., sl]).max() < 1e-10, \
+            f"ring attention, causal={causal}, rank {r}: wrong (o, lse)"
+    if not calls:
+        pytest.skip("ring_attention does not call attention_np: the block count cannot be checked")
+    for r in range(N):
+        mine = [nk for owner, nk in calls if owner == r]
+        want = r + 1 if causal else N
+        assert len(mine) == want and all(nk == n for nk in mine), \
+            f"causal={causal}, rank {r}: expected {want} calls of attention_np, one per visible K/V block of {n} " \
+            f"keys (a block wholly in the future is skipped, not computed under a full mask), got key counts {mine}"
+
+
+@pytest.mark.exercise("13.6")
+def test_ring_attention_merge_is_stable_for_large_scores(lesson):
+    """Scores in the hundreds: exp(lse) overflows float64, so partials must be merged relative to
+    their maximum (lesson 09's merge_attention), never as exp(lse1) o1 + exp(lse2) o2."""
+    N, n = 3, 4
+    q, k, v, do = ring_data(N, n, (2,), 4, 3, seed=21)
+    q, k = q * 25.0, k * 25.0
+    o, lse, _ = oracle_attention(q, k, v, False)
+    assert np.abs(lse).max() > 800, "test data: the scores should be large enough to overflow exp"
+    res = sim(lesson, ring_job, N, lesson.ring_attention, lesson.ring_attention_backward, q, k, v, do, n, False, False)
+    for r, (got_o, got_lse, *_) in enumerate(res.results):
+        sl = slice(r * n, (r + 1) * n)
+        assert np.isfinite(got_o).all() and np.isfinite(got_lse).all(), \
+            f"rank {r}: non-finite output with large scores: merge the partial results relative to their " \
+            "maximum logsumexp (merge_attention), as the online softmax does"
+        np.testing.assert_allclose(got_lse, lse[..., sl], rtol=1e-13, atol=0, err_msg=f"rank {r}: lse")
+        np.testing.assert_allclose(got_o, o[..., sl, :], rtol=0, atol=1e-10, err_msg=f"rank {r}: o")
+
+
 def check_ring_self_attention_in_the_gpt(lesson, N):
     cfg = GPTConfig(vocab_size=7, block_size=6 * N, n_layer=1, n_head=2, n_embd=8)
     wy, wgx, wg = full_layer("attn", cfg, 5)
@@ -1068,7 +1127,9 @@ def check_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node):
 def test_best_plan_is_the_fastest_that_fits(lesson):
     for model, n, memory, node in [((4, 64, 4, 32, 8), 4, 1e15, 1), ((4, 64, 4, 32, 8), 4, 2.0e6, 1),
                                      ((8, 128, 8, 64, 16), 8, 1e15, 8), ((8, 128, 8, 64, 16), 8, 6e6, 4),
-                                     ((12, 96, 6, 128, 24), 6, 1e15, 2)]:
+                                     ((12, 96, 6, 128, 24), 6, 1e15, 2),
+                                     ((4, 64, 4, 32, 12), 4, 1.5e6, 1),  # the best m is 3: try every divisor
+                                     ((4, 64, 4, 32, 12), 4, 2.0e6, 1)]:  # and here 6
         check_best_plan_is_the_fastest_that_fits(lesson, model, n, memory, node)
 
 
