@@ -16,7 +16,7 @@
    temperature 1, against plain decoding through the same loop (k = 0): tokens/s, tokens per
    target call, acceptance rate.
 
-Times are wall time (perf_counter), best of two runs, on a machine that may be shared: read the
+Times are wall time (perf_counter), best of several runs (as each section says), on a machine that may be shared: read the
 ratios. `make bench L=kvcache`.
 """
 

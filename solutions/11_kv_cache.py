@@ -577,7 +577,7 @@ print(f"64 tokens in all: {sum(cached_macs):,} multiply-adds with the cache, {su
 
 # %% [markdown]
 # With the cache the count grows by a constant per position (the attention over one more key:
-# 2 x heads x head_dim x layers = 512 multiply-adds); without it, each step repeats the whole
+# 2 x heads x head_dim x layers = 2 x 4 x 16 x 2 = 256 multiply-adds); without it, each step repeats the whole
 # prefix.
 #
 # Time follows work once the products dominate. The trained model's context is 64 positions, too
@@ -624,7 +624,8 @@ plt.show()
 #
 # For Llama-2-7B (Touvron et al. 2023: 32 layers, 32 heads of 128, no GQA) in bf16 that is
 # 2 x 32 x 32 x 128 x 2 = 524,288 bytes, **0.5 MiB per token**, 2 GiB for one 4,096-token
-# sequence: 32 such sequences take as much memory as the 13.5 GB of weights, twice over.
+# sequence: about 6 such sequences take as much memory as the 13.5 GB of weights, and 32 of them
+# (69 GB) five times as much.
 #
 # **Arithmetic intensity of a decode step.** A batch of B sequences, each producing one token
 # with `context` tokens cached, does for each sequence 2 FLOPs per weight (a multiply-add; N
@@ -642,7 +643,7 @@ plt.show()
 #
 # Write `kv_cache_bytes` (the formula above) and `decode_step_cost` (FLOPs and bytes of one decode
 # step, as defined above). The tests compare the first with the `nbytes` of real cache arrays, and
-# the FLOPs with the multiply-adds `matmul` counts in the tiny GPT.
+# the FLOPs with the multiply-adds `matmul` counts in a small GPT.
 
 # %%
 #| export
@@ -881,9 +882,9 @@ for n_kv in (2, 1):
           f"{loss_u:.4f} (MHA {gqa_losses[4]:.4f}); {hist['cpu_seconds']:.0f} CPU-s")
 
 # %% [markdown]
-# Measured: pooling to 2 KV heads cost 1.76 nats per character, and 100 steps of uptraining (36
-# CPU-seconds) brought it back to 1.470, 0.17 above the multi-head model's 1.299; to one KV head
-# (MQA), 2.76 and then 1.782. Two KV heads halve the cache and come close after a short
+# Measured: pooling to 2 KV heads raised the validation loss from 1.299 to 3.057 nats per
+# character (+1.76), and 100 steps of uptraining (36 CPU-seconds) brought it down to 1.470
+# (+0.17); to one KV head (MQA), 4.056 (+2.76) and then 1.782 (+0.48). Two KV heads halve the cache and come close after a short
 # retraining; one KV head, on a model whose every head has only 16 dimensions, loses more.
 # Ainslie et al. report the same ordering on T5-XXL: uptrained GQA-8 close to multi-head quality,
 # uptrained MQA somewhat below it, both much faster to decode.
@@ -920,6 +921,7 @@ for n_kv in (2, 1):
 # `OutOfBlocks` when there is none; `share(b)` adds a reference to a block in use; `release(b)`
 # drops one and returns the block to the free list at zero (True if it was freed). Sharing or
 # releasing a block that is free is a bug in the caller: raise a ValueError naming the block.
+# So are a block id outside 0 .. num_blocks - 1 and a pool of fewer than one block.
 # The tests run random sequences of these operations (hypothesis stateful testing) against a
 # model of what the counts must be.
 
@@ -1068,7 +1070,8 @@ check("11.5")
 # - `append(seq, n)`: reserve n more slots (copying a shared partial last block first, then
 #   taking new blocks as needed), advance the length and return the n flat slots. If the free
 #   list cannot serve it, raise `OutOfBlocks` naming the sequence and leave everything as it was.
-# - `fork(parent, child)`: the child shares all of the parent's blocks and its length.
+# - `fork(parent, child)`: the child shares all of the parent's blocks and its length (ValueError
+#   if `child` already exists).
 # - `free(seq)`: release every block of the sequence and forget it.
 # - `gather(seq, layer)`: the sequence's keys and values of one layer, read through its block
 #   table: two (n_kv_head, length, head_dim) arrays.
@@ -1468,7 +1471,7 @@ print("request 3 alone gives the same tokens:",
 
 # %% [markdown]
 # Throughput against serving the same requests one at a time with the dense cache (float32, all
-# requests waiting at step 0; a larger pool, 48 blocks, so that preemption is rare):
+# requests waiting at step 0; a larger pool, 48 blocks):
 
 # %% tags=["demo"]
 W32 = W64.astype(np.float32)
@@ -1484,14 +1487,15 @@ batched.run([Request(r.id, r.prompt, r.max_new_tokens) for r in reqs])
 t_batch = time.perf_counter() - t0
 print(f"{len(reqs)} requests, {n_tokens} tokens: one at a time {n_tokens / t_alone:,.0f} tokens/s, "
       f"continuous batching {n_tokens / t_batch:,.0f} tokens/s ({t_alone / t_batch:.1f}x); "
-      f"{len(batched.history)} model steps instead of {n_tokens}")
+      f"{len(batched.history)} model steps instead of {n_tokens}, "
+      f"{sum(len(h['preempted']) for h in batched.history)} preemptions")
 
 # %% [markdown]
 # Measured here: 3,920 tokens/s one at a time, 8,600 with continuous batching (2.2x), in 80 model
-# steps instead of 754. In NumPy a step's cost is mostly the Python overhead of its operations,
-# paid once per step instead of once per sequence; on a GPU the same effect comes from reading
-# the weights once per step for the whole batch (section 3). `make bench L=kvcache` repeats the
-# comparison on a fixed set of 48 requests.
+# steps instead of 754, with 18 preemptions (recomputation included). In NumPy a step's cost is
+# mostly the Python overhead of its operations, paid once per step instead of once per sequence;
+# on a GPU the same effect comes from reading the weights once per step for the whole batch
+# (section 3). `make bench L=kvcache` repeats the comparison on a fixed set of 48 requests.
 
 # %% [markdown]
 # ## 7. Speculative decoding

@@ -82,3 +82,24 @@ def lesson(request):
     if key not in _loaded:
         _loaded[key] = loader.load(les, impl)
     return _loaded[key]
+
+
+def _load_helper(name: str):
+    """tests/<name>.py, a module shared by several test files (not a test file itself), loaded
+    by path once: tests/ is not a package, and check cells import test files in importlib mode."""
+    import importlib.util
+    import sys
+
+    key = f"minitorch_tests_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@pytest.fixture(scope="session")
+def test_helper():
+    """test_helper("strict_device") -> the module tests/strict_device.py."""
+    return _load_helper

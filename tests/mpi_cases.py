@@ -5,16 +5,17 @@ A test file names its cases in a dict `{test name: case(lesson) -> (job, args)}`
 *args)` runs on every rank. `run_cases` runs the cases the session selected on the simulator with
 2 and 4 ranks, then sends those that passed there to one `mpiexec -n 4` launch, which runs each on
 the 4 ranks and again on ranks 0 and 1 as a group of 2 (`comm.group`). A case that fails on the
-simulator is not sent to MPI (it would hang); its own test reports the failure. `check_case`
-asserts that MPI gave, rank by rank, exactly what the simulator gave, bytes sent included.
+simulator is not sent to MPI (it would hang); its own test reports the failure. `check(name)` on
+the result asserts that MPI gave, rank by rank, exactly what the simulator gave, bytes sent
+included.
 
-Test files load it by path (tests/ is not a package, and the notebook check cell imports test
-files in importlib mode). Its functions travel to the MPI ranks by value: `minitorch.comm` ships
+Test files get it from the `test_helper` fixture (tests/conftest.py). Its functions travel to the MPI ranks by value: `minitorch.comm` ships
 every module of the repository outside minitorch/ and course/ that way.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -37,11 +38,35 @@ def batch_job(comm: Any, cases: dict[str, tuple[Callable, tuple]]) -> dict[int, 
     return out
 
 
-def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callable,
-              timeout: float) -> tuple[dict[str, Any], Any]:
-    """(simulator results {name: {n: per-rank results} or the exception}, MPI results or the
-    exception, or None when MPI cannot start or no case is ready). sim(lesson, fn, n, *args) runs
-    fn on the simulator with n ranks."""
+@dataclass
+class CaseRuns:
+    """The results of `run_cases`: per case, the simulator's results {n: per-rank results} or the
+    exception it raised; MPI's results, the exception, or None when MPI cannot start or no case
+    was ready."""
+
+    lesson: Any
+    sim_out: dict[str, Any]
+    mpi_out: Any
+
+    def check(self, name: str) -> None:
+        """The test of one case: its simulator failure re-raised, a skip naming why MPI cannot
+        start, or MPI's results equal to the simulator's on every rank of both sizes."""
+        if isinstance(self.sim_out[name], Exception):
+            raise self.sim_out[name]
+        ok, why = self.lesson.mpi_status()
+        if not ok:
+            pytest.skip(f"MPI cannot start here: {why}")
+        if isinstance(self.mpi_out, Exception):
+            raise self.mpi_out
+        for n in (2, 4):
+            for r in range(n):
+                where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
+                assert_same(self.sim_out[name][n][r], self.mpi_out[r][n][name], where)
+
+
+def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callable, timeout: float) -> CaseRuns:
+    """Run the cases the session selected; sim(lesson, fn, n, *args) runs fn on the simulator
+    with n ranks."""
     wanted = [name for name in cases if any(item.originalname == name for item in request.session.items)]
     sim_out, ready = {}, {}
     for name in wanted:
@@ -57,7 +82,7 @@ def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callab
             mpi_out = lesson.run(batch_job, 4, ready, engine="mpi", timeout=timeout).results
         except Exception as exc:  # noqa: BLE001 - reported by every case's test
             mpi_out = exc
-    return sim_out, mpi_out
+    return CaseRuns(lesson, sim_out, mpi_out)
 
 
 def assert_same(a: Any, b: Any, where: str) -> None:
@@ -77,19 +102,3 @@ def assert_same(a: Any, b: Any, where: str) -> None:
     else:
         assert a == b, f"{where}: MPI gave {b!r}, the simulator {a!r}"
 
-
-def check_case(lesson: Any, runs: tuple[dict[str, Any], Any], name: str) -> None:
-    """The test of one case: its simulator failure re-raised, a skip naming why MPI cannot start,
-    or MPI's results equal to the simulator's on every rank of both sizes."""
-    sim_out, mpi_out = runs
-    if isinstance(sim_out[name], Exception):
-        raise sim_out[name]
-    ok, why = lesson.mpi_status()
-    if not ok:
-        pytest.skip(f"MPI cannot start here: {why}")
-    if isinstance(mpi_out, Exception):
-        raise mpi_out
-    for n in (2, 4):
-        for r in range(n):
-            where = f"{name}, mpiexec -n 4" + (", ranks 0 and 1 as a group of 2" if n == 2 else "") + f", rank {r}"
-            assert_same(sim_out[name][n][r], mpi_out[r][n][name], where)

@@ -7,8 +7,7 @@ NumPy's dispatch protocols too). So code that creates an array with `np.zeros(..
 should use the backend's `xp.zeros_like(...)`, and then mixes the two, fails here with a clear
 TypeError, without a GPU.
 
-Test files load it by path (`load_strict_device()` in each), because tests/ is not a package
-and the notebook check cell imports test files in importlib mode.
+Test files get it from the `test_helper` fixture (tests/conftest.py): `test_helper("strict_device")`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@ hand-computed numbers and a NumPy re-implementation over several steps. Every ex
 graded on its own: the tests build Parameters and modules directly (given code), and the
 training-loop test brings its own model, loss and optimiser."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,20 +10,6 @@ from minitorch.autograd import Tensor, log_softmax
 from minitorch.tensor import use_backend
 
 pytestmark = pytest.mark.lesson03
-
-
-def load_strict_device():
-    """tests/strict_device.py, a fake accelerator whose arrays refuse host NumPy arrays (as
-    CuPy's do), loaded by path: tests/ is not a package."""
-    import importlib.util
-
-    name = "minitorch_tests_strict_device"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("strict_device.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 def arrays_in(obj):
@@ -186,8 +169,8 @@ def test_linear_init_statistics(lesson):
 
 
 @pytest.mark.exercise("3.2")
-def test_linear_lives_on_its_device(lesson):
-    strict = load_strict_device()
+def test_linear_lives_on_its_device(lesson, test_helper):
+    strict = test_helper("strict_device")
     with use_backend("strict", strict.StrictBackend()):
         lin = lesson.Linear(6, 4, rng=np.random.default_rng(5), device="strict")
         for name in ("weight", "bias"):
@@ -299,8 +282,8 @@ def test_cross_entropy_is_built_from_primitive_ops(lesson):
 
 
 @pytest.mark.exercise("3.3")
-def test_cross_entropy_on_another_device(lesson):
-    strict = load_strict_device()
+def test_cross_entropy_on_another_device(lesson, test_helper):
+    strict = test_helper("strict_device")
     rng = np.random.default_rng(8)
     z = (3 * rng.standard_normal((6, 5))).astype(np.float32)
     t = rng.integers(0, 5, 6)
@@ -402,7 +385,7 @@ def run_optimizer(lesson, make, device="cpu", steps=4):
 
 
 @pytest.mark.exercise("3.4")
-def test_sgd_in_place_dtypes_and_device(lesson):
+def test_sgd_in_place_dtypes_and_device(lesson, test_helper):
     make = lambda ps: lesson.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)  # noqa: E731
     params, opt, ref, grads = run_optimizer(lesson, make)
     check_optimizer_state(opt, params, "SGD")
@@ -414,7 +397,7 @@ def test_sgd_in_place_dtypes_and_device(lesson):
     assert [p.dtype for p in params] == [np.float32, np.float64], "SGD must keep each parameter's dtype"
     np.testing.assert_allclose(params[1].numpy(), ref[1], rtol=1e-13, atol=1e-15,
                                err_msg="SGD on a float64 parameter must compute in float64 (not via float32)")
-    strict = load_strict_device()
+    strict = test_helper("strict_device")
     with use_backend("strict", strict.StrictBackend()):
         dev_params, _, _, _ = run_optimizer(lesson, make, device="strict")
         for p, q in zip(dev_params, params):
@@ -453,7 +436,7 @@ def test_adam_hand_computed(lesson):
 
 
 @pytest.mark.exercise("3.5")
-def test_adam_in_place_dtypes_and_device(lesson):
+def test_adam_in_place_dtypes_and_device(lesson, test_helper):
     make = lambda ps: lesson.Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6)  # noqa: E731
     params, opt, ref, grads = run_optimizer(lesson, make)
     check_optimizer_state(opt, params, "Adam")
@@ -468,7 +451,7 @@ def test_adam_in_place_dtypes_and_device(lesson):
     assert [p.dtype for p in params] == [np.float32, np.float64], "Adam must keep each parameter's dtype"
     np.testing.assert_allclose(params[1].numpy(), ref[1], rtol=1e-12, atol=1e-14,
                                err_msg="Adam on a float64 parameter must compute in float64 (not via float32)")
-    strict = load_strict_device()
+    strict = test_helper("strict_device")
     with use_backend("strict", strict.StrictBackend()):
         dev_params, _, _, _ = run_optimizer(lesson, make, device="strict")
         for p, q in zip(dev_params, params):
@@ -694,8 +677,8 @@ class DeviceSGD:
 
 
 @pytest.mark.exercise("3.7")
-def test_fit_puts_batches_on_the_model_device(lesson):
-    strict = load_strict_device()
+def test_fit_puts_batches_on_the_model_device(lesson, test_helper):
+    strict = test_helper("strict_device")
     rng = np.random.default_rng(1)
     X, y = rng.standard_normal((40, 3)).astype(np.float32), rng.integers(0, 3, 40)
     with use_backend("strict", strict.StrictBackend()):

@@ -232,6 +232,32 @@ def test_overflow_is_refused_and_cache_unchanged(lesson, tiny):
 
 
 @pytest.mark.exercise("11.1")
+def test_limit_is_per_row_and_checked_before_any_write(lesson):
+    """Only the rows fed are checked, each against its own length; a refused step writes nothing,
+    even when it is a later row of the batch that does not fit."""
+    W = small_gqa(lesson, seed=5)
+    rng = np.random.default_rng(41)
+    seqs = [list(rng.integers(0, W.vocab_size, n)) for n in (3, 10, 12)]
+    cache = lesson.KVCache.for_model(W, batch=3, max_len=12)
+    for r, s in enumerate(seqs):
+        lesson.forward_cached(W, cache, np.array([s]), rows=[r])
+    new = rng.integers(0, W.vocab_size, (2, 1))          # row 2 is full; rows 0 and 1 are not
+    for s, t in zip(seqs, new[:, 0]):
+        s.append(int(t))
+    got = lesson.forward_cached(W, cache, new, rows=[0, 1])
+    for j in range(2):
+        assert_close(got[j:j + 1], oracle_forward(W, np.array([seqs[j]]))[:, -1:],
+                     f"rows=[0, 1] while row 2 is full (lengths {cache.lengths.tolist()}): row {j}")
+    before = (cache.k.copy(), cache.v.copy(), cache.lengths.copy())
+    for rows in ([0, 1], [1, 0]):                          # row 1 holds 11 of 12: 2 more do not fit
+        with pytest.raises(ValueError, match=r"\b1\b"):
+            lesson.forward_cached(W, cache, rng.integers(0, W.vocab_size, (2, 2)), rows=rows)
+        for a, b, name in zip((cache.k, cache.v, cache.lengths), before, ("k", "v", "lengths")):
+            assert np.array_equal(a, b), (f"rows={rows}, 2 tokens each, row 1 does not fit: the step must be refused "
+                                          f"before anything is written, but cache.{name} changed")
+
+
+@pytest.mark.exercise("11.1")
 def test_generation_across_the_window_matches_recompute(lesson, tiny):
     """lesson.generate with the cache (re-prefill at each window restart) against full recomputation."""
     prompt = np.random.default_rng(4).integers(0, tiny.vocab_size, 10)
@@ -259,6 +285,8 @@ def test_kv_cache_bytes_matches_real_arrays(lesson, tiny):
     assert per_token == 2 ** 19, f"Llama-2-7B in bf16: 0.5 MiB = 524288 bytes per token, got {per_token}"
     assert lesson.kv_cache_bytes(32, 32, 128, 4096, 2) == 2 * 2 ** 30, "Llama-2-7B at 4096 tokens: 2 GiB"
     assert lesson.kv_cache_bytes(80, 8, 128, 4096, 2, batch=3) == 3 * 1280 * 2 ** 20
+    got = lesson.kv_cache_bytes(3, 2, 5, 7, 2)
+    assert isinstance(got, (int, np.integer)), f"kv_cache_bytes returns a number of bytes as an int, got {got!r}"
 
 
 @pytest.mark.exercise("11.2")
@@ -334,6 +362,32 @@ def test_gqa_matches_repeated_heads(lesson, hkv):
 
 
 @pytest.mark.exercise("11.3")
+@pytest.mark.parametrize("hkv", [1, 2, 3, 6])
+def test_gqa_per_head_mask_dtype_and_work(lesson, hkv):
+    """A different mask for every query head (broadcastable to (B, Hq, Tq, Tk) includes it), the
+    dtype of q kept, and the two products done through matmul()."""
+    rng = np.random.default_rng(40 + hkv)
+    b, hq, tq, tk, hd = 3, 6, 4, 7, 5
+    q, k, v = qkv(rng, b, hq, hkv, tq, tk, hd)
+    mask = rng.random((b, hq, tq, tk)) < 0.6
+    mask[1, 4, 2] = False                                  # one query of one head sees nothing: zeros
+    mask[2, :, 0] = False
+    want = dense_attention(q, k, v, mask)
+    with lesson.count_macs() as c:
+        got = lesson.grouped_attention(q, k, v, mask)
+    assert got.shape == want.shape, f"expected shape {want.shape}, got {got.shape}"
+    err = np.abs(got - want).max()
+    assert err < 1e-12, (f"{hq} query heads over {hkv} KV heads with a (B, Hq, Tq, Tk) mask, one per query head: "
+                         f"max |diff| {err:.2e} (query head h must use mask[:, h], whatever its group)")
+    macs = 2 * b * hq * tq * tk * hd
+    assert c.macs == macs, (f"q k^T and p v for {b} x {hq} heads x {tq} queries x {tk} keys x {hd}: expected "
+                            f"{macs:,} multiply-adds through matmul(), counted {c.macs:,}")
+    got32 = lesson.grouped_attention(*(a.astype(np.float32) for a in (q, k, v)), mask)
+    assert got32.dtype == np.float32, f"float32 q, k, v must give a float32 result, got {got32.dtype}"
+    assert np.abs(got32 - want).max() < 1e-4, "float32 result far from the float64 one"
+
+
+@pytest.mark.exercise("11.3")
 def test_gqa_does_not_copy_kv_per_query_head(lesson):
     rng = np.random.default_rng(12)
     q = rng.standard_normal((1, 16, 1, 32))
@@ -388,8 +442,9 @@ def test_pool_kv_heads(lesson, tiny, n_kv):
 
 @pytest.mark.exercise("11.3")
 def test_pool_kv_heads_errors_and_composition(lesson, tiny):
-    with pytest.raises(ValueError, match="3"):
-        lesson.pool_kv_heads(tiny, 3)
+    for bad in (3, 8, 0):
+        with pytest.raises(ValueError, match=rf"(?s)(?=.*\b{bad}\b)(?=.*\b4\b)"):   # names both counts
+            lesson.pool_kv_heads(tiny, bad)              # the tiny GPT has 4 KV heads: 3, 8 and 0 do not divide them
     twice = lesson.pool_kv_heads(lesson.pool_kv_heads(tiny, 2), 1)
     once = lesson.pool_kv_heads(tiny, 1)
     for name in once.params:
@@ -793,6 +848,9 @@ def test_copy_on_write_of_a_shared_last_block(lesson, ref_allocator):
     assert cache.tables["b"] == cache.tables["a"] and cache.allocator.num_used == 2, \
         "fork shares every block: no new block, no copy"
     assert cache.blocks_needed("b", 1) == 1, "the shared last block is partly filled: appending needs a copy"
+    assert cache.blocks_needed("b", 0) == 0 and len(cache.append("b", 0)) == 0, "append(b, 0) reserves nothing"
+    assert cache.tables["b"] == cache.tables["a"] and cache.allocator.num_used == 2, \
+        "append(b, 0) writes nothing, so it must not copy the shared block (nor take any block)"
     kb = rng.standard_normal((1, 1, 2))
     cache.write(0, cache.append("b", 1), kb, kb)
     ta, tb = cache.tables["a"], cache.tables["b"]
@@ -908,18 +966,127 @@ def test_scheduler_mixes_steps_and_preempts(lesson, ref_paging):
     assert len(sched.history) < sum(r.max_new_tokens for r in reqs), "batching should need fewer steps than tokens"
 
 
+def policy_step(sched, by_id):
+    """What one step must do, from the state before it (exercise 11.7, points 1 and 2):
+    (preempted ids in order, ids that decode, ids admitted in order)."""
+    cache = sched.cache
+    running = [r.id for r in sched.running]
+    need = {rid: cache.blocks_needed(rid, 1) for rid in running}
+    free, preempted = cache.num_free, []
+    while running and sum(need[rid] for rid in running) > free:
+        victim = running.pop()                              # the most recently admitted
+        free += len(cache.tables[victim])                   # no block is shared: freeing returns them all
+        preempted.append(victim)
+    budget = free - sum(need[rid] for rid in running)
+    admitted = []
+    for rid in list(reversed(preempted)) + [r.id for r in sched.waiting]:
+        blocks = -(-len(by_id[rid].tokens) // cache.block_size)
+        if len(running) + len(admitted) >= sched.max_running or blocks > budget:
+            break
+        budget -= blocks
+        admitted.append(rid)
+    return preempted, running, admitted
+
+
+def sampled_alone(lesson, W, r, temperature):
+    """Request r generated alone by full recomputation, sampling with its own seed as the scheduler must."""
+    rng, tokens = np.random.default_rng(r.seed), [int(t) for t in r.prompt]
+    for _ in range(r.max_new_tokens):
+        tokens.append(lesson.sample_token(oracle_forward(W, np.array([tokens]))[0, -1], temperature, rng))
+    return np.array(tokens[len(r.prompt):])
+
+
+def run_checking_policy(lesson, sched, reqs, temperature):
+    """Drives sched step by step (arrivals as in Scheduler.run) and checks every step against the
+    policy; then each output against the request generated alone. Returns the step records."""
+    by_id = {r.id: r for r in reqs}
+    pending = sorted(reqs, key=lambda r: (r.arrival, r.id))
+    records, clock = [], 0
+    while pending or sched.waiting or sched.running:
+        while pending and pending[0].arrival <= clock:
+            sched.add(pending.pop(0))
+        clock += 1
+        assert clock < 500, "the scheduler does not finish the requests"
+        if not sched.waiting and not sched.running:
+            continue
+        preempted, decode, admitted = policy_step(sched, by_id)
+        done = [rid for rid in decode + admitted if len(by_id[rid].output) + 1 >= by_id[rid].max_new_tokens]
+        before = {rid: len(r.output) for rid, r in by_id.items()}
+        state = (f"running {[r.id for r in sched.running]}, waiting {[r.id for r in sched.waiting]}, "
+                 f"{sched.cache.num_free} free blocks, needs {[sched.cache.blocks_needed(r.id, 1) for r in sched.running]}")
+        rec = sched.step()
+        records.append(rec)
+        assert rec["preempted"] == preempted, (f"step {len(records) - 1} ({state}): preempted {rec['preempted']}, the "
+                                               f"policy preempts {preempted} (most recently admitted first, only "
+                                               f"while the decodes' blocks do not fit)")
+        assert sorted(rec["decode"]) == sorted(decode), \
+            f"step {len(records) - 1} ({state}): decoded {rec['decode']}, expected {decode}"
+        assert rec["prefill"] == admitted, (f"step {len(records) - 1} ({state}): admitted {rec['prefill']}, the policy "
+                                            f"admits {admitted} (in queue order, while they fit beside the decodes "
+                                            f"and fewer than max_running={sched.max_running} run)")
+        assert sorted(rec["finished"]) == sorted(done), \
+            f"step {len(records) - 1}: finished {rec['finished']}, expected {done}"
+        grew = {rid: len(r.output) - before[rid] for rid, r in by_id.items() if len(r.output) != before[rid]}
+        assert grew == {rid: 1 for rid in decode + admitted}, (
+            f"step {len(records) - 1}: each request in the step gains one token and keeps the ones it had (a "
+            f"preempted request keeps its output); output lengths changed by {grew}")
+        running = [rid for rid in decode + admitted if rid not in done]
+        assert [r.id for r in sched.running] == running, \
+            f"step {len(records) - 1}: running is {[r.id for r in sched.running]}, expected {running} (admission order)"
+        for rid in running:
+            assert sched.cache.lengths[rid] == len(by_id[rid].tokens) - 1, \
+                f"request {rid} after a step: the cache must hold all its tokens but the newest"
+        assert set(sched.cache.tables) == set(running), \
+            f"sequences in the cache {sorted(sched.cache.tables)}, running {running}: free finished and preempted ones"
+    for r in reqs:
+        want = sampled_alone(lesson, sched.W, r, temperature) if temperature else greedy_alone(sched.W, r.prompt, r.max_new_tokens)
+        assert np.array_equal(by_id[r.id].output, want), (
+            f"request {r.id} (prompt {len(r.prompt)}, {r.max_new_tokens} new, seed {r.seed}, preempted {r.preemptions} "
+            f"times, temperature {temperature}): {list(by_id[r.id].output)}, alone it gives {want.tolist()}")
+    assert sum(len(h["prefill"]) + len(h["decode"]) for h in records) == sum(r.max_new_tokens for r in reqs)
+    return records
+
+
+@pytest.mark.exercise("11.7")
+def test_scheduler_follows_the_policy_step_by_step(lesson, ref_paging):
+    """Every step against the policy computed from the state before it: preemption only while
+    needed and as many as needed, re-queued at the front, admission in order up to max_running;
+    sampled outputs (each request's own rng) equal generating alone, so a preempted request keeps
+    its output and its sampler's state."""
+    W = small_gqa(lesson, seed=2)
+    rng = np.random.default_rng(26)
+    # two short requests admitted after a long one reach a block boundary with it, the pool full:
+    # both must be preempted in one step
+    trio = [lesson.Request(i, rng.integers(0, W.vocab_size, p), n, seed=i) for i, (p, n) in enumerate([(15, 6), (3, 8), (3, 7)])]
+    records = run_checking_policy(lesson, lesson.Scheduler(W, num_blocks=6, block_size=4), trio, 0.0)
+    assert any(len(h["preempted"]) >= 2 for h in records), "this workload needs two preemptions in one step"
+    preemptions = 0
+    for seed, num_blocks, max_running in ((0, 8, 4), (29, 8, 4), (3, 12, 2)):   # random workloads, blocks of 3
+        rng = np.random.default_rng(seed)
+        reqs = []
+        for i in range(8):
+            p = int(rng.integers(1, 12))
+            reqs.append(lesson.Request(i, rng.integers(0, W.vocab_size, p), int(rng.integers(1, min(10, 24 - p) + 1)),
+                                       arrival=int(rng.integers(0, 6)), seed=100 * seed + i))
+        sched = lesson.Scheduler(W, num_blocks=num_blocks, block_size=3, max_running=max_running, temperature=1.0)
+        records = run_checking_policy(lesson, sched, reqs, 1.0)
+        preemptions += sum(len(h["preempted"]) for h in records)
+    assert preemptions >= 2, "these workloads should preempt"
+
+
 # ------------------------------------------------------------------ 11.8 speculative decoding
 class TableLM:
     """A Markov language model over a small vocabulary: next-token distribution P[last token]."""
 
     def __init__(self, P):
         self.logp = np.log(np.asarray(P, dtype=np.float64))
-        self.fed, self.appends = [], 0
+        self.fed, self.appends, self.total_fed = [], 0, 0
 
     def append(self, tokens):
         tokens = [int(t) for t in np.asarray(tokens).reshape(-1)]
         assert tokens, "append() of no tokens"
         self.appends += 1
+        self.total_fed += len(tokens)
         self.fed += tokens
         return self.logp[tokens]
 
@@ -999,6 +1166,13 @@ def test_sampled_output_follows_the_target(lesson):
         committed = [0, 2] + out.tolist()
         assert target.fed == committed[:len(target.fed)], \
             "the target's fed tokens must stay a prefix of the committed tokens (truncate after a rejection)"
+        assert len(target.fed) == len(committed) - 1, (
+            f"after the last step the target should hold every committed token but the newest ({len(committed) - 1}), "
+            f"it holds {len(target.fed)}: truncate to the fed tokens that are still a prefix, no fewer")
+        assert target.total_fed == 1 + stats["steps"] + stats["drafted"], (
+            f"the target is fed the prompt but its last token, then in each step the one committed token it has not "
+            f"seen and the step's drafts: {1 + stats['steps'] + stats['drafted']} tokens for {stats}, it was fed "
+            f"{target.total_fed}")
     expected = np.einsum("a,ab,bc->abc", P[2], P, P) * n
     chi2 = ((counts - expected) ** 2 / expected).sum()
     assert chi2 < chi2_critical(26), (f"the 3-token outputs do not follow the target's distribution: chi-square "

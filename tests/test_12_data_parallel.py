@@ -13,8 +13,6 @@ import functools
 import math
 import os
 import re
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -750,52 +748,34 @@ MPI_CASES = {"test_mpi_naive_allreduce": case_collectives, "test_mpi_ring": case
              "test_mpi_data_parallel": case_dp, "test_mpi_overlap": case_overlap, "test_mpi_zero": case_zero}
 
 
-def load_mpi_cases():
-    """tests/mpi_cases.py (the simulator-vs-MPI runner shared with lesson 13's tests), loaded by
-    path: tests/ is not a package."""
-    import importlib.util
-
-    name = "minitorch_tests_mpi_cases"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("mpi_cases.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
-def mpi_runs(lesson, request):
-    return load_mpi_cases().run_cases(lesson, request, MPI_CASES, sim, timeout=240)
-
-
-def check_mpi_case(lesson, mpi_runs, name):
-    load_mpi_cases().check_case(lesson, mpi_runs, name)
+def mpi_runs(lesson, request, test_helper):
+    return test_helper("mpi_cases").run_cases(lesson, request, MPI_CASES, sim, timeout=240)
 
 
 @pytest.mark.exercise("12.1")
 def test_mpi_naive_allreduce(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_naive_allreduce")
+    mpi_runs.check("test_mpi_naive_allreduce")
 
 
 @pytest.mark.exercise("12.2")
 def test_mpi_ring(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_ring")
+    mpi_runs.check("test_mpi_ring")
 
 
 @pytest.mark.exercise("12.4")
 def test_mpi_data_parallel(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_data_parallel")
+    mpi_runs.check("test_mpi_data_parallel")
 
 
 @pytest.mark.exercise("12.5")
 def test_mpi_overlap(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_overlap")
+    mpi_runs.check("test_mpi_overlap")
 
 
 @pytest.mark.exercise("12.6")
 def test_mpi_zero(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_zero")
+    mpi_runs.check("test_mpi_zero")
 
 
 def hang_on_mpi(comm, naive):

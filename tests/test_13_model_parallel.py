@@ -13,9 +13,7 @@ them as a group) and must agree with the simulator bit for bit."""
 from __future__ import annotations
 
 import math
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1193,44 +1191,26 @@ MPI_CASES = {"test_mpi_pipeline": case_pipeline, "test_mpi_tp_mlp": case_tp_mlp,
              "test_mpi_ring_attention": case_ring}
 
 
-def load_mpi_cases():
-    """tests/mpi_cases.py (the simulator-vs-MPI runner shared with lesson 12's tests), loaded by
-    path: tests/ is not a package."""
-    import importlib.util
-
-    name = "minitorch_tests_mpi_cases"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("mpi_cases.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture(scope="module")
-def mpi_runs(lesson, request):
-    return load_mpi_cases().run_cases(lesson, request, MPI_CASES, sim, timeout=120)
-
-
-def check_mpi_case(lesson, mpi_runs, name):
-    load_mpi_cases().check_case(lesson, mpi_runs, name)
+def mpi_runs(lesson, request, test_helper):
+    return test_helper("mpi_cases").run_cases(lesson, request, MPI_CASES, sim, timeout=120)
 
 
 @pytest.mark.exercise("13.4")
 def test_mpi_pipeline(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_pipeline")
+    mpi_runs.check("test_mpi_pipeline")
 
 
 @pytest.mark.exercise("13.5")
 def test_mpi_tp_mlp(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_tp_mlp")
+    mpi_runs.check("test_mpi_tp_mlp")
 
 
 @pytest.mark.exercise("13.5")
 def test_mpi_tp_block(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_tp_block")
+    mpi_runs.check("test_mpi_tp_block")
 
 
 @pytest.mark.exercise("13.6")
 def test_mpi_ring_attention(lesson, mpi_runs):
-    check_mpi_case(lesson, mpi_runs, "test_mpi_ring_attention")
+    mpi_runs.check("test_mpi_ring_attention")
