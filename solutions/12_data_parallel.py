@@ -1219,7 +1219,7 @@ def ring_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
 check("12.2")
 
 # %% [markdown]
-# Both algorithms on 4 simulated ranks and 1 MB of float64 each (`alpha` = 5 us, `beta` =
+# Both algorithms on 4 simulated ranks and 1 MiB of float64 each (`alpha` = 5 us, `beta` =
 # 0.1 ns/byte, i.e. 10 GB/s): the counters show rank 0's load in the naive algorithm and the
 # even `2(N-1)/N * S` of the ring, and the clocks follow.
 
@@ -1237,12 +1237,12 @@ for name, fn in [("naive", naive_allreduce), ("ring", ring_allreduce)]:
     err = max(abs(r - xs.sum(0)).max() for r in res.results)
     print(f"{name:>5}: time {res.time * 1e3:.3f} ms, bytes sent per rank {res.bytes_sent()}, max error {err:.1e}")
 ring = res
-ring.plot(title="ring all-reduce, 4 ranks, 1 MB: reduce-scatter then all-gather")
+ring.plot(title="ring all-reduce, 4 ranks, 1 MiB: reduce-scatter then all-gather")
 plt.show()
 
 # %% [markdown]
-# Measured: in the naive algorithm rank 0 sends 3 MB (the sum, to 3 ranks) and the others 1 MB
-# each; in the ring every rank sends 1.5 MB (`2(N-1)/N * S`), and the all-reduce takes
+# Measured: in the naive algorithm rank 0 sends 3 MiB (the sum, to 3 ranks) and the others 1 MiB
+# each; in the ring every rank sends 1.5 MiB (`2(N-1)/N * S`), and the all-reduce takes
 # 0.187 ms instead of 0.659 ms, as the cost model of section 3 predicts. On the timeline each
 # rank alternates send (green) and receive (purple) in lockstep: every link is busy at every
 # step. Now the same ring on 4 MPI processes. The sums are computed in the

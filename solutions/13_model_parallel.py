@@ -1595,9 +1595,8 @@ print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step"
 # micro-batches. That is the configuration rule of Narayanan et al. (2021b): tensor parallelism
 # up to the size of a node, pipeline parallelism across nodes, data parallelism for the rest.
 # The pick itself, tp = 2 with m = 128 micro-batches of one sequence, shows what the model leaves
-# out: a GPU runs a micro-batch of one sequence, and matrices cut 8 ways, far less efficiently
-# than the big ones (the FLOP rate is not a constant), which is why real configurations use
-# larger micro-batches and tp = 8. Also left out: activation recomputation, overlapping the
+# out: a GPU runs a micro-batch of one sequence far less efficiently than a large one (the FLOP
+# rate is not a constant), which is why real configurations use larger micro-batches and tp = 8. Also left out: activation recomputation, overlapping the
 # data-parallel all-reduce with the backward pass (lesson 12), ZeRO, and the embeddings.
 #
 # ## 9. The same code on MPI
