@@ -70,9 +70,10 @@ def qkv(seed, nq, nk, d=8, dv=None, lead=(), dtype=np.float64, scale=1.0):
 def assert_close(got, want, what, atol, rtol=0.0):
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: expected shape {want.shape}, got {got.shape}"
-    both_inf = np.isinf(want) & (got == want)
-    with np.errstate(invalid="ignore"):
-        ok = both_inf | (np.abs(got.astype(np.float64) - want) <= atol + rtol * np.abs(want))
+    inf = np.isinf(want)
+    with np.errstate(invalid="ignore"):  # an infinite expectation (lse = -inf) must come back exactly
+        close = np.abs(got.astype(np.float64) - want) <= atol + rtol * np.where(inf, 0.0, np.abs(want))
+    ok = np.where(inf, got == want, close)
     if not ok.all():
         bad = np.argwhere(~ok)
         i = tuple(int(x) for x in bad[0])
@@ -294,6 +295,10 @@ def check_attention_flops(lesson, b, h, nq, nk, d, dv):
 @pytest.mark.exercise("9.2")
 def test_attention_score_bytes_is_the_quadratic_term(lesson):
     assert lesson.attention_score_bytes(1, 12, 1024, 1024, 4) == 48 * 2**20, "GPT-2 small: 12 heads x 1024^2 x 4 bytes = 48 MiB"
+    for b, h, nq, nk, size in [(3, 5, 7, 11, 2), (2, 1, 1, 13, 8), (5, 3, 9, 4, 4)]:
+        got = lesson.attention_score_bytes(b, h, nq, nk, size)
+        assert got == b * h * nq * nk * size, (f"attention_score_bytes({b}, {h}, {nq}, {nk}, {size}): b x h x nq x nk x "
+                                               f"itemsize = {b * h * nq * nk * size}, got {got}")
     peaks = []
     for n in (64, 128, 256):
         q, k, v = qkv(10, n, n, d=4, lead=(2, 2))
@@ -601,6 +606,27 @@ def test_merge_attention_is_commutative_and_associative(lesson, seed, empty):
     assert o32[0].dtype == np.float32 and o32[1].dtype == np.float32, "float32 in, float32 out"
 
 
+@pytest.mark.exercise("9.5")
+@settings(max_examples=20)
+@given(seed=st.integers(0, 10_000), nk=st.integers(2, 12), parts=st.integers(2, 4), masked=st.booleans())
+@example(seed=2, nk=5, parts=2, masked=True)
+def test_merging_parts_with_huge_logits(lesson, seed, nk, parts, masked):
+    """Scores of size ~1e4: exp(lse) overflows float64, so the merge must work with lse differences."""
+    q, k, v = qkv(seed, 5, nk, d=3, lead=(2,))
+    q *= 3e3
+    mask = causal(5, nk) if masked else None
+    cuts = split_points(seed, nk, parts)
+    o = lse = None
+    with np.errstate(over="ignore"):
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            po, plse, _ = oracle(q, k[:, a:b], v[:, a:b], None if mask is None else mask[:, a:b])
+            o, lse = (po, plse) if o is None else lesson.merge_attention(o, lse, po, plse)
+    want_o, want_lse, _ = oracle(q, k, v, mask)
+    assert np.isfinite(o).all(), f"merging parts whose logsumexps are ~1e4 gave inf/NaN (keys split at {cuts})"
+    assert_close(o, want_o, f"merged output, scores ~1e4 (keys split at {cuts})", atol=1e-9)
+    assert_close(lse, want_lse, f"merged logsumexp, scores ~1e4 (keys split at {cuts})", atol=1e-9, rtol=1e-12)
+
+
 # ------------------------------------------------------------------ 9.6 tiled forward (Numba)
 def visible_pairs(i0, i1, nq, nk):
     return int(causal(nq, nk)[i0:i1].sum())
@@ -653,6 +679,26 @@ def test_flash_forward_large_inputs(lesson):
         assert_close(lse, want_lse, "logsumexp for inputs of size 1e4", atol=1e-6, rtol=1e-10)
     o32, _ = lesson.flash_attention_forward(*(x.astype(np.float32) for x in (q, k, v)), True, 4, 5)
     assert o32.dtype == np.float32 and np.isfinite(o32).all(), "float32 inputs of size 1e4 gave inf or NaN"
+
+
+def far_negative_scores(seed, nq, nk, d, lead=(), dtype=np.float64, shift=32.0):
+    """q, k, v whose every score q.k / sqrt(d) is about -shift^2 sqrt(d) (-2e3 for d = 4 by default).
+    Softmax is shift-invariant, so the answer is ordinary, but exp(score - 0) underflows to 0: a running
+    max started at 0 instead of -inf sees an empty row."""
+    q, k, v = qkv(seed, nq, nk, d=d, lead=lead)
+    return ((q - shift).astype(dtype), (k + shift).astype(dtype), v.astype(dtype))
+
+
+@pytest.mark.exercise("9.6")
+def test_flash_forward_all_scores_negative(lesson):
+    for is_causal in (False, True):
+        q, k, v = far_negative_scores(26, 9, 11, 4, lead=(2,))
+        o, lse = lesson.flash_attention_forward(q, k, v, is_causal, 4, 3)
+        want_o, want_lse, _ = oracle(q, k, v, causal(9, 11) if is_causal else None)
+        assert np.isfinite(o).all(), "scores all about -2e3 gave inf or NaN: start the running max at -inf, not 0"
+        assert_close(o, want_o, f"output when every score is about -2e3 (causal={is_causal}): start the running max "
+                     "at -inf, not 0", atol=1e-8)
+        assert_close(lse, want_lse, f"logsumexp when every score is about -2e3 (causal={is_causal})", atol=1e-8, rtol=1e-12)
 
 
 @pytest.mark.exercise("9.6")
@@ -805,6 +851,37 @@ def test_flash_attention_is_an_autograd_op(lesson, monkeypatch, is_causal):
         assert_close(t.grad.numpy(), want, f"d{name} through flash_attention", atol=1e-10)
 
 
+@pytest.mark.exercise("9.7")
+def test_flash_attention_runs_the_tiled_kernels(lesson, monkeypatch):
+    """The forward must come from flash_attention_forward and the gradients from flash_attention_backward
+    (one call each), not from exercise 9.1's attention, whose autograd would store the N x N weights."""
+    calls = {"forward": 0, "backward": 0}
+
+    def forward_spy(q, k, v, causal_=False, block_q=64, block_k=64, threads=None):
+        calls["forward"] += 1
+        o, lse, _ = oracle(q, k, v, causal(q.shape[1], k.shape[1]) if causal_ else None)
+        return o.astype(q.dtype), lse.astype(q.dtype)
+
+    def backward_spy(q, k, v, o, lse, do, causal_=False, block_k=64, threads=None):
+        calls["backward"] += 1
+        grads = oracle_grads(q, k, v, causal(q.shape[1], k.shape[1]) if causal_ else None, do)
+        return tuple(g.astype(q.dtype) for g in grads)
+
+    names = lesson.flash_attention.__globals__
+    monkeypatch.setitem(names, "flash_attention_forward", forward_spy)
+    monkeypatch.setitem(names, "flash_attention_backward", backward_spy)
+    q, k, v = qkv(38, 5, 6, d=3, lead=(2, 2))
+    tq, tk, tv = (Tensor(x, requires_grad=True) for x in (q, k, v))
+    out = lesson.flash_attention(tq, tk, tv, causal=True, block_q=2, block_k=3)
+    assert calls["forward"] == 1, (f"flash_attention called flash_attention_forward {calls['forward']} times; "
+                                   "it must compute its output with it, once")
+    out.sum().backward()
+    assert calls["backward"] == 1, (f"backward through flash_attention called flash_attention_backward "
+                                    f"{calls['backward']} times; the node's backward must be the tiled one, once")
+    for name, t, want in zip("qkv", (tq, tk, tv), oracle_grads(q, k, v, causal(5, 6), np.ones((2, 2, 5, 3)))):
+        assert_close(t.grad.numpy(), want, f"d{name} through flash_attention", atol=1e-10)
+
+
 # ------------------------------------------------------------------ 9.8 CUDA C forward
 def need_compiler():
     if compiler() is None:
@@ -844,6 +921,38 @@ def test_cuda_kernel_on_the_emulator(lesson):
         what = f"emulated flash_forward (G={g}, nq={nq}, nk={nk}, causal={is_causal})"
         assert_close(o, want_o, what + " output", atol=2e-6, rtol=1e-5)
         assert_close(lse, want_lse, what + " logsumexp", atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.exercise("9.8")
+def test_cuda_kernel_reads_each_tile_once_and_skips_hidden_tiles(lesson):
+    """Global-memory loads counted by the emulator: K and V come from HBM once per (query tile, visible key
+    tile), never per query row, and a causal block loads no key tile that all its rows are masked from.
+    Every score is about -300 here (exp underflows float32), so a running max started at 0 instead of -inf
+    also shows."""
+    from course.cuda_c import run_kernel
+
+    need_compiler()
+    bq, bk, d = lesson.FLASH_BLOCK_Q, lesson.FLASH_BLOCK_K, 4
+    # 2 bq + 1 rows: the last block's last row sees key 2 bq, the first of a key tile (off-by-one bait)
+    for nq, nk, is_causal in [(2 * bq + 1, 2 * bq + 1, True), (bq + 3, 2 * bq + 1, True), (bq + 3, bk + 7, False)]:
+        q, k, v = far_negative_scores(60 + nq, nq, nk, d, lead=(2,), dtype=np.float32, shift=12.0)
+        o, lse = np.zeros_like(q), np.zeros(q.shape[:2], np.float32)
+        args = [q, k, v, o, lse, np.int32(nq), np.int32(nk), np.int32(is_causal), np.float32(1 / math.sqrt(d))]
+        run = run_kernel(lesson.flash_cuda_program(d), "flash_forward", *lesson.flash_cuda_launch(2, nq), args)
+        want_o, want_lse, _ = oracle(q, k, v, causal(nq, nk) if is_causal else None)
+        what = f"emulated flash_forward (nq={nq}, nk={nk}, causal={is_causal}, every score about -300)"
+        assert_close(o, want_o, what + " output", atol=1e-4, rtol=1e-4)
+        assert_close(lse, want_lse, what + " logsumexp", atol=0.0, rtol=1e-5)
+        # rows of K (and V) a block must load: its visible key tiles, all of them, and nothing more
+        need = 0
+        for i0 in range(0, nq, bq):
+            end = min(nk, min(i0 + bq, nq) + nk - nq) if is_causal else nk
+            need += min(nk, -(-end // bk) * bk) if end > 0 else 0
+        for name in "kv":
+            got = run.reads.get(name, 0)
+            assert got == 2 * need * d, (
+                f"{what}: the kernel read {got} floats of {name} from global memory; loading each visible key tile "
+                f"once per block (and skipping the tiles no row of a causal block sees) reads {2 * need * d}")
 
 
 @pytest.mark.exercise("9.8")

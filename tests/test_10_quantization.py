@@ -220,6 +220,12 @@ def test_scaler_unscale_and_step(lesson):
         assert opt.steps == 1, f"a {bad} gradient: the optimizer step must be skipped"
         assert s.scale == before / 2, f"a {bad} gradient must halve the scale ({before} -> {s.scale})"
     assert s.unscale_([param_with_grad([1.0])]) is False
+    s = lesson.DynamicLossScaler(init_scale=4.0)
+    bad, later = param_with_grad([1.0, 1.0]), param_with_grad([8.0])
+    bad.grad.data[0] = np.inf
+    assert s.unscale_([bad, later]) is True
+    np.testing.assert_array_equal(later.grad.numpy(), [2.0], err_msg="unscale_ divides every gradient, also those after "
+                                  "an overflowing one")
 
 
 @pytest.mark.exercise("10.3")
@@ -310,7 +316,7 @@ def tensors_and_blocks(draw):
 
 
 def block_scales(qt, shape):
-    return expand(np.asarray(qt.scale, dtype=np.float64), shape)
+    return np.broadcast_to(expand(np.asarray(qt.scale, dtype=np.float64), shape), shape)
 
 
 @pytest.mark.exercise("10.4")
@@ -380,6 +386,10 @@ def test_quantize_with_saturates(lesson):
     np.testing.assert_array_equal(q, [[-128, -128, -100, 26, 127]], err_msg="asymmetric int8: round(x/s) + z, clipped to [-128, 127]")
     q = np.asarray(lesson.quantize_with(x, np.array([[0.5]], np.float32), np.array([[0]], np.int32), 4, True))
     np.testing.assert_array_equal(q, [[-7, -4, 0, 3, 7]], err_msg="symmetric int4 saturates at -7/7")
+    ties = np.array([[0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.25]], np.float32)
+    q = np.asarray(lesson.quantize_with(ties, np.array([[1.0]], np.float32), np.array([[0]], np.int32), 8, True))
+    np.testing.assert_array_equal(q, [[0, 2, 2, 0, -2, -2, 3]], err_msg="x / s exactly halfway rounds to the even "
+                                  "integer (np.round), not away from zero")
 
 
 @pytest.mark.exercise("10.4")
@@ -725,6 +735,35 @@ def test_quantlinear_drops_into_a_model(lesson):
 
 
 @pytest.mark.exercise("10.9")
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_quantlinear_w8a8_uses_the_integer_gemm(lesson, granularity):
+    """W8A8 multiplies int8 by int8 with the GEMM it is given, and rescales its int32 result: adding 1000 to
+    every entry the GEMM returns must move y[t, n] by 1000 s_x[t] s_w[n]. Dequantizing both operands
+    and multiplying in float gives the same numbers but never calls it (the int8 kernel does no work)."""
+    rng = np.random.default_rng(21)
+    k, n, t = 20, 6, 7
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    calls = []
+
+    def gemm(a, b, bump=0):
+        calls.append((np.asarray(a).dtype, np.asarray(a).shape, np.asarray(b).dtype, np.asarray(b).shape))
+        return np_gemm(a, b) + np.int32(bump)
+
+    layer = lesson.QuantLinear(w, None, mode="w8a8", granularity=granularity, gemm=gemm, quantize_fn=np_quantize)
+    y = layer(x).numpy().astype(np.float64)
+    assert calls == [(np.dtype(np.int8), (t, k), np.dtype(np.int8), (k, n))], (
+        f"one forward must call the int8 GEMM once, on int8 (T, K) and (K, N) operands; calls: {calls}")
+    layer.gemm = lambda a, b: gemm(a, b, bump=1000)
+    y1 = layer(x).numpy().astype(np.float64)
+    block = (1, k) if granularity == "channel" else None
+    sx = np.broadcast_to(np_quantize(x, 8, False, block).scale.astype(np.float64), (t, 1))
+    sw = np.broadcast_to(np_quantize(w, 8, True, (k, 1) if granularity == "channel" else None).scale.astype(np.float64), (1, n))
+    np.testing.assert_allclose(y1 - y, 1000 * sx * sw, rtol=1e-4, atol=0,
+                               err_msg="y must be s_x s_w (acc - z_x colsum) with acc the GEMM's int32 result")
+
+
+@pytest.mark.exercise("10.9")
 def test_quantlinear_zero_point_matters(lesson):
     """One-sided activations (after GELU): a forgotten zero-point correction is a large error."""
     rng = np.random.default_rng(12)
@@ -797,6 +836,20 @@ def test_llm_int8_threshold_extremes(lesson):
     assert calls == [], f"threshold 0: every column is an outlier, the int8 path must not be called (got {calls})"
     np.testing.assert_array_equal(np.asarray(cols), np.arange(x.shape[1]))
     np.testing.assert_allclose(y, x @ w, rtol=1e-6, atol=1e-6, err_msg="threshold 0 must equal the float product")
+
+
+@pytest.mark.exercise("10.10")
+def test_llm_int8_outlier_rule(lesson):
+    """A column is an outlier if ANY of its |x| reaches the threshold: one spiking token is enough, a
+    negative spike counts, and exactly the threshold counts; a column of values just below it does not."""
+    rng = np.random.default_rng(22)
+    x = rng.uniform(-1, 1, (9, 12)).astype(np.float32)
+    x[4, 3] = 7.0     # one token
+    x[0, 5] = -6.0    # negative, exactly the threshold
+    x[:, 8] = 5.99    # every token, just below
+    w = rng.standard_normal((12, 4)).astype(np.float32)
+    _, cols = lesson.llm_int8_matmul(x, w, 6.0, int8_matmul=np_w8a8)
+    np.testing.assert_array_equal(np.asarray(cols), [3, 5], err_msg="outlier columns: max_t |x[t, k]| >= threshold")
 
 
 @pytest.mark.exercise("10.10")
@@ -903,3 +956,15 @@ def test_awq_search_dead_channel(lesson):
     w = rng.standard_normal((32, 8)).astype(np.float32)
     s, alpha, errors = lesson.awq_search(x, w, n_grid=5, quantize_w=np_w4)
     assert np.all(np.isfinite(s)) and np.all(s > 0) and len(errors) == 5, "a zero channel must not give 0/inf scales"
+
+
+@pytest.mark.exercise("10.12")
+def test_awq_search_ties_take_the_first_alpha(lesson):
+    """Every channel with the same mean |x|: every alpha gives s = 1 after normalisation, the same error,
+    and the search must return the first, alpha = 0."""
+    rng = np.random.default_rng(23)
+    x = np.where(rng.random((12, 16)) < 0.5, -1.5, 1.5).astype(np.float32)
+    w = rng.standard_normal((16, 5)).astype(np.float32)
+    s, alpha, errors = lesson.awq_search(x, w, n_grid=4, quantize_w=np_w4)
+    assert len(set(errors)) == 1, f"sanity: all alphas give the same error here, got {errors}"
+    assert alpha == 0.0 and np.all(s == 1.0), f"on a tie the first alpha (0) wins; got alpha {alpha}, s {s}"
