@@ -87,8 +87,8 @@ rng = np.random.default_rng(0)
 # reserved and the largest value would be 240; OCP keeps the top exponent for numbers and uses
 # only the all-ones mantissa there for NaN, so 1.110b x 2^8 = 448 is finite (`fn` in the
 # `ml_dtypes` name: finite, NaN-only). E5M2 is a truncated fp16: same exponent, 2 mantissa bits.
-# The spec recommends E4M3 for weights and activations (precision) and E5M2 for gradients
-# (range).
+# Micikevicius et al. (2022) recommend E4M3 for weights and activations (precision) and E5M2
+# for gradients (range).
 #
 # The `FloatFormat` below holds a format's shape; `FORMATS` names the four.
 
@@ -293,14 +293,14 @@ def format_table(fmt: str) -> dict[str, float]:
     v = decode_bits(codes, f).astype(np.float64)
     one = int(np.searchsorted(v, 1.0))
     return {"max": v[-1], "min normal": v[1 << f.man_bits], "min subnormal": v[1],
-            "eps (1 to next)": v[one + 1] - v[one], "binades": math.log2(v[-1] / v[1 << f.man_bits]) + 1}
+            "eps (1 to next)": v[one + 1] - v[one], "binades": math.floor(math.log2(v[-1] / v[1 << f.man_bits])) + 1}
 
 
 print(f"{'format':<10}{'max':>12}{'min normal':>13}{'min subnormal':>15}{'eps':>11}{'normal binades':>16}")
 for name in FORMATS:
     t = format_table(name)
     print(f"{name:<10}{t['max']:>12.6g}{t['min normal']:>13.4g}{t['min subnormal']:>15.4g}"
-          f"{t['eps (1 to next)']:>11.4g}{t['binades']:>16.1f}")
+          f"{t['eps (1 to next)']:>11.4g}{t['binades']:>16d}")
 
 import matplotlib.pyplot as plt
 
@@ -503,8 +503,9 @@ plt.show()
 # %% [markdown]
 # Measured (150 steps, `MINITORCH_SMALL=1`): float32 reaches a validation loss of 0.515; fp16
 # without scaling stalls at 1.525, with 41 % of the first layer's weight gradients exactly zero,
-# because the gradients of the logits, (softmax - onehot) / 64 / 2^16, fall below fp16's
-# smallest subnormal 2^-24 before they reach any weight. With the dynamic scaler (starting at
+# because the gradients of the logits, (softmax - onehot) / 64 / 2^16, are at most 2^-22 and
+# mostly below fp16's smallest subnormal 2^-24 (all of them where |softmax - onehot| < 1/4)
+# before they reach any weight. With the dynamic scaler (starting at
 # 2^24; it grew to 2^27 with no step skipped) fp16 matches float32 to three decimals, and bf16
 # does with no scaler at all, as its range predicts. Micikevicius et al. found the same on real
 # networks: a large share of activation gradients below fp16's smallest subnormal, and loss
@@ -1323,10 +1324,10 @@ check("10.9")
 # %% [markdown]
 # ## 8. Outliers
 #
-# Transformers grow a few activation channels whose magnitude is 10-100x the rest, in the
-# same channels for every token (Dettmers et al. 2022; Bondarenko et al. 2021). With one
-# scale per token, those channels set the step size, and the ordinary channels round to a
-# handful of levels. Weights are well-behaved. Three ways out:
+# Transformers grow a few activation channels whose magnitude is far above the rest (about 100x
+# in large OPT models, Xiao et al. 2023), in the same channels for every token (Dettmers et al.
+# 2022; Bondarenko et al. 2021). With one scale per token, those channels set the step size,
+# and the ordinary channels round to a handful of levels. Weights are well-behaved. Three ways out:
 #
 # - **LLM.int8()** (Dettmers et al., "LLM.int8(): 8-bit Matrix Multiplication for
 #   Transformers at Scale", 2022): find the input columns where any |x| reaches a threshold
@@ -1703,7 +1704,7 @@ if HAVE_GPT:
     plt.show()
 
 # %% [markdown]
-# Measured on the shipped checkpoint (all 64 validation windows of lesson 09's split, `make
+# Measured on the shipped checkpoint (the first 64 validation windows, `EVAL_WINDOWS`, of lesson 09's split, `make
 # demo`; 393,216 bytes of float32 Linear weights):
 #
 # | variant | bytes of Linear weights | of fp32 | val loss (nats/char) |
