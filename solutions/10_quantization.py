@@ -916,8 +916,11 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 # thirds of NumPy's BLAS. A `vpmaddwd` does 32 multiply-adds, twice a float32 FMA's 16, but each
 # output here is one dot product that reloads and re-widens both of its rows, while lesson 06's
 # micro-kernel keeps a block of outputs in registers and reuses every load. Blocking the int8
-# loop the same way (4 rows of A by 2 rows of B^T per pass over k) gave 1.2x lesson 06's kernel
-# in a quick experiment: narrow arithmetic pays only once the loads are amortised.
+# loop the same way (4 rows of A by 2 rows of B^T, eight int32 sums per pass over k) gave 1.2x
+# lesson 06's kernel in a quick experiment, but LLVM then vectorised it with 32-bit multiplies
+# (`vpmulld`), not `vpmaddwd`: it recognises the widening pattern only in a single dot-product
+# reduction. Fast int8 on a CPU needs both, which is why libraries write these kernels with
+# intrinsics or assembly (oneDNN, FBGEMM).
 
 # %% [markdown]
 # ### The same GEMM on a GPU: `__dp4a`
