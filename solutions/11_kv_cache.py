@@ -611,8 +611,11 @@ plt.show()
 # On the course's 2-core development machine (x86-64, NumPy, float32) this printed 3,963 tokens/s
 # with the cache and 121 without over 512 tokens (32.6x), and 0.21 ms per token with the cache
 # early in the run against 0.24 ms late: flat, while the uncached step grows with the position.
-# The ratio keeps growing with the length (the counted work above grows as T^2 against T);
-# `make bench L=kvcache` measures it at 128 to 1,024 tokens.
+# The ratio keeps growing with the length (the counted work above grows as T^2 against T):
+# `make bench L=kvcache` measured 4.4x, 8.9x, 20.5x and 87x after 128, 256, 512 and 1,024
+# tokens in one run (17x to 21x at 512 over runs). A 64-wide model's cached step is mostly
+# NumPy's per-call overhead, about 0.2 ms whatever it computes; for a 4x wider model (d = 256),
+# whose cached step is arithmetic, the same bench gave 29x at 512 tokens.
 
 # %% [markdown]
 # ## 3. What the cache costs, and why decode is memory-bound
