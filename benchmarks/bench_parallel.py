@@ -14,20 +14,15 @@
 
 from __future__ import annotations
 
-import math
 import time
 from fractions import Fraction
 from itertools import product
 from pathlib import Path
 
-import numpy as np
-
-from minitorch.autograd import Tensor
-from minitorch.comm import chunk_bounds, mpi_status, run
+from minitorch.comm import mpi_status, run
 from minitorch.model_parallel import (ClusterSpec, ModelSpec, Plan, best_plan, estimate_plan, gpipe_schedule,
                                       interleaved_schedule, measured_bubble, one_f_one_b_schedule, pipeline_intervals,
-                                      pipeline_step, plot_pipeline, simulate_plan, simulate_schedule, split_layers)
-from minitorch.nn import Linear, Module, cross_entropy
+                                      pipeline_timings, plot_pipeline, simulate_plan, simulate_schedule)
 
 
 def schedule_table(p: int = 4, t_comm: Fraction = Fraction(0)) -> list[tuple]:
@@ -69,52 +64,6 @@ def planner_grid() -> list[tuple]:
         best = min(simulated, key=simulated.get)
         rows.append((model, alpha, beta, n, len(plans), pick, best, simulated[pick] / simulated[best], max(errors)))
     return rows
-
-
-class Dense(Module):
-    def __init__(self, n_in, n_out, rng, act):
-        self.lin = Linear(n_in, n_out, rng=rng, init="glorot")
-        for prm in self.lin.parameters():
-            prm.data = prm.data.astype(np.float64)
-        self.act = act
-
-    def forward(self, x):
-        y = self.lin(x)
-        return y.tanh() if self.act else y
-
-
-def timed_pipeline(comm, width, batch, m, reps):
-    """(best step time, its start) of 1F1B on a 12-layer MLP split over comm's ranks; one warm-up."""
-    rng = np.random.default_rng(0)
-    layers = [Dense(width, width if i < 11 else 5, rng, i < 11) for i in range(12)]
-    chunks = split_layers(layers, comm.size, comm.rank)
-    data = np.random.default_rng(1)
-    X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
-    bounds = chunk_bounds(batch, m)
-    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
-    steps = one_f_one_b_schedule(comm.size, m)[comm.rank]
-    best = (math.inf, 0.0)
-    for rep in range(reps + 1):
-        for c in chunks:
-            c.zero_grad()
-        comm.barrier()
-        t0 = comm.time
-        pipeline_step(comm, chunks, steps, inputs, targets, lambda out, t: cross_entropy(out, t) * (len(t) / batch))
-        comm.barrier()
-        if rep:
-            best = min(best, (comm.time - t0, t0))
-    return best
-
-
-def pipeline_timings(comm, width, batch, m, reps):
-    """On 2 ranks, one launch: rank 0 alone (a group of one) times the whole batch and the m
-    micro-batches, then both ranks time the 2-stage pipeline."""
-    alone = None
-    if comm.rank == 0:
-        solo = comm.group([0])
-        alone = (timed_pipeline(solo, width, batch, 1, reps)[0], timed_pipeline(solo, width, batch, m, reps)[0])
-    comm.barrier()
-    return alone, timed_pipeline(comm, width, batch, m, reps)
 
 
 def main(out_dir: Path) -> None:

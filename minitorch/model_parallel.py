@@ -18,7 +18,7 @@ from minitorch.attention import attention_np, causal_mask, merge_attention, merg
 from minitorch.autograd import Tensor, topo_order
 from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
 from minitorch.gpt import gelu
-from minitorch.nn import Module, Parameter, cross_entropy
+from minitorch.nn import Linear, Module, Parameter, cross_entropy
 from minitorch.parallel import free_graph, op_flops, ring_allreduce
 
 
@@ -393,6 +393,26 @@ def measured_bubble(intervals: list[Interval], p: int) -> float:
     return 1.0 - sum(iv.end - iv.start for iv in intervals) / (p * span)
 
 
+class Dense(Module):
+    """tanh(x @ W + b), or just x @ W + b for the output layer; float64."""
+
+    def __init__(self, n_in, n_out, rng, act=True):
+        self.lin = Linear(n_in, n_out, rng=rng, init="glorot")
+        for prm in self.lin.parameters():
+            prm.data = prm.data.astype(np.float64)
+        self.act = act
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y.tanh() if self.act else y
+
+
+def mlp_layers(n_layers: int = 12, width: int = 64, classes: int = 5, seed: int = 0) -> list[Dense]:
+    """The test MLP: n_layers Dense layers, width -> ... -> classes, float64, seeded."""
+    rng = np.random.default_rng(seed)
+    return [Dense(width, width if i < n_layers - 1 else classes, rng, act=i < n_layers - 1) for i in range(n_layers)]
+
+
 def copy_to_tp(comm: Communicator, x: Tensor, allreduce: Callable = ring_allreduce) -> Tensor:
     """Megatron's f: forward the identity (a new node), backward all-reduce (sum) the gradient
     over comm's ranks with allreduce(comm, array)."""
@@ -750,3 +770,39 @@ def best_plan(model: ModelSpec, cluster: ClusterSpec) -> tuple[Plan, Estimate]:
                          + (f": the smallest, {smallest[0]}, needs {smallest[1].memory / 1e9:.3g} GB" if smallest else
                             " (no valid plan at all: check the batch, heads and layers against the rank count)"))
     return best[1], best[2]
+
+
+def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int) -> tuple[float, float]:
+    """(best step time, start of that step) of a 1F1B pipeline of the 12-layer MLP (`mlp_layers`,
+    the given width, float64) split over comm's ranks, on a batch of `batch` rows in m micro-batches;
+    the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI)."""
+    layers = mlp_layers(12, width, 5, seed=0)
+    chunks = split_layers(layers, comm.size, comm.rank)
+    data = np.random.default_rng(1)
+    X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
+    bounds = chunk_bounds(batch, m)
+    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
+    steps = one_f_one_b_schedule(comm.size, m)[comm.rank]
+    best = (math.inf, 0.0)
+    for rep in range(reps + 1):  # the first one warms up
+        for c in chunks:
+            c.zero_grad()
+        comm.barrier()
+        t0 = comm.time
+        pipeline_step(comm, chunks, steps, inputs, targets, lambda out, t: cross_entropy(out, t) * (len(t) / batch))
+        comm.barrier()
+        if rep:
+            best = min(best, (comm.time - t0, t0))
+    return best
+
+
+def pipeline_timings(comm: Communicator, width: int, batch: int, m: int,
+                     reps: int) -> tuple[tuple[float, float] | None, tuple[float, float]]:
+    """On 2 ranks, one launch: rank 0 alone (a group of one) times the whole batch and the m
+    micro-batches (None on rank 1), then both ranks time the 2-stage pipeline (timed_pipeline)."""
+    alone = None
+    if comm.rank == 0:
+        solo = comm.group([0])
+        alone = (timed_pipeline(solo, width, batch, 1, reps)[0], timed_pipeline(solo, width, batch, m, reps)[0])
+    comm.barrier()
+    return alone, timed_pipeline(comm, width, batch, m, reps)

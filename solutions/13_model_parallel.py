@@ -74,7 +74,7 @@ from minitorch.attention import attention_np, causal_mask, merge_attention, merg
 from minitorch.autograd import Tensor, topo_order
 from minitorch.comm import Communicator, DeadlockError, Event, RunResult, chunk_bounds, mpi_status, run
 from minitorch.gpt import gelu
-from minitorch.nn import Module, Parameter, cross_entropy
+from minitorch.nn import Linear, Module, Parameter, cross_entropy
 from minitorch.parallel import free_graph, op_flops, ring_allreduce
 
 # %% [markdown]
@@ -744,11 +744,8 @@ def measured_bubble(intervals: list[Interval], p: int) -> float:
 # training on the whole batch. The timeline is the simulator's clock (FLOPs at `flop_rate`, each
 # message `alpha + n beta`); compare it with the schedule simulator's picture of section 2.
 
-# %% tags=["demo"]
-from minitorch.comm import chunk_bounds, mpi_status, run
-from minitorch.nn import Linear, cross_entropy
-
-
+# %%
+#| export
 class Dense(Module):
     """tanh(x @ W + b), or just x @ W + b for the output layer; float64."""
 
@@ -763,11 +760,12 @@ class Dense(Module):
         return y.tanh() if self.act else y
 
 
-def mlp_layers(n_layers=12, width=64, classes=5, seed=0):
+def mlp_layers(n_layers: int = 12, width: int = 64, classes: int = 5, seed: int = 0) -> list[Dense]:
+    """The test MLP: n_layers Dense layers, width -> ... -> classes, float64, seeded."""
     rng = np.random.default_rng(seed)
     return [Dense(width, width if i < n_layers - 1 else classes, rng, act=i < n_layers - 1) for i in range(n_layers)]
 
-
+# %% tags=["demo"]
 BATCH, M = 96, 8
 data_rng = np.random.default_rng(1)
 X_pipe, y_pipe = data_rng.standard_normal((BATCH, 64)), data_rng.integers(0, 5, BATCH)
@@ -1609,11 +1607,13 @@ print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step"
 # after the other, on this 2-core machine: the step time (best of 3), and the bubble in the
 # measured timeline (`stage_forward` and `stage_backward` record wall-clock intervals under MPI).
 
-# %% tags=["demo"]
-def timed_pipeline(comm, width, batch, m, reps):
-    """(best step time, start of that step) of a 1F1B pipeline of the 12-layer MLP, after a warm-up."""
-    rng = np.random.default_rng(0)
-    layers = [Dense(width, width if i < 11 else 5, rng, act=i < 11) for i in range(12)]
+# %%
+#| export
+def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int) -> tuple[float, float]:
+    """(best step time, start of that step) of a 1F1B pipeline of the 12-layer MLP (`mlp_layers`,
+    the given width, float64) split over comm's ranks, on a batch of `batch` rows in m micro-batches;
+    the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI)."""
+    layers = mlp_layers(12, width, 5, seed=0)
     chunks = split_layers(layers, comm.size, comm.rank)
     data = np.random.default_rng(1)
     X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
@@ -1633,9 +1633,10 @@ def timed_pipeline(comm, width, batch, m, reps):
     return best
 
 
-def pipeline_timings(comm, width, batch, m, reps):
+def pipeline_timings(comm: Communicator, width: int, batch: int, m: int,
+                     reps: int) -> tuple[tuple[float, float] | None, tuple[float, float]]:
     """On 2 ranks, one launch: rank 0 alone (a group of one) times the whole batch and the m
-    micro-batches, then both ranks time the 2-stage pipeline."""
+    micro-batches (None on rank 1), then both ranks time the 2-stage pipeline (timed_pipeline)."""
     alone = None
     if comm.rank == 0:
         solo = comm.group([0])
@@ -1643,7 +1644,7 @@ def pipeline_timings(comm, width, batch, m, reps):
     comm.barrier()
     return alone, timed_pipeline(comm, width, batch, m, reps)
 
-
+# %% tags=["demo"]
 if mpi_status()[0]:
     width, batch, reps = (512, 1024, 3) if not SMALL else (64, 64, 1)
     res = run(pipeline_timings, 2, width, batch, 8, reps, engine="mpi", timeout=300)
