@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -68,25 +69,27 @@ def cpu(results: dict) -> None:
     asm = gemm_int8_kernel.inspect_asm(gemm_int8_kernel.signatures[0])
     madd = find_int8_madd(asm)
     results["cpu"] = {"n": n, "madd_instructions": madd}
-    for threads in sorted({numba.config.NUMBA_NUM_THREADS, 1}, reverse=True):
-        numba.set_num_threads(threads)
-        with blas_limit(threads):
-            gops = {name: ops / t / 1e9 for name, t in interleaved_best(kernels).items()}
-        i8 = gops["int8 GEMM (lesson 10)"]
-        print(f"CPU, n = {n}, {threads} thread{'s' * (threads > 1)} (best of 7, runs interleaved):")
-        for name, g in gops.items():
-            print(f"  {name:<28} {g:8.1f} GOPS   int8 / this = {i8 / g:5.2f}")
-        results["cpu"][f"{threads} threads"] = {"gops": gops, "int8_vs_lesson06": i8 / gops["float32 Numba (lesson 06)"],
-                                                "int8_vs_blas": i8 / gops["float32 NumPy BLAS"]}
-    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    before = numba.get_num_threads()
+    try:
+        for threads in sorted({before, 1}, reverse=True):
+            numba.set_num_threads(threads)
+            with blas_limit(threads):
+                gops = {name: ops / t / 1e9 for name, t in interleaved_best(kernels).items()}
+            i8 = gops["int8 GEMM (lesson 10)"]
+            print(f"CPU, n = {n}, {threads} thread{'s' * (threads > 1)} (best of 7, runs interleaved):")
+            for name, g in gops.items():
+                print(f"  {name:<28} {g:8.1f} GOPS   int8 / this = {i8 / g:5.2f}")
+            results["cpu"][f"{threads} threads"] = {"gops": gops,
+                                                    "int8_vs_lesson06": i8 / gops["float32 Numba (lesson 06)"],
+                                                    "int8_vs_blas": i8 / gops["float32 NumPy BLAS"]}
+    finally:
+        numba.set_num_threads(before)
     print(f"  int8 kernel's widening multiply-adds: {madd or 'none found'}")
 
 
 def interleaved_best(kernels: list, rounds: int = 7) -> dict[str, float]:
     """The fastest of `rounds` runs of each kernel (after one warm-up), the kernels taking turns
     so that a burst of load elsewhere on the machine slows all of them, not one."""
-    import time
-
     best = {}
     for name, fn, args in kernels:
         fn(*args)
