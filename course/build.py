@@ -4,8 +4,10 @@
     python -m course.build --check    # write nothing; exit 1 if lessons/ or minitorch/ are stale
     python -m course.build --force    # also overwrite lesson notebooks a student has edited
 
-A student's edits are detected with lessons/.manifest.json, the hash of each notebook as last
-generated: a notebook whose hash differs from it was changed by hand and is left alone.
+A student's edits are detected with lessons/.manifest.json, the hash of each notebook's content
+(its cells' types and sources) as last generated: a notebook whose content differs from it was
+changed by hand and is left alone. Opening a notebook in JupyterLab, running it and saving it
+(outputs, execution counts, metadata, the source stored as a list of lines) changes no content.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from course.source import (
     enclosing_names,
     read_source,
     strip_directives,
+    tags,
 )
 
 MANIFEST = LESSONS / ".manifest.json"
@@ -67,16 +70,21 @@ def stub_source(source: str, exercise: str | None, where: str) -> str:
     return "\n".join(out)
 
 
+# The metadata JupyterLab's Python kernel writes into a notebook it opens (all but the Python
+# version, which differs between students and which `make build` ignores: see content_hash).
+NOTEBOOK_METADATA = {
+    "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+    "language_info": {"codemirror_mode": {"name": "ipython", "version": 3}, "file_extension": ".py",
+                      "mimetype": "text/x-python", "name": "python", "nbconvert_exporter": "python",
+                      "pygments_lexer": "ipython3"},
+}
+
+
 def _finish(nb, lesson: Lesson):
     """Deterministic ids, no outputs, standard metadata."""
     nb = copy.deepcopy(nb)
     nb.nbformat, nb.nbformat_minor = 4, 5
-    nb.metadata = from_dict(
-        {
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"},
-        }
-    )
+    nb.metadata = from_dict(NOTEBOOK_METADATA)
     for i, cell in enumerate(nb.cells):
         cell["id"] = f"{lesson.stem.replace('_', '-')}-{i:03d}"
         meta = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
@@ -86,16 +94,75 @@ def _finish(nb, lesson: Lesson):
     return nb
 
 
+def given_names(source: str) -> list[str]:
+    """The public names a given cell defines at its top level (functions, classes, assignments)."""
+    import ast
+
+    names = []
+    for node in ast.parse(strip_directives(source)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return [n for n in dict.fromkeys(names) if not n.startswith("_")]
+
+
+def given_import(module: str, names: list[str]) -> str:
+    """The cell that stands for a module's given cells in the student notebook."""
+    lines, line = [], "   "
+    for name in names:
+        if len(line) + len(name) + 2 > 96:
+            lines.append(line)
+            line = "   "
+        line += f" {name},"
+    lines.append(line)
+    body = "\n".join(lines)
+    return (f"# Given, not an exercise: this machinery is minitorch/{module.replace('.', '/')}.py (read it there).\n"
+            f"from minitorch.{module} import (  # noqa: F401\n{body}\n)")
+
+
+def _student_view(nb, lesson: Lesson):
+    """Hide the build machinery: directive lines go, and the cells marked `#| given` (machinery
+    the student reads but does not write: a simulator, a tracer) become one import per module,
+    at the first of them."""
+    default = default_module(nb)
+    given: dict[str, list[str]] = {}
+    for cell in nb.cells:
+        d = directives(cell)
+        if "given" in d:
+            if "export" not in d:
+                raise ValueError(f"{lesson.source.name}: a `#| given` cell must also be exported")
+            given.setdefault(d["export"] or default, []).extend(given_names(cell.source))
+    cells, placed = [], set()
+    for cell in nb.cells:
+        d = directives(cell)
+        if "given" in d:
+            module = d["export"] or default
+            if module in placed:
+                continue
+            placed.add(module)
+            cell.source = given_import(module, list(dict.fromkeys(given[module])))
+        elif cell.cell_type == "code":
+            cell.source = strip_directives(cell.source)
+        cells.append(cell)
+    nb.cells = cells
+    return nb
+
+
 def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset()):
     """The lesson as students get it: solutions replaced by stubs, except the exercises in
-    `solved` (used by `make check` to prove each exercise is graded on its own)."""
+    `solved` (used by `make check` to prove each exercise is graded on its own); no build
+    directives; given machinery imported, not shown."""
     nb = copy.deepcopy(nb if nb is not None else read_source(lesson))
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
             ex = directives(cell).get("exercise")
+            if "gpu" in tags(cell) and not cell.source.startswith("require_gpu()"):
+                raise ValueError(f"{lesson.source.name} cell {i}: a `gpu` cell must start with `require_gpu()`")
             if ex not in solved:
                 cell.source = stub_source(cell.source, ex, f"{lesson.source.name} cell {i}")
-    return _finish(nb, lesson)
+    return _finish(_student_view(nb, lesson), lesson)
 
 
 def solution_notebook(lesson: Lesson, nb=None):
@@ -124,8 +191,12 @@ def notebook_text(nb) -> str:
     return nbformat.writes(nbformat.from_dict(nb), version=4) + "\n"
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def content_hash(text: str) -> str:
+    """Hash of a notebook's content: each cell's type and source, nothing else (not outputs,
+    execution counts, ids or metadata, which running a notebook in Jupyter changes)."""
+    cells = json.loads(text).get("cells", [])
+    content = [(c.get("cell_type"), "".join(c.get("source", ""))) for c in cells]
+    return hashlib.sha256(json.dumps(content).encode()).hexdigest()
 
 
 def outputs() -> dict[Path, str]:
@@ -156,6 +227,13 @@ def stale(files: dict[Path, str]) -> list[str]:
     return problems
 
 
+def _content_or_none(text: str) -> str | None:
+    try:
+        return content_hash(text)
+    except (ValueError, AttributeError, TypeError):  # not a notebook any more: the student's to keep
+        return None
+
+
 def build(force: bool = False) -> int:
     files = outputs()
     manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
@@ -166,15 +244,17 @@ def build(force: bool = False) -> int:
             current = path.read_text()
             if current == text:
                 if path.suffix == ".ipynb":
-                    manifest[key] = _sha(text)
+                    manifest[key] = content_hash(text)
                 continue
-            if path.suffix == ".ipynb" and not force and manifest.get(key) != _sha(current):
+            # (a manifest from before content hashes holds the hash of the whole file)
+            if path.suffix == ".ipynb" and not force and manifest.get(key) not in (
+                    _content_or_none(current), hashlib.sha256(current.encode()).hexdigest()):
                 refused.append(str(path.relative_to(ROOT)))
                 continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         if path.suffix == ".ipynb":
-            manifest[key] = _sha(text)
+            manifest[key] = content_hash(text)
         print(f"wrote {path.relative_to(ROOT)}")
     for p in PACKAGE.glob("**/*.py"):
         if p not in files and p.read_text().startswith("# Generated from solutions/"):

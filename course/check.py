@@ -3,7 +3,9 @@
     from course.check import check
     check("1.2")
 
-Nothing is saved or written: the tests see the notebook's current globals.
+Nothing is saved or written: the tests see the notebook's current globals. Importing this module
+in a notebook also installs course.notebook's hooks: a cell that needs an exercise not written
+yet, or a GPU that is not there, says so in one line and Run All goes on.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import contextlib
 import io
 import sys
 
-from course import loader
+from course import loader, notebook
 from course.source import ROOT, find_lesson
+
+notebook.install()
 
 
 def check(exercise: str, names: dict | None = None) -> None:

@@ -39,3 +39,15 @@ def gpu_status() -> tuple[bool, str]:
         last = (out.stderr.strip().splitlines() or ["unknown error"])[-1]
         return False, f"a test kernel launch failed: {last}"
     return True, out.stdout.strip()
+
+
+def require_gpu() -> str:
+    """The first line of every notebook cell tagged `gpu`: returns the device's name where a CUDA
+    GPU runs kernels, else skips the rest of the cell with the reason (one printed line in a
+    notebook, see course.notebook; a `SkipCell` exception elsewhere)."""
+    from course.notebook import SkipCell
+
+    ok, why = gpu_status()
+    if not ok:
+        raise SkipCell(f"this cell needs a CUDA GPU: {why}")
+    return why

@@ -42,33 +42,32 @@ def _cell_text(cell) -> str:
     return "".join(parts).strip()
 
 
+DEMO_CELL_LIMIT = float(os.environ.get("MT_DEMO_CELL_LIMIT", 900))  # s per cell on the reference machine
+
+
 def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = False) -> tuple[bool, str, dict[str, str], list[dict]]:
-    """Run the lesson's solution notebook (or, with stub=True, the student notebook's loaded and
-    check cells, going on past errors); GPU cells become a printed skip where no GPU works.
+    """Run the lesson's solution notebook (or, with stub=True, the student notebook) exactly as
+    JupyterLab's Run All does: every cell in order in a plain kernel, nothing rewritten, stopping
+    at the first cell that ends in an error. `gpu` cells skip themselves where no GPU works, and
+    cells that need an unwritten exercise say so in one line (course.notebook). Each cell may run
+    DEMO_CELL_LIMIT seconds, scaled by the machine's measured speed (course.timing).
 
     Returns (ok, error message, {exercise: what its check cell printed}, the result of every test
-    the check cells ran, as course.pytest_plugin records them)."""
+    the check cells ran, as course.pytest_plugin records them). The executed notebook is written
+    to out_dir whatever happened."""
     import tempfile
 
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     from course.build import solution_notebook, student_notebook
     from course.gpu import gpu_status
     from course.grade import _child_env, _read_jsonl
     from course.source import tags
+    from course.timing import time_scale
 
-    if stub:
-        nb = student_notebook(lesson)
-        nb.cells = [c for c in nb.cells if not (tags(c) & {"demo", "gpu"})]
-    else:
-        nb = solution_notebook(lesson)
-    nb = nbformat.from_dict(nb)
-    ok, reason = gpu_status()
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "gpu" in tags(cell) and not ok:
-            cell.source = f'print("skipped: this cell needs a CUDA GPU ({reason})")'
+    nb = nbformat.from_dict(student_notebook(lesson) if stub else solution_notebook(lesson))
     out_dir.mkdir(parents=True, exist_ok=True)
     out = out_dir / f"{lesson.stem}{'.stub' if stub else ''}.ipynb"
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
@@ -76,24 +75,47 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
     env = {**os.environ, "MINITORCH_SMALL": "1" if small else "0", "MT_RESULTS": results}
     if small:  # a correctness run on a shared machine: see course.grade
         env = _child_env({**env, "MT_RESULTS": results})
-    client = NotebookClient(nb, timeout=900, kernel_name="python3", allow_errors=stub,
+    limit = round(DEMO_CELL_LIMIT * time_scale())
+    running: list[int] = []
+    client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warning
+                            on_cell_start=lambda cell, cell_index: running.append(cell_index),
                             resources={"metadata": {"path": str(lesson.notebook.parent)}})
     try:
         client.execute(env=env)
         message = ""
+    except CellTimeoutError:
+        i = running[-1] if running else -1
+        first = nb.cells[i].source.strip().splitlines()[0] if i >= 0 else "?"
+        message = (f"cell {i} (`{first}`) ran past the per-cell limit of {limit} s ({DEMO_CELL_LIMIT:g} s on the "
+                   f"course's reference machine, x{time_scale():.2f} for this machine's measured speed). The "
+                   f"notebook up to that cell is in {out}. Run it on a quieter machine, or allow more with "
+                   f"MT_DEMO_CELL_LIMIT=<seconds>.")
     except CellExecutionError as exc:
-        message = str(exc).strip()
-        message = "\n".join(message.splitlines()[-15:])
-    except Exception as exc:  # noqa: BLE001 - kernel death, timeouts: report, don't crash the check
+        i = running[-1] if running else -1
+        message = f"cell {i} ended in an error, and Run All stops there:\n" + \
+            "\n".join(str(exc).strip().splitlines()[-15:])
+    except Exception as exc:  # noqa: BLE001 - kernel death: report, don't crash the check
         message = f"{type(exc).__name__}: {exc}"
     nbformat.write(nb, out)
     tests = [r for r in _read_jsonl(results) if r.get("event") == "end"]
     os.unlink(results)
     checks = {}
-    for cell in nb.cells:
+    if not message and running and running[-1] != len(nb.cells) - 1:
+        message = f"Run All stopped at cell {running[-1]}, not at the last cell ({len(nb.cells) - 1})"
+    ok_gpu, reason = gpu_status()
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        text = _cell_text(cell)
         m = re.fullmatch(r"""check\(["']([\d.]+)["']\)""", cell.source.strip()) if "check" in tags(cell) else None
         if m:
-            checks[m.group(1)] = _cell_text(cell)
+            checks[m.group(1)] = text
+        if not message and "Traceback (most recent call last)" in text:
+            message = f"cell {i} printed a traceback although Run All went on:\n{text[-1500:]}"
+        if not message and "gpu" in tags(cell) and not ok_gpu and i in running and \
+                not text.startswith("skipped: this cell needs a CUDA GPU"):
+            message = f"gpu cell {i} should say it skipped (no GPU here: {reason}), but printed:\n{text[:500]}"
     return not message, message, checks, tests
 
 

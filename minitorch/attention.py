@@ -2,8 +2,6 @@
 """minitorch.attention: scaled dot-product attention (autograd and NumPy), its cost, the online
 softmax and the merge of partial results, and FlashAttention-style tiled attention (Numba on the
 CPU, CUDA C for the GPU).
-
-Generated from solutions/09_attention.py (lesson 09).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 # Generated from solutions/02_autograd.py by `make build`. Do not edit.
-"""minitorch.autograd: reverse-mode automatic differentiation over minitorch.tensor.
-
-Generated from solutions/02_autograd.py (lesson 02).
-"""
+"""minitorch.autograd: reverse-mode automatic differentiation over minitorch.tensor."""
 from __future__ import annotations
 
 import contextlib

@@ -1,8 +1,5 @@
 # Generated from solutions/04_measuring.py by `make build`. Do not edit.
-"""minitorch.bench: honest timing, FLOP/byte counting, rooflines and transformer arithmetic.
-
-Generated from solutions/04_measuring.py (lesson 04).
-"""
+"""minitorch.bench: honest timing, FLOP/byte counting, rooflines and transformer arithmetic."""
 from __future__ import annotations
 
 import contextlib

@@ -1,7 +1,7 @@
 # Generated from solutions/12_data_parallel.py by `make build`. Do not edit.
 """minitorch.comm: one Communicator interface, two engines, one runner.
 
-Generated from solutions/12_data_parallel.py (lesson 12). Lesson 13 builds on it.
+Given in lesson 12 (not an exercise); lesson 13 builds on it.
 
     result = run(fn, nranks, *args, engine="sim" | "mpi", alpha=..., beta=..., flop_rate=...)
 

@@ -1,8 +1,5 @@
 # Generated from solutions/05_cpu_matmul.py by `make build`. Do not edit.
-"""minitorch.cpu_matmul: matrix multiplication on the CPU, from Python loops to cache tiling.
-
-Generated from solutions/05_cpu_matmul.py (lesson 05).
-"""
+"""minitorch.cpu_matmul: matrix multiplication on the CPU, from Python loops to cache tiling."""
 from __future__ import annotations
 
 import functools

@@ -1,8 +1,5 @@
 # Generated from solutions/03_training.py by `make build`. Do not edit.
-"""minitorch.data: classification data generated on the spot (no downloads).
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.data: classification data generated on the spot (no downloads)."""
 import numpy as np
 
 

@@ -1,8 +1,6 @@
 # Generated from solutions/09_attention.py by `make build`. Do not edit.
 """minitorch.gpt: a character-level GPT (the shape of nanoGPT) trained on Python's own help
 text; its corpus, tokenizer, layers, training loop, evaluation and the shipped checkpoint.
-
-Generated from solutions/09_attention.py (lesson 09).
 """
 from __future__ import annotations
 

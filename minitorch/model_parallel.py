@@ -2,8 +2,7 @@
 """minitorch.model_parallel: pipeline schedules and their simulator, pipeline execution on a
 communicator, Megatron-style tensor parallelism, ring attention, and a parallelism planner.
 
-Generated from solutions/13_model_parallel.py (lesson 13). Runs on any `minitorch.comm`
-communicator (simulated or MPI).
+Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 # Generated from solutions/03_training.py by `make build`. Do not edit.
-"""minitorch.nn: modules, parameters, layers, a stable cross-entropy and a training loop.
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.nn: modules, parameters, layers, a stable cross-entropy and a training loop."""
 from __future__ import annotations
 
 from typing import Any, Callable

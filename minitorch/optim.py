@@ -1,8 +1,5 @@
 # Generated from solutions/03_training.py by `make build`. Do not edit.
-"""minitorch.optim: SGD with momentum and weight decay, and Adam.
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.optim: SGD with momentum and weight decay, and Adam."""
 from typing import Iterable
 
 import numpy as np

@@ -2,8 +2,7 @@
 """minitorch.parallel: collectives from send/recv, the alpha-beta cost model, data-parallel
 training with gradient bucketing, ZeRO sharding and activation checkpointing.
 
-Generated from solutions/12_data_parallel.py (lesson 12). Runs on any `minitorch.comm`
-communicator (simulated or MPI).
+Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 

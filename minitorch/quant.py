@@ -1,8 +1,6 @@
 # Generated from solutions/10_quantization.py by `make build`. Do not edit.
 """minitorch.quant: number formats by hand, loss scaling, int8/int4 quantization, an int8 GEMM,
 a systolic array, quantized Linear layers and the outlier methods (LLM.int8, SmoothQuant, AWQ).
-
-Generated from solutions/10_quantization.py (lesson 10).
 """
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 # Generated from solutions/11_kv_cache.py by `make build`. Do not edit.
 """minitorch.serve: generation with a KV cache, grouped-query attention, a paged KV cache with a
 block allocator, continuous batching and speculative decoding, on lesson 09's tiny GPT in NumPy.
-
-Generated from solutions/11_kv_cache.py (lesson 11).
 """
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 # Generated from solutions/06_simd_threads.py by `make build`. Do not edit.
-"""minitorch.simd_matmul: SIMD and multi-threaded matmul with Numba, and minitorch's Numba backend.
-
-Generated from solutions/06_simd_threads.py (lesson 06).
-"""
+"""minitorch.simd_matmul: SIMD and multi-threaded matmul with Numba, and minitorch's Numba backend."""
 from __future__ import annotations
 
 import platform

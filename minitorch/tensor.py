@@ -1,8 +1,5 @@
 # Generated from solutions/01_tensors.py by `make build`. Do not edit.
-"""minitorch.tensor: storage, strides, broadcasting and the Tensor class.
-
-Generated from solutions/01_tensors.py (lesson 01).
-"""
+"""minitorch.tensor: storage, strides, broadcasting and the Tensor class."""
 from __future__ import annotations
 
 import contextlib

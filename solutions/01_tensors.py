@@ -19,7 +19,8 @@
 # 6. `normalize_axis`: the axis argument of every reduction, with clear errors.
 # 7. `Tensor._binary`: elementwise arithmetic with broadcasting, type and device checks.
 #
-# What you write becomes `minitorch/tensor.py`. Lesson 02 subclasses its `Tensor` to add
+# The course's reference version of this lesson is `minitorch/tensor.py`; later lessons import
+# it, so they work whether or not you finish this one. Lesson 02 subclasses its `Tensor` to add
 # autograd, lesson 06 plugs in a Numba matmul and lesson 08 a CuPy (GPU) array backend, all
 # without editing this module: the extension points are listed in section 7.
 # Background: [memory layout](../hardware_notes/memory_layout.md) (row-major storage,
@@ -30,10 +31,7 @@
 # %%
 #| default_exp tensor
 #| export
-"""minitorch.tensor: storage, strides, broadcasting and the Tensor class.
-
-Generated from solutions/01_tensors.py (lesson 01).
-"""
+"""minitorch.tensor: storage, strides, broadcasting and the Tensor class."""
 from __future__ import annotations
 
 import contextlib

@@ -33,10 +33,7 @@
 # %%
 #| default_exp autograd
 #| export
-"""minitorch.autograd: reverse-mode automatic differentiation over minitorch.tensor.
-
-Generated from solutions/02_autograd.py (lesson 02).
-"""
+"""minitorch.autograd: reverse-mode automatic differentiation over minitorch.tensor."""
 from __future__ import annotations
 
 import contextlib

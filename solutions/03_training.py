@@ -31,10 +31,7 @@
 # %%
 #| default_exp nn
 #| export
-"""minitorch.nn: modules, parameters, layers, a stable cross-entropy and a training loop.
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.nn: modules, parameters, layers, a stable cross-entropy and a training loop."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -554,10 +551,7 @@ print("naive:", naive, "  stable:", cross_entropy(Tensor(z), np.array([0, 1])).i
 
 # %%
 #| export optim
-"""minitorch.optim: SGD with momentum and weight decay, and Adam.
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.optim: SGD with momentum and weight decay, and Adam."""
 from typing import Iterable
 
 import numpy as np
@@ -817,10 +811,7 @@ check("3.6")
 
 # %%
 #| export data
-"""minitorch.data: classification data generated on the spot (no downloads).
-
-Generated from solutions/03_training.py (lesson 03).
-"""
+"""minitorch.data: classification data generated on the spot (no downloads)."""
 import numpy as np
 
 

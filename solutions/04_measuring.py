@@ -11,8 +11,8 @@
 # 4. **Transformer arithmetic**: parameters, FLOPs per token (~2N forward, ~6N training),
 #    training memory (16 bytes per parameter for mixed-precision Adam), compute-optimal scaling.
 #
-# What you write becomes `minitorch/bench.py`, the benchmarking utility later lessons and
-# `make bench` use. Hardware background: [the roofline model](../hardware_notes/roofline.md),
+# The course's reference version of this lesson is `minitorch/bench.py`, the benchmarking
+# utility later lessons and `make bench` use. Hardware background: [the roofline model](../hardware_notes/roofline.md),
 # [transformer arithmetic](../hardware_notes/transformer_arithmetic.md), why bandwidth falls
 # further behind compute with every hardware generation
 # ([the memory wall](../hardware_notes/memory.md#the-memory-wall)), and what a training run
@@ -21,10 +21,7 @@
 # %%
 #| default_exp bench
 #| export
-"""minitorch.bench: honest timing, FLOP/byte counting, rooflines and transformer arithmetic.
-
-Generated from solutions/04_measuring.py (lesson 04).
-"""
+"""minitorch.bench: honest timing, FLOP/byte counting, rooflines and transformer arithmetic."""
 from __future__ import annotations
 
 import contextlib

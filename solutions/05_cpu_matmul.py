@@ -16,7 +16,8 @@
 # 5. **Cache blocking (tiling)**: reorganise the loops so that a working set that fits in the
 #    cache is reused many times before it is evicted.
 #
-# What you write becomes `minitorch/cpu_matmul.py`; lesson 06 takes the best kernel from here
+# The course's reference version of this lesson is `minitorch/cpu_matmul.py`; lesson 06 takes
+# the best kernel from there
 # and adds SIMD, a register-blocked micro-kernel and threads. Background for this lesson:
 # [caches and the memory hierarchy](../hardware_notes/caches.md) (lines, associativity,
 # prefetching, the TLB), [memory layout](../hardware_notes/memory_layout.md) (row-major order
@@ -36,10 +37,7 @@
 # %%
 #| default_exp cpu_matmul
 #| export
-"""minitorch.cpu_matmul: matrix multiplication on the CPU, from Python loops to cache tiling.
-
-Generated from solutions/05_cpu_matmul.py (lesson 05).
-"""
+"""minitorch.cpu_matmul: matrix multiplication on the CPU, from Python loops to cache tiling."""
 from __future__ import annotations
 
 import functools

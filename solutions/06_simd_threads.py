@@ -25,7 +25,7 @@
 # 6. **minitorch's Numba backend.** The kernel behind `Tensor.__matmul__`, forward and backward,
 #    and lesson 03's MLP trained on it.
 #
-# What you write becomes `minitorch/simd_matmul.py`. Background:
+# The course's reference version of this lesson is `minitorch/simd_matmul.py`. Background:
 # [SIMD, vector registers and FMA](../hardware_notes/simd.md) (and a core's peak FLOP/s),
 # [caches](../hardware_notes/caches.md) (the levels the blocking targets, and
 # [false sharing](../hardware_notes/caches.md#false-sharing) between threads), and
@@ -37,10 +37,7 @@
 # %%
 #| default_exp simd_matmul
 #| export
-"""minitorch.simd_matmul: SIMD and multi-threaded matmul with Numba, and minitorch's Numba backend.
-
-Generated from solutions/06_simd_threads.py (lesson 06).
-"""
+"""minitorch.simd_matmul: SIMD and multi-threaded matmul with Numba, and minitorch's Numba backend."""
 from __future__ import annotations
 
 import platform

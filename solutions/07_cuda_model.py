@@ -37,6 +37,7 @@ if not (glob.glob("/dev/nvidia[0-9]*") or shutil.which("nvidia-smi")):
 import numpy as np
 
 from course.check import check
+from course.gpu import require_gpu
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 
@@ -110,7 +111,8 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 # and every `cuda.shared.array` the kernel allocates, each element access: which block, which
 # thread, which warp (32 consecutive threads of a block, numbered x fastest), the how-many-th
 # access of that thread it is, and how many barriers the thread has passed. Shared memory
-# starts filled with NaN, so reading a slot nobody wrote yet shows up in the result.
+# starts filled with NaN, so reading a slot nobody wrote yet shows up in the result. The tracer
+# is given, not an exercise: it lives in `minitorch/cuda_kernels.py`, imported below.
 #
 # From that record, `Trace` answers the questions the hardware cares about:
 #
@@ -133,6 +135,7 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 
 # %%
 #| export
+#| given
 class Trace:
     """Every element access made to traced arrays during one simulated launch.
 
@@ -1240,6 +1243,7 @@ for kern, per_block in [(block_sum_kernel, REDUCE_THREADS), (coarse_sum_kernel, 
 # approach a device-to-device copy, and both matmuls to stay far below cuBLAS (lesson 08).
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 import cupy as cp
 
 

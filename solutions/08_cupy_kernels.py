@@ -46,7 +46,7 @@ import numpy as np
 
 from course.check import check
 from course.cuda_c import KernelError, compile_ptx, emulate, ptx_stats, run_kernel
-from course.gpu import gpu_status
+from course.gpu import gpu_status, require_gpu
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 HAVE_GPU, GPU_REASON = gpu_status()
@@ -175,6 +175,7 @@ def gelu_unfused(x: Any, bias: Any) -> Any:
 # write for a binary op).
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 import cupy as cp
 
 xg = cp.random.standard_normal((4096, 4096), dtype=cp.float32)
@@ -230,6 +231,7 @@ def l2norm(x: Any, axis: int | None = None) -> Any:
     return _KERNELS[key](x, axis=axis)
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 xr = cp.random.standard_normal((4096, 4096), dtype=cp.float32)
 assert cp.allclose(l2norm(xr, axis=1), cp.linalg.norm(xr, axis=1), rtol=1e-5)
 t_red = cuda_time_ms(lambda: l2norm(xr, axis=1))
@@ -618,6 +620,7 @@ def sgemm_emulated(a: np.ndarray, b: np.ndarray, kernel: str = "regtile") -> np.
 # the H100 SXM at 67 TFLOP/s FP32 (PCIe: 51); cuBLAS reaches most of it at n = 4096.
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 sizes = [1024, 2048] if SMALL else [1024, 2048, 4096]
 for n in sizes:
     Ag = cp.random.standard_normal((n, n), dtype=cp.float32)
@@ -768,6 +771,7 @@ xs = np.array([[1.0, 2.0, 3.0], [1e4, 1e4, -np.inf]], dtype=np.float32)
 print(softmax_emulated(xs))
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 xs = cp.random.standard_normal((4096, 4096), dtype=cp.float32) * 10
 assert cp.allclose(softmax(xs), softmax_unfused(xs), rtol=1e-5, atol=1e-7)
 t_f, t_u = cuda_time_ms(lambda: softmax(xs)), cuda_time_ms(lambda: softmax_unfused(xs))
@@ -887,6 +891,7 @@ print(f"{steps} steps, emulated CUDA device: {calls['n']} calls of sgemm_regtile
       f"({time.perf_counter() - t0:.1f} s)")
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 enable_cuda("regtile")
 steps = 100 if SMALL else 500
 t0 = time.perf_counter()
@@ -1372,6 +1377,7 @@ check("8.11")
 # writes float16). `make bench` records the same table.
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 n = 2048 if SMALL else 4096
 Ag = cp.random.standard_normal((n, n), dtype=cp.float32)
 Bg = cp.random.standard_normal((n, n), dtype=cp.float32)

@@ -42,7 +42,7 @@ import tracemalloc
 import numpy as np
 
 from course.check import check
-from course.gpu import gpu_status
+from course.gpu import gpu_status, require_gpu
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 HAVE_GPU, GPU_REASON = gpu_status()
@@ -54,8 +54,6 @@ rng = np.random.default_rng(0)
 """minitorch.attention: scaled dot-product attention (autograd and NumPy), its cost, the online
 softmax and the merge of partial results, and FlashAttention-style tiled attention (Numba on the
 CPU, CUDA C for the GPU).
-
-Generated from solutions/09_attention.py (lesson 09).
 """
 from __future__ import annotations
 
@@ -390,8 +388,6 @@ for n_ in (128, 256, 512) if SMALL else (128, 256, 512, 1024):
 #| export gpt
 """minitorch.gpt: a character-level GPT (the shape of nanoGPT) trained on Python's own help
 text; its corpus, tokenizer, layers, training loop, evaluation and the shipped checkpoint.
-
-Generated from solutions/09_attention.py (lesson 09).
 """
 from __future__ import annotations
 
@@ -1881,6 +1877,7 @@ print(f"emulated kernel vs float64 NumPy: max |o error| {np.abs(o_emu - o_ref).m
 # materialised score matrix), float32, d = 64, causal, 16 heads.
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 import cupy as cp
 from minitorch.cupy_kernels import cuda_time_ms
 

@@ -21,7 +21,7 @@
 #    (Dettmers et al. 2022), SmoothQuant (Xiao et al. 2023), AWQ (Lin et al. 2024).
 # 6. **The result on lesson 09's tiny GPT**: bytes of weights against validation loss.
 #
-# What you write becomes `minitorch/quant.py`. Background:
+# The course's reference version of this lesson is `minitorch/quant.py`. Background:
 # [number formats](../hardware_notes/number_formats.md) (fp8, MX formats, int4, which
 # hardware runs what),
 # [systolic arrays](../hardware_notes/accelerators.md#weight-stationary-precisely) and
@@ -34,8 +34,6 @@
 #| export
 """minitorch.quant: number formats by hand, loss scaling, int8/int4 quantization, an int8 GEMM,
 a systolic array, quantized Linear layers and the outlier methods (LLM.int8, SmoothQuant, AWQ).
-
-Generated from solutions/10_quantization.py (lesson 10).
 """
 from __future__ import annotations
 
@@ -57,6 +55,7 @@ import os
 import time
 
 from course.check import check
+from course.gpu import require_gpu
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 rng = np.random.default_rng(0)
@@ -1021,6 +1020,7 @@ def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 check("10.7")
 
 # %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
 import cupy as cp
 
 a8g = cp.random.randint(-128, 128, (333, 517), dtype=cp.int8)

@@ -26,7 +26,8 @@
 #    proposes k tokens, the model checks them in one pass, and a rejection rule keeps the
 #    output distribution exactly the model's.
 #
-# What you write becomes `minitorch/serve.py`. Background: the hardware side of inference
+# The course's reference version of this lesson is `minitorch/serve.py`. Background: the
+# hardware side of inference
 # (bandwidth per token, batch size against arithmetic intensity, cache sizes of real models) in
 # [inference](../hardware_notes/inference.md); the roofline in
 # [roofline](../hardware_notes/roofline.md); parameter and FLOP counts in
@@ -52,8 +53,6 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 #| export
 """minitorch.serve: generation with a KV cache, grouped-query attention, a paged KV cache with a
 block allocator, continuous batching and speculative decoding, on lesson 09's tiny GPT in NumPy.
-
-Generated from solutions/11_kv_cache.py (lesson 11).
 """
 from __future__ import annotations
 

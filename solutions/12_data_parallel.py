@@ -38,8 +38,9 @@
 #   the MPI backend of `torch.distributed` run. The tests run your collectives and training
 #   here too and check that the two engines agree bit for bit.
 #
-# The communicator, both engines and the runner are given: they are `minitorch/comm.py`, the
-# cells right below (read them once). What you write becomes `minitorch/parallel.py`; lesson 13
+# The communicator, both engines and the runner are given: they are `minitorch/comm.py`,
+# imported right below (read it once). The course's reference version of what you write is
+# `minitorch/parallel.py`; lesson 13
 # (pipeline and tensor parallelism) builds on both. Real interconnects, and what alpha and beta
 # are on each: [interconnects](../hardware_notes/interconnects.md). The memory an optimizer
 # costs: [optimizer memory](../hardware_notes/optimizer_memory.md).
@@ -63,8 +64,7 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 """minitorch.parallel: collectives from send/recv, the alpha-beta cost model, data-parallel
 training with gradient bucketing, ZeRO sharding and activation checkpointing.
 
-Generated from solutions/12_data_parallel.py (lesson 12). Runs on any `minitorch.comm`
-communicator (simulated or MPI).
+Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 
@@ -128,9 +128,10 @@ from minitorch.nn import Module, Parameter, cross_entropy
 
 # %%
 #| export comm
+#| given
 """minitorch.comm: one Communicator interface, two engines, one runner.
 
-Generated from solutions/12_data_parallel.py (lesson 12). Lesson 13 builds on it.
+Given in lesson 12 (not an exercise); lesson 13 builds on it.
 
     result = run(fn, nranks, *args, engine="sim" | "mpi", alpha=..., beta=..., flop_rate=...)
 
@@ -378,6 +379,7 @@ class SubComm(Communicator):
 
 # %%
 #| export comm
+#| given
 @dataclass
 class _Message:
     data: np.ndarray
@@ -585,6 +587,7 @@ def _pending_hint(w: _SimWorld) -> str:
 
 # %%
 #| export comm
+#| given
 @dataclass
 class RunResult:
     """What `run` returns. results[r]: fn's return value on rank r; stats[r]: rank r's counters
@@ -742,6 +745,7 @@ def _plain_stats(st: dict) -> dict:
 
 # %%
 #| export comm
+#| given
 _HEADER = 64  # bytes before each message's payload: dtype and shape
 
 

@@ -26,8 +26,9 @@
 # estimates against the simulator.
 #
 # Everything runs on lesson 12's communicator (`minitorch.comm`): the simulated engine, where the
-# tests count messages and bytes and read the timeline, and real MPI processes. What you write
-# becomes `minitorch/model_parallel.py`. The model that gets split is lesson 09's tiny GPT.
+# tests count messages and bytes and read the timeline, and real MPI processes. The course's
+# reference version of this lesson is `minitorch/model_parallel.py`. The model that gets split
+# is lesson 09's tiny GPT.
 #
 # Hardware background: how the GPUs of one node and of many nodes are connected, and why tensor
 # parallelism stays inside a node ([how a DGX H100 is wired](../hardware_notes/interconnects.md#how-a-dgx-h100-is-wired),
@@ -58,8 +59,7 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 """minitorch.model_parallel: pipeline schedules and their simulator, pipeline execution on a
 communicator, Megatron-style tensor parallelism, ring attention, and a parallelism planner.
 
-Generated from solutions/13_model_parallel.py (lesson 13). Runs on any `minitorch.comm`
-communicator (simulated or MPI).
+Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 

@@ -1,0 +1,161 @@
+"""What a lesson notebook does in JupyterLab when a cell needs something that is not there yet.
+
+A student opens a stub notebook and presses Run All. Cells that use an exercise not yet written
+raise the stub's `NotImplementedError("Exercise 9.3: causal_mask")`; cells tagged `gpu` need a
+CUDA GPU. Left alone, each shows a long traceback and Run All stops at the first one, so later
+prose output, plots and check cells never run. `install()` (called when a lesson imports
+`course.check`) registers two IPython hooks that turn exactly these cases into one line and let
+Run All go on:
+
+- an unwritten exercise, anywhere in the exception's chain (a rank's error re-raised by the
+  communicator included): `needs exercise 9.3 (causal_mask), not done yet`;
+- `require_gpu()` (the first line of every `gpu` cell) where no GPU works:
+  `skipped: this cell needs a CUDA GPU (no NVIDIA driver ...)`;
+- a `NameError` for a name that a cell skipped this way would have defined:
+  `needs `losses` from an earlier cell, which needs exercise 9.3 (causal_mask), not done yet`.
+
+Every other error shows its usual traceback and stops Run All, as it should. Figures a skipped
+cell had started are closed, so no empty plot is left behind. Outside IPython (the grader's
+loader, plain Python) nothing is installed and the exceptions propagate.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+_STUB = re.compile(r"Exercise (\d+\.\d+): ([\w.<>]+)")
+
+
+class SkipCell(Exception):
+    """Raised to skip the rest of a notebook cell with a one-line reason (see require_gpu)."""
+
+
+def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
+    """(exercise id, function) if `exc` or an exception in its chain is an unwritten exercise's
+    stub: a NotImplementedError("Exercise L.K: name"), or an error whose text carries one (a
+    rank's error sent back from another process as text)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        text = str(e)
+        if isinstance(e, NotImplementedError) or "NotImplementedError" in text:
+            m = _STUB.search(text)
+            if m:
+                return m.group(1), m.group(2)
+        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    return None
+
+
+def defined_names(source: str) -> set[str]:
+    """Names a cell's top level would bind (assignments, loops, imports, defs, classes)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(child.name)
+                continue  # their bodies bind local names
+            if isinstance(child, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+                continue
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names.add(child.id)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in child.names if a.name != "*")
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+class _Hooks:
+    """The IPython side: a custom exception handler and a post_run_cell hook."""
+
+    def __init__(self, shell):
+        self.shell = shell
+        self.cell = ""  # the source of the cell being run
+        self.skipped = False  # the running cell was skipped (its error is not an error)
+        self.missing: dict[str, str] = {}  # name -> why (the exercise that would have defined it)
+
+    def pre_run_cell(self, info) -> None:
+        self.cell, self.skipped = info.raw_cell or "", False
+
+    def post_run_cell(self, result) -> None:
+        if result is None:
+            return
+        if self.skipped:
+            result.error_in_exec = None  # a reported skip: Run All goes on
+            return
+        if result.success and self.missing:
+            defined = self.shell.user_ns
+            self.missing = {k: v for k, v in self.missing.items() if k not in defined}
+
+    def handler(self, shell, etype, value, tb, tb_offset=None):
+        line = self.one_line(value)
+        if line is None:
+            return shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        self.skipped = True
+        _close_new_figures()
+        print(line)
+        return None
+
+    def one_line(self, value: BaseException) -> str | None:
+        if isinstance(value, SkipCell):
+            return f"skipped: {value}"
+        why = None
+        found = stub_exercise(value)
+        if found:
+            why = f"needs exercise {found[0]} ({found[1]}), not done yet"
+            line = why
+        elif isinstance(value, NameError) and getattr(value, "name", None) in self.missing:
+            why = self.missing[value.name]
+            line = f"needs `{value.name}` from an earlier cell, which {why}"
+        if why is None:
+            return None
+        try:
+            source = self.shell.transform_cell(self.cell)
+        except Exception:  # noqa: BLE001 - a cell IPython cannot transform: nothing to remember
+            source = ""
+        for name in defined_names(source):
+            if name not in self.shell.user_ns:
+                self.missing.setdefault(name, why)
+        return line
+
+
+def _close_new_figures() -> None:
+    """Close open matplotlib figures, so a skipped plotting cell leaves no empty axes behind."""
+    import sys
+
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close("all")
+
+
+_installed: dict[int, _Hooks] = {}
+
+
+def install() -> bool:
+    """Register the hooks in the running IPython kernel (once); False outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    if id(shell) in _installed:
+        return True
+    hooks = _Hooks(shell)
+    shell.set_custom_exc((Exception,), hooks.handler)
+    shell.events.register("pre_run_cell", hooks.pre_run_cell)
+    shell.events.register("post_run_cell", hooks.post_run_cell)
+    _installed[id(shell)] = hooks
+    return True
