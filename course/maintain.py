@@ -93,8 +93,8 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
                    f"MT_DEMO_CELL_LIMIT=<seconds>.")
     except CellExecutionError as exc:
         i = running[-1] if running else -1
-        message = f"cell {i} ended in an error, and Run All stops there:\n" + \
-            "\n".join(str(exc).strip().splitlines()[-15:])
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # no terminal colours in a report
+        message = f"cell {i} ended in an error, and Run All stops there:\n" + "\n".join(text.splitlines()[-15:])
     except Exception as exc:  # noqa: BLE001 - kernel death: report, don't crash the check
         message = f"{type(exc).__name__}: {exc}"
     nbformat.write(nb, out)

@@ -11,7 +11,8 @@ Run All go on:
   communicator included): `needs exercise 9.3 (causal_mask), not done yet`;
 - `require_gpu()` (the first line of every `gpu` cell) where no GPU works:
   `skipped: this cell needs a CUDA GPU (no NVIDIA driver ...)`;
-- a `NameError` for a name that a cell skipped this way would have defined:
+- an error in a cell that reads a name a cell skipped this way would have made (a NameError, or
+  an error from the half-made value: an empty dict the skipped cell had started to fill):
   `needs `losses` from an earlier cell, which needs exercise 9.3 (causal_mask), not done yet`.
 
 Every other error shows its usual traceback and stops Run All, as it should. Figures a skipped
@@ -53,10 +54,21 @@ def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
 
 def defined_names(source: str) -> set[str]:
     """Names a cell's top level would bind (assignments, loops, imports, defs, classes)."""
+    return _names(source, store=True)
+
+
+def used_names(source: str) -> set[str]:
+    """Names a cell reads (anywhere, function bodies included)."""
+    return _names(source, store=False)
+
+
+def _names(source: str, store: bool) -> set[str]:
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return set()
+    if not store:
+        return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -77,26 +89,31 @@ def defined_names(source: str) -> set[str]:
 
 
 class _Hooks:
-    """The IPython side: a custom exception handler and a post_run_cell hook."""
+    """The IPython side: a custom exception handler and pre/post_run_cell hooks."""
 
     def __init__(self, shell):
         self.shell = shell
-        self.cell = ""  # the source of the cell being run
+        self.cell = ""  # the source of the cell being run, as Python (magics transformed)
         self.skipped = False  # the running cell was skipped (its error is not an error)
-        self.missing: dict[str, str] = {}  # name -> why (the exercise that would have defined it)
+        # Names a skipped cell binds, and why it was skipped: they are missing, or half made (a
+        # list the cell had started to fill), until a cell that binds them runs to its end.
+        self.incomplete: dict[str, str] = {}
 
     def pre_run_cell(self, info) -> None:
-        self.cell, self.skipped = info.raw_cell or "", False
+        self.skipped = False
+        try:
+            self.cell = self.shell.transform_cell(info.raw_cell or "")
+        except Exception:  # noqa: BLE001 - a cell IPython cannot transform fails by itself
+            self.cell = ""
 
     def post_run_cell(self, result) -> None:
         if result is None:
             return
         if self.skipped:
             result.error_in_exec = None  # a reported skip: Run All goes on
-            return
-        if result.success and self.missing:
-            defined = self.shell.user_ns
-            self.missing = {k: v for k, v in self.missing.items() if k not in defined}
+        elif result.success:
+            for name in defined_names(self.cell):
+                self.incomplete.pop(name, None)
 
     def handler(self, shell, etype, value, tb, tb_offset=None):
         line = self.one_line(value)
@@ -108,25 +125,22 @@ class _Hooks:
         return None
 
     def one_line(self, value: BaseException) -> str | None:
+        """The line that stands for this error, or None for a real error (a traceback)."""
         if isinstance(value, SkipCell):
             return f"skipped: {value}"
-        why = None
         found = stub_exercise(value)
         if found:
-            why = f"needs exercise {found[0]} ({found[1]}), not done yet"
-            line = why
-        elif isinstance(value, NameError) and getattr(value, "name", None) in self.missing:
-            why = self.missing[value.name]
-            line = f"needs `{value.name}` from an earlier cell, which {why}"
-        if why is None:
-            return None
-        try:
-            source = self.shell.transform_cell(self.cell)
-        except Exception:  # noqa: BLE001 - a cell IPython cannot transform: nothing to remember
-            source = ""
-        for name in defined_names(source):
-            if name not in self.shell.user_ns:
-                self.missing.setdefault(name, why)
+            why = line = f"needs exercise {found[0]} ({found[1]}), not done yet"
+        else:
+            name = getattr(value, "name", None) if isinstance(value, NameError) else None
+            if name not in self.incomplete:  # the first name this cell reads that a skipped cell made
+                name = next((n for n in self.incomplete if n in used_names(self.cell)), None)
+            if name is None:
+                return None
+            why = self.incomplete[name]
+            line = f"needs `{name}` from an earlier cell, which {why}"
+        for name in defined_names(self.cell):
+            self.incomplete.setdefault(name, why)
         return line
 
 

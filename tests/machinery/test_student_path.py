@@ -61,6 +61,9 @@ def test_run_all_goes_past_unwritten_exercises_and_gpu_cells(tmp_path):
         "require_gpu()\nprint('ran on a GPU')",
         "import threading\nerr = []\n"  # an unwritten exercise behind another error (a rank's)
         "try:\n    causal_mask(2)\nexcept NotImplementedError as e:\n    raise RuntimeError('rank 1 failed') from e",
+        "roofs = {}\nfor k in (1, 2):\n    roofs[k] = causal_mask(k)",  # a dict half filled ...
+        "fig, axes = plt.subplots(1, len(roofs))",  # ... fails later: a consequence, not an error
+        "roofs = {1: 2}",  # made whole again: errors that read it are the student's own again
         "print('the end')",
     ], tmp_path)
     assert all(c["ran"] for c in cells), cells
@@ -71,7 +74,9 @@ def test_run_all_goes_past_unwritten_exercises_and_gpu_cells(tmp_path):
     assert cells[4]["text"].startswith("needs `total` from an earlier cell")
     assert cells[5]["text"] == "skipped: this cell needs a CUDA GPU: MINITORCH_NO_GPU=1 is set"
     assert cells[6]["text"] == "needs exercise 9.1 (causal_mask), not done yet"
-    assert cells[7]["text"] == "the end"
+    assert cells[8]["text"] == "needs `roofs` from an earlier cell, which needs exercise 9.1 (causal_mask), not done yet"
+    assert cells[8]["images"] == 0
+    assert cells[10]["text"] == "the end"
 
 
 def test_real_errors_still_stop_run_all_with_their_traceback(tmp_path):
@@ -79,6 +84,8 @@ def test_real_errors_still_stop_run_all_with_their_traceback(tmp_path):
     assert "NameError" in cells[1]["text"] and not cells[2]["ran"], cells
     cells = run_all([PRELUDE, "def f():\n    raise NotImplementedError('not a stub')\nf()", "print('no')"], tmp_path)
     assert "NotImplementedError: not a stub" in cells[1]["text"] and not cells[2]["ran"], cells
+    cells = run_all([PRELUDE, "m = causal_mask(1)", "m = 1", "print(m + 'a')", "print('no')"], tmp_path)
+    assert "TypeError" in cells[3]["text"] and not cells[4]["ran"], cells
 
 
 def test_stub_exercise_finds_the_stub_in_any_chain():
