@@ -1,0 +1,212 @@
+"""The failure message a student reads (a check cell's summary, a `make test` scoreboard).
+
+    with print_options():      # while a test runs: NumPy summarises long arrays with `...`
+        ...
+    describe(excinfo, test_file) -> Feedback(message, function)
+
+The message keeps every line: the assertion's own message (or, for a bare `assert a == b`,
+pytest's comparison), every exception note (the rank a simulated run failed on, hypothesis's
+falsifying example), the call a `pytest.raises` block expected to raise, and, for an exception
+raised in the student's code, where: the notebook cell (or live cell In[n]), the line and its
+source. Only an absurdly long message loses its middle, with a note saying how much.
+`function` names the function the failure came from when it can be known (a stub's
+"Exercise 11.6: PagedKVCache.fork", or the student's function that raised).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import linecache
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+MAX_CHARS = 12_000  # a message longer than this loses its middle (two arrays of 400 floats fit)
+PRINT_OPTIONS = {"threshold": 400, "edgeitems": 8, "linewidth": 100}  # NumPy's print options in tests
+STUB_PREFIX = "Exercise "
+# pytest's own comparison of a bare `assert a == b` shows both sides whole at this verbosity
+PYTEST_ARGS = ["-o", "verbosity_assertions=2"]
+
+
+@dataclass
+class Feedback:
+    message: str
+    function: str | None = None
+
+
+@contextlib.contextmanager
+def print_options():
+    """NumPy print options suited to a failure message; the caller's are restored afterwards."""
+    try:
+        import numpy as np
+    except ImportError:
+        yield
+        return
+    with np.printoptions(**PRINT_OPTIONS):
+        yield
+
+
+def elide(text: str, limit: int = MAX_CHARS) -> str:
+    """`text`, or its first and last lines with a note saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    head = text[: limit // 2].rsplit("\n", 1)[0]
+    tail = text[-limit // 2:].split("\n", 1)[-1]
+    lines = text.count("\n") - head.count("\n") - tail.count("\n") - 1
+    return f"{head}\n... ({len(text) - len(head) - len(tail)} characters, {lines} lines elided) ...\n{tail}"
+
+
+def describe(excinfo, test_file: str | None = None) -> Feedback:
+    """What went wrong, in full, for the exception of a failed test (a pytest ExceptionInfo)."""
+    exc = excinfo.value
+    if getattr(exc, "pytrace", True) is False:  # pytest.fail(..., pytrace=False): the message is all
+        return Feedback(str(getattr(exc, "msg", exc)))
+    text = _headline(exc)
+    if test_file and text.startswith(("Failed: DID NOT RAISE", "Failed: DID NOT WARN")):
+        text += _expected_from(exc, test_file)
+    parts = [elide(text)]
+    parts += [elide(n) for n in _notes(exc)]
+    function = None
+    if isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX):
+        function = str(exc).split(": ", 1)[-1].strip() or None
+    else:
+        frame = student_frame(exc.__traceback__)
+        if frame is not None:
+            parts.append(_where(*frame))
+            function = frame[2] if frame[2] != "<module>" else None
+    return Feedback("\n".join(p for p in parts if p), function)
+
+
+def _headline(exc: BaseException) -> str:
+    """The exception's message without its notes; for an assertion with a message of its own,
+    that message alone (pytest's introspection of the assert expression follows it)."""
+    name = type(exc).__name__
+    text = str(exc)
+    if isinstance(exc, AssertionError) and text:
+        lines = text.splitlines()
+        cut = next((i for i, ln in enumerate(lines) if i and ln.startswith("assert ")), None)
+        if cut is not None and not lines[0].startswith("assert "):  # "message\nassert <introspection>"
+            return "\n".join([lines[0], *(ln.removeprefix("  ") for ln in lines[1:cut])])
+        return _without_full_diff(text)
+    return f"{name}: {text}" if text else name
+
+
+def _without_full_diff(text: str) -> str:
+    """pytest's comparison without its "Full diff:" block: both sides are already shown whole."""
+    out, skip = [], None
+    for ln in text.splitlines():
+        indent = len(ln) - len(ln.lstrip())
+        if skip is not None and (not ln.strip() or indent > skip):
+            continue
+        skip = None
+        if ln.strip().startswith("Full diff:"):
+            skip = indent
+            while out and not out[-1].strip():
+                out.pop()
+            continue
+        out.append(ln)
+    return "\n".join(out)
+
+
+def _notes(exc: BaseException) -> list[str]:
+    """Every note, without hypothesis's line for the `lesson` fixture (an unhelpful repr)."""
+    notes = []
+    for note in getattr(exc, "__notes__", None) or []:
+        lines = [ln for ln in str(note).strip().splitlines() if "lesson=<lesson" not in ln]
+        if any(ln.strip() for ln in lines):
+            notes.append("\n".join(lines))
+    return notes
+
+
+# --- where in the student's code -------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _machinery_dirs() -> tuple[str, ...]:
+    from course.source import ROOT
+
+    dirs = {str(Path(__file__).parent), str(ROOT / "tests"), str(ROOT / "minitorch"), sys.prefix,
+            sys.base_prefix, *(sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib"))}
+    return tuple(sorted({os.path.join(os.path.realpath(d), "") for d in dirs if d}
+                        | {os.path.join(d, "") for d in dirs if d}))
+
+
+def _ipython_cell(filename: str) -> str | None:
+    """'cell In[7]' for a cell of a running IPython (ipykernel names them /tmp/ipykernel_*/<hash>.py)."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    named = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    found = named(filename) if named else None
+    if found:
+        return f"cell {found[1]}"
+    if re.search(r"ipykernel_\d+/|<ipython-input-", filename):
+        return "a notebook cell"
+    return None
+
+
+def _is_student(filename: str) -> bool:
+    if re.search(r", cell \d+$", filename) or _ipython_cell(filename):  # course.loader, IPython
+        return True
+    if filename.startswith("<"):  # <string> (dataclasses, exec), <frozen ...>
+        return False
+    return not (filename.startswith(_machinery_dirs()) or os.path.realpath(filename).startswith(_machinery_dirs()))
+
+
+def student_frame(tb) -> tuple[str, int, str] | None:
+    """(filename, line, function) of the innermost traceback entry in the student's code:
+    not in the tests, pytest, NumPy, the standard library, course/ or minitorch/."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if _is_student(code.co_filename):
+            found = (code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name))
+        tb = tb.tb_next
+    return found
+
+
+def _where(filename: str, line: int, function: str) -> str:
+    place = _ipython_cell(filename) or filename
+    source = linecache.getline(filename, line).strip()
+    at = f"raised in your code: {place}, line {line}" + (f", in {function}" if function != "<module>" else "")
+    return at + (f":\n    {source}" if source else "")
+
+
+# --- DID NOT RAISE: the call that should have raised -----------------------------------------
+
+@lru_cache(maxsize=32)
+def _parsed(path: str) -> tuple[str, ast.AST] | None:
+    try:
+        source = Path(path).read_text()
+        return source, ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _expected_from(exc: BaseException, test_file: str) -> str:
+    """'\\nExpected ValueError from: lesson.f(-1)', from the `with pytest.raises(...)` block."""
+    line = None
+    tb = exc.__traceback__
+    while tb is not None:  # the test's frame stops at the `with` line when __exit__ fails
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(test_file):
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    parsed = _parsed(str(test_file))
+    if line is None or parsed is None:
+        return ""
+    source, tree = parsed
+    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With) and node.lineno == line]
+    for node in blocks:
+        for item in node.items:
+            call = item.context_expr
+            name = call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else \
+                getattr(getattr(call, "func", None), "id", "")
+            if name in ("raises", "warns"):
+                what = ast.get_source_segment(source, call.args[0]) if call.args else "it"
+                body = [ast.get_source_segment(source, s) or "" for s in node.body]
+                if len(body) == 1 and "\n" not in body[0]:
+                    return f"\nExpected {what} from: {body[0]}"
+                return f"\nExpected {what} from:\n" + "\n".join("    " + ln for s in body for ln in s.splitlines())
+    return ""
