@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import sysconfig
+import types
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -75,7 +76,7 @@ def describe(excinfo, test_file: str | None = None) -> Feedback:
     if isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX):
         function = str(exc).split(": ", 1)[-1].strip() or None
     else:
-        frame = student_frame(exc.__traceback__)
+        frame = student_frame(exc.__traceback__, test_file, given_functions(test_file))
         if frame is not None:
             parts.append(_where(*frame))
             function = frame[2] if frame[2] != "<module>" else None
@@ -155,16 +156,52 @@ def _is_student(filename: str) -> bool:
     return not (filename.startswith(_machinery_dirs()) or os.path.realpath(filename).startswith(_machinery_dirs()))
 
 
-def student_frame(tb) -> tuple[str, int, str] | None:
+def student_frame(tb, test_file: str | None = None, given: frozenset[str] = frozenset()) -> tuple[str, int, str] | None:
     """(filename, line, function) of the innermost traceback entry in the student's code:
-    not in the tests, pytest, NumPy, the standard library, course/ or minitorch/."""
+    not in the tests, pytest, NumPy, the standard library, course/ or minitorch/, nor in a
+    function the lesson gives (`given`: a communicator defined in the notebook, say)."""
     found = None
     while tb is not None:
         code = tb.tb_frame.f_code
-        if _is_student(code.co_filename):
-            found = (code.co_filename, tb.tb_lineno, getattr(code, "co_qualname", code.co_name))
+        name = getattr(code, "co_qualname", code.co_name)
+        if code.co_filename != test_file and name not in given and _is_student(code.co_filename):
+            found = (code.co_filename, tb.tb_lineno, name)
         tb = tb.tb_next
     return found
+
+
+@lru_cache(maxsize=8)
+def given_functions(test_file: str | None) -> frozenset[str]:
+    """Qualified names of the functions the lesson of `test_file` (tests/test_NN_*.py) defines
+    outside its exercises' solution regions: given code, not the student's."""
+    from course.source import enclosing_names, find_lesson, read_source
+
+    m = re.match(r"test_(\d\d)_", Path(test_file or "").name)
+    try:
+        cells = [c.source for c in read_source(find_lesson(m.group(1))).cells if c.cell_type == "code"] if m else []
+    except (LookupError, OSError, ValueError):
+        return frozenset()
+    defined, solved = set(), set()
+    for source in cells:
+        solved.update(enclosing_names(source))
+        try:
+            defined.update(_qualnames(ast.parse(source)))
+        except SyntaxError:  # an IPython magic
+            pass
+    return frozenset(defined - solved)
+
+
+def _qualnames(node: ast.AST, prefix: str = "") -> list[str]:
+    """The __qualname__ of every function defined in `node` ("Class.method", "f.<locals>.g")."""
+    out = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out += [prefix + child.name, *_qualnames(child, f"{prefix}{child.name}.<locals>.")]
+        elif isinstance(child, ast.ClassDef):
+            out += _qualnames(child, f"{prefix}{child.name}.")
+        else:
+            out += _qualnames(child, prefix)
+    return out
 
 
 def _where(filename: str, line: int, function: str) -> str:
@@ -186,27 +223,42 @@ def _parsed(path: str) -> tuple[str, ast.AST] | None:
 
 
 def _expected_from(exc: BaseException, test_file: str) -> str:
-    """'\\nExpected ValueError from: lesson.f(-1)', from the `with pytest.raises(...)` block."""
-    line = None
-    tb = exc.__traceback__
+    """'\\nExpected ValueError from: lesson.f(x)\\n  where x = -1', from the `with pytest.raises(...)`
+    block of the test (and the values its local names had)."""
+    frame, tb = None, exc.__traceback__
     while tb is not None:  # the test's frame stops at the `with` line when __exit__ fails
         if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(test_file):
-            line = tb.tb_lineno
+            frame, line = tb.tb_frame, tb.tb_lineno
         tb = tb.tb_next
     parsed = _parsed(str(test_file))
-    if line is None or parsed is None:
+    if frame is None or parsed is None:
         return ""
     source, tree = parsed
-    blocks = [node for node in ast.walk(tree) if isinstance(node, ast.With) and node.lineno == line]
-    for node in blocks:
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.With) and node.lineno == line):
+            continue
         for item in node.items:
             call = item.context_expr
-            name = call.func.attr if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) else \
-                getattr(getattr(call, "func", None), "id", "")
-            if name in ("raises", "warns"):
-                what = ast.get_source_segment(source, call.args[0]) if call.args else "it"
-                body = [ast.get_source_segment(source, s) or "" for s in node.body]
-                if len(body) == 1 and "\n" not in body[0]:
-                    return f"\nExpected {what} from: {body[0]}"
-                return f"\nExpected {what} from:\n" + "\n".join("    " + ln for s in body for ln in s.splitlines())
+            func = getattr(call, "func", None)
+            if getattr(func, "attr", getattr(func, "id", "")) not in ("raises", "warns"):
+                continue
+            raised = re.match(r"DID NOT RAISE (.+)", str(exc))
+            what = raised.group(1) if raised else ast.get_source_segment(source, call.args[0]) if call.args else "it"
+            body = [ast.get_source_segment(source, s) or "" for s in node.body]
+            text = (f"\nExpected {what} from: {body[0]}" if len(body) == 1 and "\n" not in body[0] else
+                    f"\nExpected {what} from:\n" + "\n".join("    " + ln for s in body for ln in s.splitlines()))
+            return text + _values(node.body, frame.f_locals)
     return ""
+
+
+def _values(statements: list[ast.stmt], local: dict) -> str:
+    """'\\n  where a = 1, b = (2, 3)' for the test's local variables the statements use."""
+    names = dict.fromkeys(n.id for s in statements for n in ast.walk(s) if isinstance(n, ast.Name))
+    shown = []
+    with print_options():
+        for name in names:
+            value = local.get(name)
+            if name in local and name != "lesson" and not isinstance(value, (types.ModuleType, types.FunctionType, type)):
+                text = repr(value)
+                shown.append(f"{name} = {text if len(text) <= 500 else text[:500] + ' ...'}")
+    return ("\n  where " + ", ".join(shown)) if shown else ""
