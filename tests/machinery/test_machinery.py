@@ -223,10 +223,12 @@ def test_double_property(lesson, x):
 
 # --- the feedback a student reads (course.feedback) ------------------------------------------
 
+# given code in exercise 1.12's cell: an error it raises is shown at the student's call
+POSITIVE = "def _positive(n):\n    if n < 0:\n        raise ValueError(f'a size must be >= 0, got {n}')\n    return n\n"
 PLANTED = {  # wrong answers in exercises 1.11 and 1.12 (two functions: fork is left a stub)
     "exercise 1.11\n": "#| export\n#| exercise 1.11\ndef causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))\n",
-    "exercise 1.12\n": ("#| export\n#| exercise 1.12\ndef cache_bytes(layers, tokens):\n    if layers > 1:\n"
-                        "        raise RuntimeError(f'cannot size {layers} layers yet')\n    return 2 * layers * tokens\n\n\n"
+    "exercise 1.12\n": ("#| export\n#| exercise 1.12\n" + POSITIVE + "\n\ndef cache_bytes(layers, tokens):\n"
+                        "    if layers > 1:\n        return _positive(-layers)\n    return 2 * layers * tokens\n\n\n"
                         "def fork(blocks):\n    raise NotImplementedError('Exercise 1.12: fork')\n"),
 }
 
@@ -263,9 +265,9 @@ def test_grader_shows_whole_messages_notes_lines_and_the_failing_function(course
     # an exception raised in the student's code: its note (the rank), the cell, the line and its source
     cell = next(i for i, c in enumerate(json.loads(path.read_text())["cells"]) if "def fork" in "".join(c["source"]))
     assert tests["test_cache_bytes_on_each_rank"]["message"] == (
-        "RuntimeError: cannot size 2 layers yet\n(raised on rank 1 of a simulated run with 2 ranks)\n"
-        f"raised in your code: 01_sample.ipynb, cell {cell}, line 5, in cache_bytes:\n"
-        "    raise RuntimeError(f'cannot size {layers} layers yet')"), proc.stdout
+        "ValueError: a size must be >= 0, got -2\n(raised on rank 1 of a simulated run with 2 ranks)\n"
+        f"raised in your code: 01_sample.ipynb, cell {cell}, line 11, in cache_bytes:\n"
+        "    return _positive(-layers)"), proc.stdout
     # the exercise is named by the function that failed (its second), not its first
     row = next(ln for ln in board.splitlines() if "] 1.12 " in ln)
     assert "fork" in row and "cache_bytes" not in row and "FAIL" in row, board
@@ -274,10 +276,10 @@ def test_grader_shows_whole_messages_notes_lines_and_the_failing_function(course
 
 LIVE_CELLS = [  # a notebook's cells, run by IPython as a kernel runs them (In[1] ... In[7])
     "import json\nimport numpy as np\nnp.set_printoptions(threshold=5)\nfrom course.check import check\n"
-    "from course import pytest_plugin",
+    "from course import pytest_plugin\n" + POSITIVE,
     "def causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))",
     "check('1.11')",
-    "def cache_bytes(layers, tokens):\n    if layers > 1:\n        raise RuntimeError(f'cannot size {layers} layers yet')\n"
+    "def cache_bytes(layers, tokens):\n    if layers > 1:\n        return _positive(-layers)\n"
     "    return 2 * layers * tokens\n\ndef fork(blocks):\n    return blocks.copy(1)",
     "check('1.12')",
     "print('RESULTS', json.dumps({r['name']: r for r in pytest_plugin.RESULTS}))",
@@ -304,9 +306,9 @@ def test_check_cell_shows_whole_messages_notes_lines_and_the_failing_function(co
     assert tests["test_cache_bytes_rejects_negative"]["message"].endswith(
         "\nExpected ValueError from: lesson.cache_bytes(-2, 4)"), out
     assert tests["test_cache_bytes_on_each_rank"]["message"] == (
-        "RuntimeError: cannot size 2 layers yet\n(raised on rank 1 of a simulated run with 2 ranks)\n"
+        "ValueError: a size must be >= 0, got -2\n(raised on rank 1 of a simulated run with 2 ranks)\n"
         "raised in your code: cell In[4], line 3, in cache_bytes:\n"
-        "    raise RuntimeError(f'cannot size {layers} layers yet')"), out
+        "    return _positive(-layers)"), out
     assert "THRESHOLD 5" in out, "the student's own NumPy print options must be restored"
 
 

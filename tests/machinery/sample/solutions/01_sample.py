@@ -155,12 +155,17 @@ check("1.11")
 # %%
 #| export
 #| exercise 1.12
+def _positive(n: int) -> int:
+    """n, or ValueError for a negative n (given code: the student's line is the call)."""
+    if n < 0:
+        raise ValueError(f"a size must be >= 0, got {n}")
+    return n
+
+
 def cache_bytes(layers: int, tokens: int) -> int:
     """Bytes of a toy cache; ValueError for a negative size."""
     ### BEGIN SOLUTION
-    if layers < 0 or tokens < 0:
-        raise ValueError(f"sizes must be >= 0, got {layers}, {tokens}")
-    return 2 * layers * tokens
+    return 2 * _positive(layers) * _positive(tokens)
     ### END SOLUTION
 
 
