@@ -123,8 +123,9 @@ def pytest_runtest_makereport(item, call):
             from course.timing import load_note
 
             limit = message.removeprefix("Failed: ")[len(TIMEOUT_PREFIX):].split("s)")[0]
+            where = message.partition("\n")[2].replace("raised in your code", "stopped in your code")
             message = (f"ran past its time limit of {limit} s (an infinite loop, or far too much work?)."
-                       + load_note())
+                       + load_note() + (f"\n{where}" if where else ""))
             ex = exercise_of(item)
             if ex:
                 _timed_out.setdefault(ex, item.name)
