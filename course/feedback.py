@@ -26,6 +26,7 @@ import types
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from unittest import mock
 
 MAX_CHARS = 12_000  # a message longer than this loses its middle (two arrays of 400 floats fit)
 PRINT_OPTIONS = {"threshold": 400, "edgeitems": 8, "linewidth": 100}  # NumPy's print options in tests
@@ -42,13 +43,28 @@ class Feedback:
 
 @contextlib.contextmanager
 def print_options():
-    """NumPy print options suited to a failure message; the caller's are restored afterwards."""
+    """NumPy print options suited to a failure message, and numpy.testing's messages (assert_allclose's
+    ACTUAL/DESIRED) with whole arrays instead of their first 3 lines; the caller's are restored."""
     try:
         import numpy as np
+        from numpy.testing._private import utils
     except ImportError:
         yield
         return
-    with np.printoptions(**PRINT_OPTIONS):
+    original = getattr(utils, "build_err_msg", None)
+
+    def build_err_msg(arrays, err_msg, header="Items are not equal:", verbose=True, names=("ACTUAL", "DESIRED"),
+                      precision=8):
+        msg = original(arrays, err_msg, header, False, names, precision)
+        for name, a in zip(names, arrays) if verbose else ():
+            try:
+                msg += f"\n {name}: " + (np.array_repr(a, precision=precision) if isinstance(a, np.ndarray) else repr(a))
+            except Exception as exc:  # noqa: BLE001 - as numpy does
+                msg += f"\n {name}: [repr failed for <{type(a).__name__}>: {exc}]"
+        return msg
+
+    with np.printoptions(**PRINT_OPTIONS), \
+            (mock.patch.object(utils, "build_err_msg", build_err_msg) if original else contextlib.nullcontext()):
         yield
 
 
@@ -87,7 +103,7 @@ def _headline(exc: BaseException) -> str:
     """The exception's message without its notes; for an assertion with a message of its own,
     that message alone (pytest's introspection of the assert expression follows it)."""
     name = type(exc).__name__
-    text = str(exc)
+    text = str(exc).strip("\n")  # numpy.testing's messages start with a blank line
     if isinstance(exc, AssertionError) and text:
         lines = text.splitlines()
         cut = next((i for i, ln in enumerate(lines) if i and ln.startswith("assert ")), None)

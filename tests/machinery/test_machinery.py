@@ -321,6 +321,10 @@ def test_long_arrays_are_summarised_by_numpy_and_absurd_messages_elided():
         whole, summarised = str(np.linspace(0, 1, 300)), str(np.linspace(0, 1, 5000))
     assert "..." not in whole and whole.count(".") == 300
     assert "..." in summarised and len(summarised) < 1000
+    got = np.arange(40.0).reshape(8, 5)
+    with print_options(), pytest.raises(AssertionError) as info:  # numpy.testing keeps 3 lines of each
+        np.testing.assert_allclose(got, got + 1)
+    assert str(info.value).count("\n       [") == 2 * 7, f"all 8 rows of ACTUAL and DESIRED:\n{info.value}"
     message = "\n".join(f"line {i}" for i in range(5000))
     short = elide(message)
     assert len(short) <= MAX_CHARS + 100 and short.startswith("line 0\n") and short.endswith("line 4999")
