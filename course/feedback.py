@@ -83,28 +83,31 @@ def describe(excinfo, test_file: str | None = None) -> Feedback:
     exc = excinfo.value
     if getattr(exc, "pytrace", True) is False:  # pytest.fail(..., pytrace=False): the message is all
         return Feedback(str(getattr(exc, "msg", exc)))
-    text = _headline(exc)
+    frame = None if _is_stub(exc) else student_frame(exc.__traceback__, test_file, given_functions(test_file))
+    text = _headline(exc, raised_in_student_code=frame is not None)
     if test_file and text.startswith(("Failed: DID NOT RAISE", "Failed: DID NOT WARN")):
         text += _expected_from(exc, test_file)
     parts = [elide(text)]
     parts += [elide(n) for n in _notes(exc)]
     function = None
-    if isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX):
+    if _is_stub(exc):
         function = str(exc).split(": ", 1)[-1].strip() or None
-    else:
-        frame = student_frame(exc.__traceback__, test_file, given_functions(test_file))
-        if frame is not None:
-            parts.append(_where(*frame))
-            function = frame[2] if frame[2] != "<module>" else None
+    elif frame is not None:
+        parts.append(_where(*frame))
+        function = frame[2] if frame[2] != "<module>" else None
     return Feedback("\n".join(p for p in parts if p), function)
 
 
-def _headline(exc: BaseException) -> str:
-    """The exception's message without its notes; for an assertion with a message of its own,
-    that message alone (pytest's introspection of the assert expression follows it)."""
+def _is_stub(exc: BaseException) -> bool:
+    return isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX)
+
+
+def _headline(exc: BaseException, raised_in_student_code: bool = False) -> str:
+    """The exception's message without its notes; for a test's assertion with a message of its
+    own, that message alone (pytest's introspection of the assert expression follows it)."""
     name = type(exc).__name__
     text = str(exc).strip("\n")  # numpy.testing's messages start with a blank line
-    if isinstance(exc, AssertionError) and text:
+    if isinstance(exc, AssertionError) and text and not raised_in_student_code:
         lines = text.splitlines()
         cut = next((i for i, ln in enumerate(lines) if i and ln.startswith("assert ")), None)
         if cut is not None and not lines[0].startswith("assert "):  # "message\nassert <introspection>"
@@ -114,19 +117,18 @@ def _headline(exc: BaseException) -> str:
 
 
 def _without_full_diff(text: str) -> str:
-    """pytest's comparison without its "Full diff:" block: both sides are already shown whole."""
-    out, skip = [], None
+    """pytest's comparison without its "Full diff:" block (at verbosity 2 both sides are already
+    shown whole), up to the next "+  where ..." line of the introspection."""
+    out, skipping = [], False
     for ln in text.splitlines():
-        indent = len(ln) - len(ln.lstrip())
-        if skip is not None and (not ln.strip() or indent > skip):
-            continue
-        skip = None
         if ln.strip().startswith("Full diff:"):
-            skip = indent
+            skipping = True
             while out and not out[-1].strip():
                 out.pop()
-            continue
-        out.append(ln)
+        elif skipping and re.match(r"\s*\+\s+where ", ln):
+            skipping = False
+        if not skipping:
+            out.append(ln)
     return "\n".join(out)
 
 
