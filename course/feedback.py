@@ -26,7 +26,11 @@ import types
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 from unittest import mock
+
+if TYPE_CHECKING:
+    import pytest
 
 MAX_CHARS = 12_000  # a message longer than this loses its middle (two arrays of 400 floats fit)
 PRINT_OPTIONS = {"threshold": 400, "edgeitems": 8, "linewidth": 100}  # NumPy's print options in tests
@@ -78,7 +82,7 @@ def elide(text: str, limit: int = MAX_CHARS) -> str:
     return f"{head}\n... ({len(text) - len(head) - len(tail)} characters, {lines} lines elided) ...\n{tail}"
 
 
-def describe(excinfo, test_file: str | None = None) -> Feedback:
+def describe(excinfo: pytest.ExceptionInfo[BaseException], test_file: str | None = None) -> Feedback:
     """What went wrong, in full, for the exception of a failed test (a pytest ExceptionInfo)."""
     exc = excinfo.value
     if getattr(exc, "pytrace", True) is False:  # pytest.fail(..., pytrace=False): the message is all
