@@ -15,6 +15,7 @@ import io
 import sys
 
 from course import loader, notebook
+from course.feedback import PYTEST_ARGS
 from course.source import ROOT, find_lesson
 
 notebook.install()
@@ -32,7 +33,7 @@ def check(exercise: str, names: dict | None = None) -> None:
     pytest_plugin.RESULTS.clear()
     args = [str(lesson.tests), f"--exercise={exercise}", "-q", "--no-header", "-p", "no:cacheprovider",
             f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), "--import-mode=importlib",
-            "--capture=sys", "--timeout-method=signal", "--tb=line"]
+            "--capture=sys", "--timeout-method=signal", "--tb=line", *PYTEST_ARGS]
     sink = io.StringIO()
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -55,7 +56,8 @@ def summary(exercise: str, results: list[dict], output: str) -> str:
         return f"Exercise {exercise}: not attempted yet (the stub still raises NotImplementedError)."
     if by["failed"] or by["stub"]:
         bad = by["failed"] + by["stub"]
-        lines = [f"Exercise {exercise}: {len(bad)} of {n} tests failed. First failure:",
+        where = f" ({bad[0]['function']})" if bad[0].get("function") else ""
+        lines = [f"Exercise {exercise}{where}: {len(bad)} of {n} tests failed. First failure:",
                  f"  {bad[0]['name']}:", *("    " + ln for ln in bad[0]["message"].splitlines())]
         if len(bad) > 1:
             lines.append("  Also failing: " + ", ".join(t["name"] for t in bad[1:6]))

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.feedback import PYTEST_ARGS
 from course.source import ROOT, Lesson, all_lessons, find_lesson
 
 LESSON_TIME_LIMIT = 900  # seconds for one lesson's whole test process
@@ -45,6 +46,15 @@ class Exercise:
         if all(o == "skipped" for o in outcomes):
             return "skipped"
         return "passed"
+
+    @property
+    def name(self) -> str:
+        """The function a failure came from (an exercise may have several), else the title."""
+        if self.status == "failed":
+            bad = [t for t in self.tests if t["outcome"] in ("failed", "stub")]
+            if bad and bad[0].get("function"):
+                return bad[0]["function"]
+        return self.title
 
     @property
     def detail(self) -> str:
@@ -218,7 +228,7 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
             results_path = f.name
         cmd = [sys.executable, "-m", "pytest", str(lesson.tests), f"--impl={impl}", "-q", "-rN",
-               "--no-header", "-p", "no:cacheprovider", "--timeout-method=signal", "--tb=line", *extra]
+               "--no-header", "-p", "no:cacheprovider", "--timeout-method=signal", "--tb=line", *PYTEST_ARGS, *extra]
         cmd += [f"--deselect={nodeid}" for nodeid in done if "::" in nodeid]
         # pytest-timeout's signal stops a test in Python code; the watchdog kills one stuck in
         # compiled code, with some grace so pytest-timeout's clearer report comes first.
@@ -264,7 +274,7 @@ SYMBOL = {"passed": "PASS", "failed": "FAIL", "not attempted": "todo", "skipped"
 def scoreboard(result: LessonResult, where: str) -> str:
     lines = [f"Lesson {result.lesson.stem}  ({where})"]
     for ex in result.exercises():
-        head = f"  [{SYMBOL[ex.status]}] {ex.id:<5} {ex.title:<28} {ex.status}"
+        head = f"  [{SYMBOL[ex.status]}] {ex.id:<5} {ex.name:<28} {ex.status}"
         detail = ex.detail
         if ex.status in ("failed", "skipped") and detail:
             lines.append(head)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import linecache
 import os
 import signal
 import sys
@@ -130,6 +131,8 @@ def run_cells(cells: list[tuple[int, str]], module_name: str, label: str,
             continue
         if progress:
             progress("start", index, None)
+        # the cell's source, for tracebacks and course.feedback ("raised in your code: ..., line 3")
+        linecache.cache[where] = (len(source), None, source.splitlines(keepends=True), where)
         try:
             code = compile(source, where, "exec")
             with time_limit(limit):

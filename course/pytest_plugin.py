@@ -1,10 +1,10 @@
-"""Pytest plugin: records one result per test (exercise, outcome, short message).
+"""Pytest plugin: records one result per test (exercise, outcome, failure message, function).
 
 Results go to `RESULTS` (in-process use, e.g. the notebook check cell) and, when the
 environment variable MT_RESULTS names a file, to that file as JSON lines: every collected test
 (with its exercise) once, then each test as it starts (with its time limit) and ends, so a
 grader can tell which test was running when a process died and which tests belong to the
-same exercise.
+same exercise. The message is course.feedback's: whole, with notes and the student's line.
 
 Time limits: every test's limit (its `timeout` marker, else the ini default) is multiplied by
 the machine's measured slowness (course.timing). A test that hits it fails with a message
@@ -36,22 +36,15 @@ def exercise_of(item) -> str | None:
     return str(mark.args[0]) if mark and mark.args else None
 
 
-def _message(report, call=None) -> str:
-    """The first useful line(s) of a failure, for a scoreboard, followed by hypothesis's
-    failing example (an exception note) when there is one."""
-    exc = getattr(getattr(call, "excinfo", None), "value", None)
-    notes = [n for n in getattr(exc, "__notes__", None) or [] if n.strip()]
+def _feedback(report, call=None, item=None):
+    """The whole failure message, and the function it came from when known (course.feedback)."""
+    from course.feedback import Feedback, describe, elide
+
+    excinfo = getattr(call, "excinfo", None)
+    if excinfo is not None:
+        return describe(excinfo, str(getattr(item, "path", "")) or None)
     crash = getattr(report.longrepr, "reprcrash", None)
-    text = crash.message if crash is not None else str(report.longrepr)
-    for note in notes:  # pytest appends the notes to the message: keep them apart
-        text = text.replace(note, "")
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    message = "\n".join(lines[:6])[:800]
-    example = [n for n in notes if n.startswith(("Failing test case", "Falsifying", "Failing explicit example"))]
-    if example:
-        shown = [ln for ln in example[0].strip().splitlines() if "lesson=<lesson" not in ln]
-        message += "\n" + "\n".join(shown[:12])[:800]
-    return message
+    return Feedback(elide((crash.message if crash is not None else str(report.longrepr)).strip()))
 
 
 def _is_stub(report, call) -> bool:
@@ -97,6 +90,15 @@ def pytest_runtest_protocol(item, nextitem):
             "limit": limit})
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """NumPy summarises long arrays in the messages a test builds (restored afterwards)."""
+    from course.feedback import print_options
+
+    with print_options():
+        yield
+
+
 def pytest_runtest_setup(item):
     ex = exercise_of(item)
     if ex in _timed_out:
@@ -115,17 +117,19 @@ def pytest_runtest_makereport(item, call):
         rec.update(outcome="skipped", message=reason.removeprefix("Skipped: "))
     elif report.failed and rec["outcome"] in ("passed", "skipped"):
         stub = _is_stub(report, call)
-        message = _message(report, call)
+        feedback = _feedback(report, call, item)
+        message = feedback.message
         if message.removeprefix("Failed: ").startswith(TIMEOUT_PREFIX):
             from course.timing import load_note
 
             limit = message.removeprefix("Failed: ")[len(TIMEOUT_PREFIX):].split("s)")[0]
+            where = message.partition("\n")[2].replace("raised in your code", "stopped in your code")
             message = (f"ran past its time limit of {limit} s (an infinite loop, or far too much work?)."
-                       + load_note())
+                       + load_note() + (f"\n{where}" if where else ""))
             ex = exercise_of(item)
             if ex:
                 _timed_out.setdefault(ex, item.name)
-        rec.update(outcome="stub" if stub else "failed", message=message)
+        rec.update(outcome="stub" if stub else "failed", message=message, function=feedback.function)
         if report.when != "call" and not stub and not message.startswith("not run:"):
             rec["message"] = f"(in test {report.when}) " + rec["message"]
 
@@ -140,6 +144,6 @@ def pytest_runtest_logfinish(nodeid, location):
 
 def pytest_collectreport(report):
     if report.failed:
-        rec = {"event": "collect_error", "test": report.nodeid, "message": _message(report)}
+        rec = {"event": "collect_error", "test": report.nodeid, "message": _feedback(report).message}
         RESULTS.append(rec)
         _write(rec)

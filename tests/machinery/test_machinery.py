@@ -219,3 +219,114 @@ def test_double_property(lesson, x):
         assert "Failing test case" in block and "x=1000" in block, f"the example must be shown:\n{out}"
         verdicts.add(re.sub(r"0x[0-9a-f]+", "0x", block.split("\n  [", 1)[0]))
     assert len(verdicts) == 1, f"two runs gave different reports: {verdicts}"
+
+
+# --- the feedback a student reads (course.feedback) ------------------------------------------
+
+# given code in exercise 1.12's cell: an error it raises is shown at the student's call
+POSITIVE = "def _positive(n):\n    if n < 0:\n        raise ValueError(f'a size must be >= 0, got {n}')\n    return n\n"
+PLANTED = {  # wrong answers in exercises 1.11 and 1.12 (two functions: fork is left a stub)
+    "exercise 1.11\n": "#| export\n#| exercise 1.11\ndef causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))\n",
+    "exercise 1.12\n": ("#| export\n#| exercise 1.12\n" + POSITIVE + "\n\ndef cache_bytes(layers, tokens):\n"
+                        "    if layers > 1:\n        return _positive(-layers)\n    return 2 * layers * tokens\n\n\n"
+                        "def fork(blocks):\n    raise NotImplementedError('Exercise 1.12: fork')\n"),
+}
+
+
+def mask_rows(upper: bool) -> list[str]:
+    """The rows of the 20 x 20 causal mask as NumPy prints them (the right one, or its transpose)."""
+    import numpy as np
+
+    mask = np.ones((20, 20), dtype=int)
+    return [ln.strip(" []") for ln in str(np.triu(mask) if upper else np.tril(mask)).splitlines()]
+
+
+def assert_whole_mask(message: str) -> None:
+    expected, got = message.split("\nexpected\n", 1)[1].split("\ngot\n", 1)
+    assert [ln.strip(" []") for ln in expected.splitlines()] == mask_rows(upper=False), message
+    assert [ln.strip(" []") for ln in got.splitlines()][:20] == mask_rows(upper=True), message
+
+
+def test_grader_shows_whole_messages_notes_lines_and_the_failing_function(course):
+    path = edit(course, PLANTED)
+    code = ("import json, sys\nfrom course.grade import run_tests, scoreboard\nfrom course.source import find_lesson\n"
+            "r = run_tests(find_lesson('01'), sys.argv[1])\n"
+            "print(json.dumps({t['name']: t for t in r.tests}))\nprint(scoreboard(r, 'x'))\n")
+    env = {**os.environ, "MT_ROOT": str(course), "MT_CELL_TIME_LIMIT": "3"}
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], cwd=course, env=env, capture_output=True,
+                          text=True, timeout=300)
+    first, board = proc.stdout.split("\n", 1)
+    tests = json.loads(first)
+    # a wrong answer whose message is 40+ lines: expected and got both whole
+    assert_whole_mask(tests["test_causal_mask"]["message"])
+    # the call that should have raised
+    assert tests["test_cache_bytes_rejects_negative"]["message"] == (
+        "Failed: DID NOT RAISE ValueError\nExpected ValueError from: lesson.cache_bytes(-2, 4)")
+    # an exception raised in the student's code: its note (the rank), the cell, the line and its source
+    cell = next(i for i, c in enumerate(json.loads(path.read_text())["cells"]) if "def fork" in "".join(c["source"]))
+    assert tests["test_cache_bytes_on_each_rank"]["message"] == (
+        "ValueError: a size must be >= 0, got -2\n(raised on rank 1 of a simulated run with 2 ranks)\n"
+        f"raised in your code: 01_sample.ipynb, cell {cell}, line 11, in cache_bytes:\n"
+        "    return _positive(-layers)"), proc.stdout
+    # the exercise is named by the function that failed (its second), not its first
+    row = next(ln for ln in board.splitlines() if "] 1.12 " in ln)
+    assert "fork" in row and "cache_bytes" not in row and "FAIL" in row, board
+    assert "causal_mask(20):\n           expected\n           [[1 0 0" in board, board
+
+
+LIVE_CELLS = [  # a notebook's cells, run by IPython as a kernel runs them (In[1] ... In[7])
+    "import json\nimport numpy as np\nnp.set_printoptions(threshold=5)\nfrom course.check import check\n"
+    "from course import pytest_plugin\n" + POSITIVE,
+    "def causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))",
+    "check('1.11')",
+    "def cache_bytes(layers, tokens):\n    if layers > 1:\n        return _positive(-layers)\n"
+    "    return 2 * layers * tokens\n\ndef fork(blocks):\n    return blocks.copy(1)",
+    "check('1.12')",
+    "print('RESULTS', json.dumps({r['name']: r for r in pytest_plugin.RESULTS}))",
+    "print('THRESHOLD', np.get_printoptions()['threshold'])",
+]
+
+
+def test_check_cell_shows_whole_messages_notes_lines_and_the_failing_function(course):
+    pytest.importorskip("IPython")
+    code = ("import json, sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+            "shell = InteractiveShell.instance()\n"
+            "for cell in json.loads(sys.argv[1]):\n    shell.run_cell(cell, store_history=True)\n")
+    env = {**os.environ, "MT_ROOT": str(course)}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(LIVE_CELLS)], cwd=course / "lessons", env=env,
+                          capture_output=True, text=True, timeout=120)
+    out = proc.stdout
+    mask = out.split("Exercise 1.11: 1 of 1 tests failed. First failure:\n  test_causal_mask:\n", 1)[1]
+    assert_whole_mask("\n".join(ln.removeprefix("    ") for ln in mask.split("\nExercise 1.12")[0].splitlines()))
+    # an exception in the student's code names the live cell, the line, its source and the function
+    assert ("Exercise 1.12 (fork): 3 of 3 tests failed. First failure:\n  test_fork:\n"
+            "    TypeError: list.copy() takes no arguments (1 given)\n"
+            "    raised in your code: cell In[4], line 7, in fork:\n        return blocks.copy(1)\n") in out, out
+    tests = json.loads(out.split("RESULTS ", 1)[1].splitlines()[0])
+    assert tests["test_cache_bytes_rejects_negative"]["message"].endswith(
+        "\nExpected ValueError from: lesson.cache_bytes(-2, 4)"), out
+    assert tests["test_cache_bytes_on_each_rank"]["message"] == (
+        "ValueError: a size must be >= 0, got -2\n(raised on rank 1 of a simulated run with 2 ranks)\n"
+        "raised in your code: cell In[4], line 3, in cache_bytes:\n"
+        "    return _positive(-layers)"), out
+    assert "THRESHOLD 5" in out, "the student's own NumPy print options must be restored"
+
+
+def test_long_arrays_are_summarised_by_numpy_and_absurd_messages_elided():
+    import numpy as np
+
+    from course.feedback import MAX_CHARS, elide, print_options
+
+    with print_options():
+        whole, summarised = str(np.linspace(0, 1, 300)), str(np.linspace(0, 1, 5000))
+    assert "..." not in whole and whole.count(".") == 300
+    assert "..." in summarised and len(summarised) < 1000
+    got = np.arange(40.0).reshape(8, 5)
+    with print_options(), pytest.raises(AssertionError) as info:  # numpy.testing keeps 3 lines of each
+        np.testing.assert_allclose(got, got + 1)
+    assert str(info.value).count("\n       [") == 2 * 7, f"all 8 rows of ACTUAL and DESIRED:\n{info.value}"
+    message = "\n".join(f"line {i}" for i in range(5000))
+    short = elide(message)
+    assert len(short) <= MAX_CHARS + 100 and short.startswith("line 0\n") and short.endswith("line 4999")
+    assert re.search(r"\.\.\. \(\d+ characters, \d+ lines elided\) \.\.\.", short), short
+    assert elide("a\nb") == "a\nb"

@@ -6,6 +6,8 @@
 #| export
 import math
 
+import numpy as np
+
 # %%
 from course.check import check
 
@@ -133,3 +135,45 @@ def plus10(x: int) -> int:
 
 # %% tags=["check"]
 check("1.10")
+
+# %% [markdown]
+# Two exercises for the feedback a failure gives: whole arrays, notes, the line that raised, the
+# call that should have raised, the function that failed.
+
+# %%
+#| export
+#| exercise 1.11
+def causal_mask(n: int) -> np.ndarray:
+    """n x n boolean mask: True where query i may attend key j (j <= i)."""
+    ### BEGIN SOLUTION
+    return np.tril(np.ones((n, n), dtype=bool))
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.11")
+
+# %%
+#| export
+#| exercise 1.12
+def _positive(n: int) -> int:
+    """n, or ValueError for a negative n (given code: the student's line is the call)."""
+    if n < 0:
+        raise ValueError(f"a size must be >= 0, got {n}")
+    return n
+
+
+def cache_bytes(layers: int, tokens: int) -> int:
+    """Bytes of a toy cache; ValueError for a negative size."""
+    ### BEGIN SOLUTION
+    return 2 * _positive(layers) * _positive(tokens)
+    ### END SOLUTION
+
+
+def fork(blocks: list[int]) -> list[int]:
+    """A new block table sharing the same blocks."""
+    ### BEGIN SOLUTION
+    return list(blocks)
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("1.12")
