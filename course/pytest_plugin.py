@@ -9,7 +9,10 @@ same exercise.
 Time limits: every test's limit (its `timeout` marker, else the ini default) is multiplied by
 the machine's measured slowness (course.timing). A test that hits it fails with a message
 that says so, and the remaining tests of the same exercise fail at once instead of each
-waiting out the limit again.
+waiting out the limit again. A test that fails with an exception carrying a numeric `time_limit`
+attribute (seconds) counts as having hit its time limit too: machinery that runs student code
+under a limit of its own (lesson 12's simulated and MPI runs: minitorch.comm.RunTimeoutError)
+raises such an exception, and stops the code, before pytest-timeout would.
 """
 
 from __future__ import annotations
@@ -52,6 +55,19 @@ def _message(report, call=None) -> str:
         shown = [ln for ln in example[0].strip().splitlines() if "lesson=<lesson" not in ln]
         message += "\n" + "\n".join(shown[:12])[:800]
     return message
+
+
+def time_limit_error(exc: BaseException | None) -> BaseException | None:
+    """`exc`, or the exception it was raised from or during, that reports a time limit: one with
+    a numeric `time_limit` attribute (seconds). None if there is none."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        limit = getattr(exc, "time_limit", None)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _is_stub(report, call) -> bool:
@@ -122,6 +138,14 @@ def pytest_runtest_makereport(item, call):
             limit = message.removeprefix("Failed: ")[len(TIMEOUT_PREFIX):].split("s)")[0]
             message = (f"ran past its time limit of {limit} s (an infinite loop, or far too much work?)."
                        + load_note())
+            ex = exercise_of(item)
+            if ex:
+                _timed_out.setdefault(ex, item.name)
+        elif time_limit_error(getattr(getattr(call, "excinfo", None), "value", None)) is not None:
+            from course.timing import load_note
+
+            note = load_note().strip()
+            message += f"\n{note}" if note else ""
             ex = exercise_of(item)
             if ex:
                 _timed_out.setdefault(ex, item.name)

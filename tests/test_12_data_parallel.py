@@ -30,7 +30,7 @@ DTYPES = [np.float64, np.float32, np.int64, np.int16]
 
 
 def sim(lesson, fn, nranks, *args, alpha=ALPHA, beta=BETA, **kwargs):
-    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, timeout=60, **kwargs)
+    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, **kwargs)
 
 
 def data(n_ranks, shape, dtype, seed):
