@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import linecache
 import os
 import signal
 import sys
@@ -130,6 +131,7 @@ def run_cells(cells: list[tuple[int, str]], module_name: str, label: str,
             continue
         if progress:
             progress("start", index, None)
+        linecache.cache[where] = (len(source), None, source.splitlines(True), where)  # lines in tracebacks
         try:
             code = compile(source, where, "exec")
             with time_limit(limit):

@@ -113,6 +113,12 @@ def pytest_runtest_protocol(item, nextitem):
             "limit": limit})
 
 
+def timed_out(exercise: str | None) -> str | None:
+    """The name of the test of `exercise` that ran past its time limit in this session, or None
+    (a fixture shared by several exercises can skip the work of one that already timed out)."""
+    return _timed_out.get(exercise) if exercise else None
+
+
 def pytest_runtest_setup(item):
     ex = exercise_of(item)
     if ex in _timed_out:
@@ -132,6 +138,8 @@ def pytest_runtest_makereport(item, call):
     elif report.failed and rec["outcome"] in ("passed", "skipped"):
         stub = _is_stub(report, call)
         message = _message(report, call)
+        if message.startswith("Failed: not run:"):  # the rest of an exercise after a time limit
+            message = message.removeprefix("Failed: ")
         if message.removeprefix("Failed: ").startswith(TIMEOUT_PREFIX):
             from course.timing import load_note
 
