@@ -656,7 +656,8 @@ def _stop_ranks(world: _SimWorld, threads: list[threading.Thread], patience: flo
     end = time.monotonic() + patience
     grace = time.monotonic() + 0.2  # ranks waking up from a wait need no push
     for t in threads:
-        t.join(max(grace - time.monotonic(), 0))
+        if t.ident is not None:  # started
+            t.join(max(grace - time.monotonic(), 0))
     alive = [r for r, t in enumerate(threads) if t.is_alive()]
     while alive and time.monotonic() < end:
         for r in alive:

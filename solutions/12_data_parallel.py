@@ -122,9 +122,12 @@ from minitorch.nn import Module, Parameter, cross_entropy
 # **Deadlocks.** When every rank still running waits for a message that nobody can send (or for
 # a rank that has already returned), the simulator raises `DeadlockError` listing what each
 # rank waits for and the messages that were sent but not received (usually: a wrong peer or
-# tag). Messages left unreceived when the run ends raise `UnreceivedMessageError`. Under MPI a
-# deadlock is a hang, so every MPI launch has a time limit after which all its processes are
-# killed.
+# tag). Messages left unreceived when the run ends raise `UnreceivedMessageError`. A rank that
+# never returns (a `while` loop whose condition never changes) is stopped at the run's time
+# limit, 10 s on the simulator (more on a slow machine; a correct run of this lesson takes well
+# under a second), and `RunTimeoutError` names each rank still running and the line it was at.
+# Under MPI a deadlock is a hang too, so every MPI launch has a time limit after which all its
+# processes are killed, and the error names the ranks that had not returned.
 
 # %%
 #| export comm
@@ -787,7 +790,8 @@ def _stop_ranks(world: _SimWorld, threads: list[threading.Thread], patience: flo
     end = time.monotonic() + patience
     grace = time.monotonic() + 0.2  # ranks waking up from a wait need no push
     for t in threads:
-        t.join(max(grace - time.monotonic(), 0))
+        if t.ident is not None:  # started
+            t.join(max(grace - time.monotonic(), 0))
     alive = [r for r, t in enumerate(threads) if t.is_alive()]
     while alive and time.monotonic() < end:
         for r in alive:
@@ -876,7 +880,9 @@ def _plain_stats(st: dict) -> dict:
 # aborts the job (so the others do not wait forever) and its exception is re-raised in the
 # caller, with the rank's traceback attached. A run past its time limit is killed, `mpiexec`
 # and every process under it (hydra puts each rank in a session of its own, so killing the
-# process group would leave the ranks running). The launcher sets, in the ranks' environment only,
+# process group would leave the ranks running); shortly before, each rank has written the line
+# it is at (`faulthandler`), so the error names the ranks that had not returned and where they
+# were. The launcher sets, in the ranks' environment only,
 # one BLAS thread per rank and hydra's `fork` launcher (no ssh, no network); MPICH runs more
 # ranks than cores without any flag (4 ranks on this 2-core machine work, just slowly).
 
