@@ -1175,7 +1175,7 @@ def _mpi_where(stack_file: Path) -> str:
         return ""
     for line in text.splitlines():  # most recent call first; the main thread's stack comes last
         m = re.match(r'\s*File "(.*)", line (\d+) in (\S+)', line)
-        if m and not m.group(1).endswith(("comm.py", "threading.py")) and "mpi4py" not in m.group(1) \
+        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "threading.py")) and "mpi4py" not in m.group(1) \
                 and m.group(3) not in ("_mpi_worker", "<module>"):
             file, lineno, name = m.group(1), int(m.group(2)), m.group(3)
             return f"{_file_label(file)}, line {lineno} in {name}" + (
