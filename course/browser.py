@@ -74,11 +74,16 @@ class Lab:
         settings.mkdir(parents=True)
         # Every cell in the page (JupyterLab 4 otherwise leaves far-away cells out of the DOM).
         (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+        news = folder / ".settings" / "@jupyterlab" / "apputils-extension"  # no "get Jupyter news?" toast
+        news.mkdir(parents=True)
+        (news / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
         cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
                f"--ServerApp.port={self.port}", f"--IdentityProvider.token={self.token}",
                f"--ServerApp.root_dir={folder}", f"--LabApp.user_settings_dir={folder / '.settings'}",
                f"--LabApp.workspaces_dir={folder / '.workspaces'}", "--LabApp.news_url=None",
-               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.extension_manager=readonly"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
+            cmd.append("--allow-root")
         env = {**env, "JUPYTER_RUNTIME_DIR": str(folder / ".runtime")}
         self.log = open(folder / ".lab.log", "w")
         self.proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -127,7 +132,7 @@ class Seen:
         return sum(c["progress"] for c in self.cells)
 
 
-_READ_CELLS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook > .jp-Cell')).map(c => ({
+_READ_CELLS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell')).map(c => ({
   kind: c.classList.contains('jp-CodeCell') ? 'code' : 'markdown',
   prompt: (c.querySelector('.jp-InputArea-prompt') || {}).innerText || '',
   text: Array.from(c.querySelectorAll('.jp-OutputArea-output')).map(o => o.innerText).join('\\n'),
@@ -141,8 +146,8 @@ def run_all(page, lab: Lab, name: str, limit: float) -> tuple[list[dict], float]
     """Open notebook `name`, Run All from the Run menu, wait until the last cell has run."""
     page.goto(lab.url(f"lab/tree/{name}"))
     page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=120_000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle'], "
-                           "#jp-main-statusbar :text('Idle')", timeout=120_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=300_000)
     t0 = time.monotonic()
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()

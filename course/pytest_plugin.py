@@ -9,7 +9,10 @@ same exercise. The message is course.feedback's: whole, with notes and the stude
 Time limits: every test's limit (its `timeout` marker, else the ini default) is multiplied by
 the machine's measured slowness (course.timing). A test that hits it fails with a message
 that says so, and the remaining tests of the same exercise fail at once instead of each
-waiting out the limit again.
+waiting out the limit again. A test that fails with an exception carrying a numeric `time_limit`
+attribute (seconds) counts as having hit its time limit too: machinery that runs student code
+under a limit of its own (lesson 12's simulated and MPI runs: minitorch.comm.RunTimeoutError)
+raises such an exception, and stops the code, before pytest-timeout would.
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ def _feedback(report, call=None, item=None):
         return describe(excinfo, str(getattr(item, "path", "")) or None)
     crash = getattr(report.longrepr, "reprcrash", None)
     return Feedback(elide((crash.message if crash is not None else str(report.longrepr)).strip()))
+
+
+def time_limit_error(exc: BaseException | None) -> BaseException | None:
+    """`exc`, or the exception it was raised from or during, that reports a time limit: one with
+    a numeric `time_limit` attribute (seconds). None if there is none."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        limit = getattr(exc, "time_limit", None)
+        if isinstance(limit, (int, float)) and not isinstance(limit, bool):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _is_stub(report, call) -> bool:
@@ -99,6 +115,12 @@ def pytest_runtest_call(item):
         yield
 
 
+def timed_out(exercise: str | None) -> str | None:
+    """The name of the test of `exercise` that ran past its time limit in this session, or None
+    (a fixture shared by several exercises can skip the work of one that already timed out)."""
+    return _timed_out.get(exercise) if exercise else None
+
+
 def pytest_runtest_setup(item):
     ex = exercise_of(item)
     if ex in _timed_out:
@@ -119,6 +141,8 @@ def pytest_runtest_makereport(item, call):
         stub = _is_stub(report, call)
         feedback = _feedback(report, call, item)
         message = feedback.message
+        if message.startswith("Failed: not run:"):  # the rest of an exercise after a time limit
+            message = message.removeprefix("Failed: ")
         if message.removeprefix("Failed: ").startswith(TIMEOUT_PREFIX):
             from course.timing import load_note
 
@@ -126,6 +150,14 @@ def pytest_runtest_makereport(item, call):
             where = message.partition("\n")[2].replace("raised in your code", "stopped in your code")
             message = (f"ran past its time limit of {limit} s (an infinite loop, or far too much work?)."
                        + load_note() + (f"\n{where}" if where else ""))
+            ex = exercise_of(item)
+            if ex:
+                _timed_out.setdefault(ex, item.name)
+        elif time_limit_error(getattr(getattr(call, "excinfo", None), "value", None)) is not None:
+            from course.timing import load_note
+
+            note = load_note().strip()
+            message += f"\n{note}" if note else ""
             ex = exercise_of(item)
             if ex:
                 _timed_out.setdefault(ex, item.name)

@@ -34,17 +34,25 @@ the message has arrived and the receiver's port has had time to take it in, rece
 in the order the receiver posts them. Compute advances a rank's clock by seconds, or flops /
 flop_rate. A deadlock (every running rank waits for a message nobody will send, or for a rank
 that has finished) raises DeadlockError naming who waits for whom; messages never received
-raise UnreceivedMessageError when the run ends.
+raise UnreceivedMessageError when the run ends. A run that outlives its time limit (an infinite
+loop in a rank) raises RunTimeoutError naming the ranks still running and the line each was at.
+However a run ends (its result, a rank's exception, a deadlock, the time limit, or an exception
+such as KeyboardInterrupt in the thread that called `run`), every rank's thread has been stopped
+before `run` returns or raises: ranks waiting in the simulator are woken, ranks running Python
+code get an exception raised in them.
 
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
 written in a notebook run there too. Every launch has a time limit, after which mpiexec and every
-process under it are killed.
+process under it are killed, and RunTimeoutError names the ranks that had not returned.
 """
 from __future__ import annotations
 
+import ctypes
+import linecache
 import math
 import os
+import re
 import signal
 import struct
 import subprocess
@@ -63,6 +71,12 @@ import numpy as np
 DEFAULT_ALPHA = 5e-6       # seconds per message (latency)
 DEFAULT_BETA = 1e-10       # seconds per byte (1 / bandwidth): 10 GB/s
 DEFAULT_FLOP_RATE = 1e11   # flop/s of one simulated rank
+# Default time limits of a run, in seconds. The simulator's is scaled by the machine's measured
+# slowness (course.timing.time_scale()). On the course's 2-core machine the slowest simulated run
+# in lessons 12 and 13's tests takes 0.1 s, the slowest in their demos (100 MB per rank, a GPT
+# pipeline) 2 to 3 s: a run still going after 20 s is stuck.
+SIM_TIME_LIMIT = 20.0
+MPI_TIME_LIMIT = 120.0
 
 
 class DeadlockError(RuntimeError):
@@ -71,6 +85,16 @@ class DeadlockError(RuntimeError):
 
 class UnreceivedMessageError(RuntimeError):
     """A run ended with messages that were sent but never received."""
+
+
+class RunTimeoutError(TimeoutError):
+    """A run did not finish within its time limit. `time_limit`: the limit in seconds (the
+    course's grader treats any exception with this attribute as a test that ran past its time
+    limit); `ranks`: the ranks that had not finished."""
+
+    def __init__(self, message: str, time_limit: float | None = None, ranks: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.time_limit, self.ranks = time_limit, list(ranks)
 
 
 @dataclass
@@ -257,7 +281,8 @@ class _Message:
 
 
 class _Aborted(BaseException):
-    """Raised in a rank's thread when another rank failed: unwinds it quietly."""
+    """Raised in a rank's thread when another rank failed or the run was stopped: unwinds it
+    quietly (a BaseException, so that `except Exception` in a rank does not swallow it)."""
 
 
 class _SimWorld:
@@ -270,6 +295,7 @@ class _SimWorld:
         self.waiting: dict[int, tuple[str, Callable[[], bool], Callable[[], set[int]]]] = {}
         self.finished: set[int] = set()
         self.failure: tuple[int, BaseException] | None = None
+        self.stopped = False  # set by the runner when the run ends: every rank must unwind
         self.barrier_arrived: dict[int, float] = {}
         self.barrier_done: list[float] = []
 
@@ -320,6 +346,7 @@ class SimComm(Communicator):
         dt = float(seconds) if seconds is not None else float(flops) / self.flop_rate
         if not dt >= 0:
             raise ValueError(f"rank {self.rank}: compute time must be >= 0, got {dt}")
+        self._check_abort()
         now = self._clock[self._stream]
         self._event(kind, now, now + dt, label=label)
         self._clock[self._stream] = now + dt
@@ -400,7 +427,7 @@ class SimComm(Communicator):
 
     # -- blocking, deadlock detection, abort
     def _check_abort(self) -> None:
-        if self._w.failure is not None:
+        if self._w.failure is not None or self._w.stopped:
             raise _Aborted()
 
     def _block(self, what: str, ready: Callable[[], bool], blockers: Callable[[], set[int]]) -> None:
@@ -519,23 +546,36 @@ def _time_unit(t: float) -> tuple[float, str]:
 
 # ------------------------------------------------------------------------------------ runner
 def run(fn: Callable, nranks: int, *args: Any, engine: str = "sim", alpha: float = DEFAULT_ALPHA,
-        beta: float = DEFAULT_BETA, flop_rate: float = DEFAULT_FLOP_RATE, timeout: float = 120.0,
+        beta: float = DEFAULT_BETA, flop_rate: float = DEFAULT_FLOP_RATE, timeout: float | None = None,
         **kwargs: Any) -> RunResult:
     """Run fn(comm, *args, **kwargs) on `nranks` ranks; return a RunResult.
 
     engine="sim": threads of this process, simulated alpha-beta clock (alpha s/message, beta
     s/byte, flop_rate flop/s for comm.compute(flops=...)). engine="mpi": `mpiexec -n nranks`
     with mpi4py; alpha, beta, flop_rate are ignored (time is real). A rank's exception is
-    re-raised here, with a note naming the rank; `timeout` seconds bounds the whole run."""
+    re-raised here, with a note naming the rank. `timeout` seconds (wall clock) bound the whole
+    run (default: SIM_TIME_LIMIT times the machine's slowness, or MPI_TIME_LIMIT); past it,
+    RunTimeoutError names the ranks still running."""
     if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
         raise ValueError(f"run: nranks must be a positive int, got {nranks!r}")
     if engine == "sim":
         if not (alpha >= 0 and beta >= 0 and flop_rate > 0):
             raise ValueError(f"run: need alpha >= 0, beta >= 0, flop_rate > 0; got {alpha}, {beta}, {flop_rate}")
+        if timeout is None:
+            timeout = round(SIM_TIME_LIMIT * _time_scale(), 1)
         return _run_sim(fn, int(nranks), args, kwargs, alpha, beta, flop_rate, timeout)
     if engine == "mpi":
-        return _run_mpi(fn, int(nranks), args, kwargs, timeout)
+        return _run_mpi(fn, int(nranks), args, kwargs, MPI_TIME_LIMIT if timeout is None else timeout)
     raise ValueError(f"run: engine must be 'sim' or 'mpi', got {engine!r}")
+
+
+def _time_scale() -> float:
+    """How many times slower than the course's reference machine this one runs (course.timing)."""
+    try:
+        from course.timing import time_scale
+    except ImportError:
+        return 1.0
+    return time_scale()
 
 
 def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunResult:
@@ -545,36 +585,46 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
 
     def body(r: int) -> None:
         try:
-            results[r] = fn(comms[r], *args, **kwargs)
-        except _Aborted:
+            try:
+                results[r] = fn(comms[r], *args, **kwargs)
+            except _Aborted:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - a rank's error is re-raised by the runner
+                with world.cond:
+                    world.failure = world.failure or (r, exc)
+            finally:
+                with world.cond:
+                    world.finished.add(r)
+                    world.cond.notify_all()
+        except _Aborted:  # a stop request that arrived as the rank was finishing anyway
             pass
-        except BaseException as exc:  # noqa: BLE001 - a rank's error is re-raised by the runner
-            with world.cond:
-                world.failure = world.failure or (r, exc)
-        finally:
-            with world.cond:
-                world.finished.add(r)
-                world.cond.notify_all()
 
     threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank-{r}", daemon=True) for r in range(nranks)]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + timeout
-    for t in threads:
-        t.join(max(deadline - time.monotonic(), 0))
-    alive = [r for r, t in enumerate(threads) if t.is_alive()]
-    if alive:
+    late: tuple[str, list[int], list[int]] | None = None  # (report, ranks not finished, those not waiting)
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout
         with world.cond:
-            waits = [f"rank {r}: " + (f"waits in {world.waiting[r][0]}" if r in world.waiting else "running")
-                     for r in alive]
-            world.failure = world.failure or (alive[0], TimeoutError("timeout"))
-            world.cond.notify_all()
-        raise TimeoutError(f"simulated run of {nranks} ranks did not finish in {timeout:g} s "
-                           f"(an infinite loop?):\n  " + "\n  ".join(waits))
+            while len(world.finished) < nranks and world.failure is None:
+                left = deadline - time.monotonic()
+                if left <= 0:  # note where the ranks are before they are stopped
+                    alive = [r for r in range(nranks) if r not in world.finished]
+                    late = (_still_running(world, threads), alive, [r for r in alive if r not in world.waiting])
+                    break
+                world.cond.wait(left)
+    finally:  # whatever happened (even an exception in this thread): no rank thread survives the run
+        stuck = _stop_ranks(world, threads)
+    if late is not None:
+        report, alive, busy = late
+        busy = busy or alive
+        who = f"rank {busy[0]}" if len(busy) == 1 else "ranks " + ", ".join(map(str, busy))
+        raise RunTimeoutError(f"{who} of a simulated run with {nranks} rank{'s' * (nranks > 1)} did not finish within {timeout:g} s "
+                              f"(an infinite loop?):\n{report}" + _stuck_note(stuck), timeout, alive)
     if world.failure is not None:
         rank, exc = world.failure
         if not isinstance(exc, DeadlockError):
-            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} ranks)")
+            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} ranks)" + _stuck_note(stuck))
         raise exc
     pending = world.pending_report()
     if pending:
@@ -587,6 +637,98 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
         stats.append(s)
     timeline = sorted((e for c in comms for e in c.events), key=lambda e: (e.start, e.rank))
     return RunResult("sim", nranks, results, stats, timeline, max(s["time"] for s in stats))
+
+
+def _stop_ranks(world: _SimWorld, threads: list[threading.Thread], patience: float = 5.0) -> list[int]:
+    """End every rank thread of a run; return the ranks that could not be stopped.
+
+    Ranks waiting in the simulator (recv, barrier) wake up and unwind (`_check_abort`). A rank
+    running Python code (a `while True` loop) gets `_Aborted` raised in it asynchronously,
+    again and again until its thread exits, for at most `patience` seconds: a thread inside
+    compiled code only sees it when that code returns."""
+    if world.cond.acquire(timeout=1.0):
+        try:
+            world.stopped = True
+            world.cond.notify_all()
+        finally:
+            world.cond.release()
+    else:  # the lock is stuck (a rank was stopped while it held it): the waits poll anyway
+        world.stopped = True
+    end = time.monotonic() + patience
+    grace = time.monotonic() + 0.2  # ranks waking up from a wait need no push
+    for t in threads:
+        if t.ident is not None:  # started
+            t.join(max(grace - time.monotonic(), 0))
+    alive = [r for r, t in enumerate(threads) if t.is_alive()]
+    while alive and time.monotonic() < end:
+        for r in alive:
+            if r not in world.waiting and threads[r].ident is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threads[r].ident),
+                                                           ctypes.py_object(_Aborted))
+        for r in alive:
+            threads[r].join(0.02)
+        alive = [r for r in alive if threads[r].is_alive()]
+    return alive
+
+
+def _stuck_note(stuck: list[int]) -> str:
+    if not stuck:
+        return ""
+    return (f"\n  rank(s) {', '.join(map(str, stuck))} could not be stopped (busy in compiled code?): "
+            "their threads still run in this process; restart it if they keep the CPU busy")
+
+
+def _still_running(world: _SimWorld, threads: list[threading.Thread]) -> str:
+    """One line per rank that has not finished: what it waits for, or the line it is running."""
+    frames = sys._current_frames()
+    lines = []
+    for r, t in enumerate(threads):
+        if r in world.finished:
+            continue
+        where = _user_frame(frames.get(t.ident))
+        if r in world.waiting:
+            lines.append(f"  rank {r} waits in {world.waiting[r][0]}" + (f", at {where}" if where else ""))
+        else:
+            lines.append(f"  rank {r} is still running" + (f" at {where}" if where else ""))
+    done = sorted(world.finished)
+    if done:
+        lines.append(f"  rank{'s' if len(done) > 1 else ''} {', '.join(map(str, done))} finished")
+    return "\n".join(lines)
+
+
+def _engine_code() -> set:
+    codes = set()
+    for cls in (Communicator, SubComm, SimComm, Work, _SimWorld):
+        for f in vars(cls).values():
+            f = getattr(f, "fget", f)
+            if hasattr(f, "__code__"):
+                codes.add(f.__code__)
+    return codes
+
+
+def _user_frame(frame: Any) -> str:
+    """'<file>, line N in <function>: `<source line>`' for the innermost frame of `frame`'s stack
+    that is not the simulator's own code or the threading module's."""
+    engine = _engine_code()
+    while frame is not None and (frame.f_code in engine or frame.f_code.co_filename == threading.__file__
+                                 or getattr(frame.f_code, "co_qualname", "").startswith("SubComm.")):
+        frame = frame.f_back
+    if frame is None or getattr(frame.f_code, "co_qualname", "") == "_run_sim.<locals>.body":
+        return ""
+    code = frame.f_code
+    return f"{_file_label(code.co_filename)}, line {frame.f_lineno} in {code.co_name}" + (
+        f": `{text}`" if (text := linecache.getline(code.co_filename, frame.f_lineno).strip()) else "")
+
+
+def _file_label(filename: str) -> str:
+    """A notebook cell as IPython names it in tracebacks ('Cell In[14]'), else the file name."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    try:
+        name = shell.compile.format_code_name(filename) if shell is not None else None
+    except Exception:  # noqa: BLE001 - only a nicer label
+        name = None
+    return " ".join(name) if name else filename
 
 
 def _plain_stats(st: dict) -> dict:
@@ -834,8 +976,20 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
     with tempfile.TemporaryDirectory(prefix="minitorch-mpi-") as tmp:
         job = Path(tmp)
         (job / "job.pkl").write_bytes(_dumps((fn, args, kwargs)))
+        (job / "limit").write_text(repr(float(timeout)))
         t0 = time.perf_counter()
-        rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout)
+        try:
+            rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout)
+        except TimeoutError as exc:
+            late = [r for r in range(nranks) if not (job / f"returned{r}").exists()]
+            lines = []
+            for r in late:
+                where = _mpi_where(job / f"stack{r}.txt")
+                lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
+            who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, late))
+            raise RunTimeoutError(f"{who} of an MPI run with {nranks} ranks did not finish within {timeout:g} s "
+                                  "(an infinite loop, or a recv that no send matches?):\n" + "\n".join(lines)
+                                  + f"\n{exc}", timeout, late) from None
         wall = time.perf_counter() - t0
         records = {}
         for r in range(nranks):
@@ -862,6 +1016,22 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
                      max(s["time"] for s in stats), out)
 
 
+def _mpi_where(stack_file: Path) -> str:
+    """The innermost frame outside minitorch.comm and mpi4py in a rank's faulthandler dump."""
+    try:
+        text = stack_file.read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():  # most recent call first; the main thread's stack comes last
+        m = re.match(r'\s*File "(.*)", line (\d+) in (\S+)', line)
+        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "threading.py")) and "mpi4py" not in m.group(1) \
+                and m.group(3) not in ("_mpi_worker", "<module>"):
+            file, lineno, name = m.group(1), int(m.group(2)), m.group(3)
+            return f"{_file_label(file)}, line {lineno} in {name}" + (
+                f": `{src}`" if (src := linecache.getline(file, lineno).strip()) else "")
+    return ""
+
+
 def _mpi_worker(job_dir: str) -> None:
     """Entry point of each rank under mpiexec (see _run_mpi)."""
     import pickle
@@ -876,11 +1046,19 @@ def _mpi_worker(job_dir: str) -> None:
     comm = None
     try:
         fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
+        # Shortly before the parent's time limit, write where this rank is (for its error message).
+        import faulthandler
+
+        stack = open(job / f"stack{rank}.txt", "w")
+        limit = float((job / "limit").read_text())
+        faulthandler.dump_traceback_later(max(limit - 2.0, 0.7 * limit), file=stack)
         comm = MPIComm(world)
         record["result"] = fn(comm, *args, **kwargs)
         record["time"] = comm.time  # when fn returned (before the end-of-run checks)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then the run is aborted
         record["error"], record["traceback"] = exc, traceback.format_exc()
+    finally:
+        (job / f"returned{rank}").touch()
     if record["error"] is None:
         unreceived = comm._finish()
         if unreceived:

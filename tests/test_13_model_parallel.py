@@ -31,8 +31,7 @@ ALPHA, BETA = 3e-6, 2e-10
 
 
 def sim(lesson, fn, nranks, *args, alpha=ALPHA, beta=BETA, flop_rate=1e10, **kwargs):
-    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, flop_rate=flop_rate,
-                      timeout=60, **kwargs)
+    return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, flop_rate=flop_rate, **kwargs)
 
 
 # ---------------------------------------------------------------- oracles: schedules and their timing
