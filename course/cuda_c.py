@@ -66,6 +66,12 @@ class EmulatorUnsupported(KernelError):
     """The kernel uses something the CPU emulator cannot run; it can only be graded on a GPU."""
 
 
+class NvrtcUnavailable(RuntimeError):
+    """NVRTC cannot compile here (no CuPy, or no NVRTC wheel for this platform, e.g. macOS): the PTX
+    checks cannot run. Tests that meet it are skipped with its message (tests/conftest.py); the CPU
+    emulator still runs the kernels."""
+
+
 # ---------------------------------------------------------------------------------------------
 # NVRTC
 
@@ -78,6 +84,22 @@ def _package_dir(name: str) -> Path | None:
         return None
     locs = list(spec.submodule_search_locations or [])
     return Path(locs[0]) if locs else (Path(spec.origin).parent if spec.origin else None)
+
+
+def nvrtc_unavailable() -> str | None:
+    """Why NVRTC cannot compile CUDA C here, or None if it can. MT_NO_NVRTC=1 acts as if it were
+    missing (how the fallback is tested on a machine that has it)."""
+    if os.environ.get("MT_NO_NVRTC") == "1":
+        return "NVRTC is switched off (MT_NO_NVRTC=1): the PTX checks skip; the CPU emulator still grades the kernels"
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+    except Exception as exc:  # no CuPy, or CuPy without the NVRTC library
+        what = "CuPy is not installed" if isinstance(exc, ImportError) else f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+        return (f"NVRTC cannot compile here ({what}); its wheels (CuPy, nvidia-cuda-nvrtc-cu12: the `gpu` extra) "
+                "exist for Linux only: the PTX checks skip; the CPU emulator still grades the kernels")
+    return None
 
 
 def _nvrtc_major() -> int | None:
@@ -142,7 +164,10 @@ def compile_ptx(source: str, arch: str = "compute_80", options: Sequence[str] = 
     """PTX for `source` (CUDA C) compiled by NVRTC for virtual architecture `arch`. No GPU needed.
 
     name_expressions: template kernels to instantiate, e.g. ["sgemm<128, 8>"] (a template has no
-    code until it is instantiated)."""
+    code until it is instantiated). Raises NvrtcUnavailable where NVRTC is not installed."""
+    why = nvrtc_unavailable()
+    if why is not None:
+        raise NvrtcUnavailable(why)
     from cupy_backends.cuda.libs import nvrtc
 
     prog = nvrtc.createProgram(source, "kernel.cu", [], [])

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from course.cuda_c import KernelError, compile_ptx, compiler, emulate, kernel_params, ptx_stats, run_kernel
+from course.cuda_c import KernelError, NvrtcUnavailable, compile_ptx, compiler, emulate, kernel_params, ptx_stats, run_kernel
 
 pytestmark = pytest.mark.lesson08
 
@@ -47,6 +47,8 @@ def compiled(source, what):
     """PTX stats of `source`, with NVRTC's message as the failure if it does not compile."""
     try:
         return ptx_stats(compile_ptx(source))
+    except NvrtcUnavailable:
+        raise  # skipped with its reason (conftest.py)
     except Exception as exc:  # CudaCompileError carries NVRTC's log
         raise AssertionError(f"{what} does not compile:\n{exc}") from None
 

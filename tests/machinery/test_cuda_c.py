@@ -63,6 +63,15 @@ def test_kernel_params_reads_types_pointers_templates_and_defaults():
         kernel_params(templ, "k")
 
 
+def test_without_nvrtc_compile_ptx_says_why(monkeypatch):
+    from course.cuda_c import NvrtcUnavailable, nvrtc_unavailable
+
+    monkeypatch.setenv("MT_NO_NVRTC", "1")
+    assert "MT_NO_NVRTC" in nvrtc_unavailable()
+    with pytest.raises(NvrtcUnavailable, match="CPU emulator still grades"):
+        compile_ptx(SCALE)
+
+
 def test_compile_errors_carry_nvrtc_line_numbers():
     with pytest.raises(CudaCompileError, match=r"kernel\.cu\(3\)"):
         compile_ptx('extern "C" __global__ void f(float* x) {\n  x[0] = 1;\n  undefined_name = 2;\n}\n')
