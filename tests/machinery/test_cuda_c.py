@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from course.cuda_c import (
-    CudaCompileError, EmulatorUnsupported, KernelError, compile_ptx, compiler, emulate, kernel_params,
+    CudaCompileError, EmulatorUnsupported, KernelError, compile_ptx, compiler, emulate, emulator_unavailable, kernel_params,
     prepare_source, ptx_stats, run_kernel,
 )
 
-needs_cxx = pytest.mark.skipif(compiler() is None, reason="the CUDA emulator needs g++")
+needs_cxx = pytest.mark.skipif(emulator_unavailable() is not None, reason=str(emulator_unavailable()))
 
 
 def both(src, name, grid, block, args, **kw):
