@@ -10,13 +10,17 @@ BLAS_THREADS ?= 1
 
 .PHONY: setup lab build test check demo bench gpucheck clean
 
+# The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
+PYTHON ?= python3
+# One constraints file for every platform: pins that differ carry environment markers.
+CONSTRAINTS := constraints.txt
+
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
-	python3 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[gpu]"
-	touch $(STAMP)
+# A progress line and the result; pip's full output goes to build/setup.log.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@$(PYTHON) course/setup_venv.py .venv $(CONSTRAINTS)
+	@touch $(STAMP)
 
 lab: $(STAMP)
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons

@@ -12,7 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from course.cuda_c import KernelError, compile_ptx, compiler, emulate, kernel_params, ptx_stats, run_kernel
+from course.cuda_c import (
+    KernelError, NvrtcUnavailable, compile_ptx, emulate, emulator_unavailable, kernel_params, ptx_stats, run_kernel,
+)
 
 pytestmark = pytest.mark.lesson08
 
@@ -20,8 +22,9 @@ CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
 def need_compiler():
-    if compiler() is None:
-        pytest.skip("the CUDA emulator needs a C++ compiler (g++), and none is installed")
+    why = emulator_unavailable()
+    if why is not None:
+        pytest.skip(why)
 
 
 def assert_close(got, want, what, rtol=1e-5, atol=1e-6, notes=()):
@@ -47,6 +50,8 @@ def compiled(source, what):
     """PTX stats of `source`, with NVRTC's message as the failure if it does not compile."""
     try:
         return ptx_stats(compile_ptx(source))
+    except NvrtcUnavailable:
+        raise  # skipped with its reason (conftest.py)
     except Exception as exc:  # CudaCompileError carries NVRTC's log
         raise AssertionError(f"{what} does not compile:\n{exc}") from None
 

@@ -463,11 +463,12 @@ def host_features():
     return set(llvm.get_host_cpu_features().flatten().split(","))
 
 
-def widening_madds():
-    """Regex of the widening integer multiply-adds this CPU has, and their names."""
-    arch = machine_isa()
+def widening_madds(arch=None, feats=None):
+    """Regex of the widening integer multiply-adds a CPU has (this one unless `arch` and its
+    `feats`, e.g. {"+avx2"}, are given), and their names."""
+    arch = arch or machine_isa()
     if arch == "x86_64":
-        feats = host_features()
+        feats = host_features() if feats is None else feats
         names = []
         if "+avx2" in feats or "+avx512bw" in feats:
             names += ["vpmaddwd", "vpmaddubsw"]

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from course.cuda_c import (
-    CudaCompileError, EmulatorUnsupported, KernelError, compile_ptx, compiler, emulate, kernel_params,
+    CudaCompileError, EmulatorUnsupported, KernelError, compile_ptx, compiler, emulate, emulator_unavailable, kernel_params,
     prepare_source, ptx_stats, run_kernel,
 )
 
-needs_cxx = pytest.mark.skipif(compiler() is None, reason="the CUDA emulator needs g++")
+needs_cxx = pytest.mark.skipif(emulator_unavailable() is not None, reason=str(emulator_unavailable()))
 
 
 def both(src, name, grid, block, args, **kw):
@@ -61,6 +61,15 @@ def test_kernel_params_reads_types_pointers_templates_and_defaults():
         ("n", "int", False, 1, "3")]
     with pytest.raises(ValueError, match="template arguments"):
         kernel_params(templ, "k")
+
+
+def test_without_nvrtc_compile_ptx_says_why(monkeypatch):
+    from course.cuda_c import NvrtcUnavailable, nvrtc_unavailable
+
+    monkeypatch.setenv("MT_NO_NVRTC", "1")
+    assert "MT_NO_NVRTC" in nvrtc_unavailable()
+    with pytest.raises(NvrtcUnavailable, match="CPU emulator still grades"):
+        compile_ptx(SCALE)
 
 
 def test_compile_errors_carry_nvrtc_line_numbers():

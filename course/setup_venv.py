@@ -1,0 +1,92 @@
+"""`make setup`: create .venv with the pinned packages, saying briefly what happens.
+
+Run by the system's python3 (standard library only): python3 course/setup_venv.py VENV CONSTRAINTS.
+pip's full output goes to build/setup.log; the terminal gets a progress line, the result, and on
+failure pip's error and what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG = ROOT / "build" / "setup.log"
+SUPPORTED = ((3, 11), (3, 12), (3, 13))
+
+
+def fail(msg: str) -> None:
+    print(f"\nmake setup failed: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def check_platform() -> None:
+    v = sys.version_info[:2]
+    if v < SUPPORTED[0]:
+        fail(f"this is Python {platform.python_version()} ({sys.executable}); the course needs 3.11, 3.12 or "
+             "3.13. Install one and run `make setup PYTHON=python3.12` (or put it first on PATH).")
+    if v > SUPPORTED[-1]:
+        print(f"note: Python {v[0]}.{v[1]} is newer than the versions the pins are checked on (3.11-3.13).")
+    if sys.platform == "win32":
+        fail("native Windows is not supported: use WSL2 (Ubuntu), where the course runs as on Linux.")
+    if sys.platform == "darwin" and platform.machine() == "x86_64":
+        fail("macOS on Intel (x86-64) has no numba 0.68 wheel (numba's last Intel-Mac wheel is 0.62.1), "
+             "so the course cannot be installed here. Use a Linux machine or VM, or Colab.")
+
+
+def run_pip(py: Path, args: list[str], log, what: str) -> None:
+    """Run pip, its output into the log; on a terminal, one line of progress."""
+    tty = sys.stdout.isatty()
+    proc = subprocess.Popen([str(py), "-m", "pip", *args, "--progress-bar", "off"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, bufsize=1,
+                            env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1"))
+    tail: list[str] = []
+    n = 0
+    for line in proc.stdout:
+        log.write(line)
+        tail = (tail + [line.rstrip()])[-40:]
+        m = re.match(r"\s*(Collecting|Downloading|Installing collected packages)\s*(\S*)", line)
+        if m and tty:
+            n += m.group(1) == "Collecting"
+            status = f"  {what}: {n} packages resolved, {m.group(1).lower()} {m.group(2)}"[:100]
+            print("\r" + status.ljust(100), end="", flush=True)
+    rc = proc.wait()
+    if tty:
+        print("\r" + " " * 100 + "\r", end="", flush=True)
+    if rc != 0:
+        lines = [l for l in tail if not l.startswith(("WARNING: Location", "  Downloading", "Collecting"))]
+        first = next((i for i, l in enumerate(lines) if l.startswith("ERROR")), max(len(lines) - 25, 0))
+        print("\n".join(lines[first:first + 25]), file=sys.stderr)
+        fail(f"pip could not {what} (exit status {rc}); its full output is in {LOG.relative_to(ROOT)}. "
+             "A network error: run `make setup` again. Anything else: open an issue with that file.")
+
+
+def main() -> None:
+    venv = ROOT / (sys.argv[1] if len(sys.argv) > 1 else ".venv")
+    constraints = sys.argv[2] if len(sys.argv) > 2 else "constraints.txt"
+    check_platform()
+    print(f"Setting up {venv.name}/ with Python {platform.python_version()} ({sys.executable}) on "
+          f"{platform.system()} {platform.machine()}, pinned by {constraints} (a few minutes, once).")
+    LOG.parent.mkdir(exist_ok=True)
+    py = venv / "bin" / "python"
+    with open(LOG, "w") as log:
+        p = subprocess.run([sys.executable, "-m", "venv", str(venv)], stdout=log, stderr=subprocess.STDOUT)
+        if p.returncode != 0 or not py.exists():
+            fail(f"`{sys.executable} -m venv` failed (output in {LOG.relative_to(ROOT)}). On Debian and Ubuntu "
+                 f"install the venv module first: sudo apt install python{sys.version_info[0]}.{sys.version_info[1]}-venv")
+        run_pip(py, ["install", "--upgrade", "pip"], log, "upgrade pip")
+        run_pip(py, ["install", "-c", constraints, "-e", ".[gpu]"], log, "install the course's packages")
+    out = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    have = dict(l.split("==", 1) for l in out.splitlines() if "==" in l)
+    key = ", ".join(f"{n} {have[n]}" for n in ("numpy", "numba", "mpi4py", "jupyterlab") if n in have)
+    gpu = "CuPy and NVRTC for lessons 08-10" if "cupy-cuda12x" in have else \
+        "no CuPy/NVRTC wheels for this platform: lessons 08-10 grade CUDA C on the CPU emulator only"
+    print(f"Done: {len(have)} packages in {venv.name}/ ({key}); {gpu}.")
+
+
+if __name__ == "__main__":
+    main()
