@@ -20,6 +20,7 @@ unless MT_BROWSER_REQUIRED=1 (set by CI), where that is a failure like any other
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
@@ -88,6 +89,7 @@ class Lab:
         self.log = open(folder / ".lab.log", "w")
         self.proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        atexit.register(self.close)  # never leave a server (and its kernels) behind
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -106,6 +108,8 @@ class Lab:
     def close(self) -> None:
         import signal
 
+        if self.proc.poll() is not None:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=20)
@@ -142,12 +146,15 @@ _READ_CELLS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:n
 }))"""
 
 
-def run_all(page, lab: Lab, name: str, limit: float) -> tuple[list[dict], float]:
-    """Open notebook `name`, Run All from the Run menu, wait until the last cell has run."""
+def run_all(page, lab: Lab, name: str, n_cells: int, limit: float) -> tuple[list[dict], float]:
+    """Open notebook `name` (n_cells cells), wait for its kernel, Run All from the Run menu, wait
+    until the last cell has run."""
     page.goto(lab.url(f"lab/tree/{name}"))
-    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=120_000)
-    page.wait_for_selector(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']",
-                           timeout=300_000)
+    page.wait_for_function(f"""() => document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length
+                               === {n_cells}""", timeout=300_000)
+    page.wait_for_function("""() => {
+        const bar = (document.querySelector('#jp-main-statusbar') || {}).innerText || '';
+        return bar.includes('| Idle') && !bar.includes('No Kernel'); }""", timeout=300_000)
     t0 = time.monotonic()
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).first.click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
@@ -220,8 +227,9 @@ def browse(lessons: list[Lesson], solution: bool = False, small: bool = True) ->
                 for lesson in lessons:
                     page = browser.new_page(viewport={"width": 1400, "height": 1000})
                     result = Seen(lesson.stem)
+                    n_cells = len(json.loads((folder / lesson.notebook.name).read_text())["cells"])
                     try:
-                        result.cells, result.seconds = run_all(page, lab, lesson.notebook.name, limit)
+                        result.cells, result.seconds = run_all(page, lab, lesson.notebook.name, n_cells, limit)
                         result.problems = judge(lesson, result.cells, solution, None if ok else reason)
                     except Exception as exc:  # noqa: BLE001 - a page that never loads: report it, go on
                         result.problems = [f"{type(exc).__name__}: {exc}"]
@@ -249,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expect-plots", type=int, default=0, help="fail unless at least this many plots rendered")
     ap.add_argument("--expect-progress", type=int, default=0, help="... and this many progress widgets")
     args = ap.parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed run still stops JupyterLab (atexit)
     why = missing()
     if why:
         print(f"browser test: cannot run here: {why}")
