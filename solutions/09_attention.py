@@ -1045,10 +1045,10 @@ print(f"{model.num_parameters():,} parameters (lesson 04's formula: "
 #
 # Either way the cell first times 10 training steps of a fresh model (a few seconds) and prints
 # what all 2000 would take on your machine as loaded now, and ends by printing which it did and
-# how long the cell took. With `MINITORCH_SMALL=1` it times 20 steps (the loop working) and then loads or trains
-# 20 steps, writing nothing. The shipped model reached a validation loss of 1.30 nats/char over
-# all 726 windows (1.47 on the first 64), against 2.32 for the bigram model and 4.63 for the
-# uniform guess. Its json records the run.
+# how long the cell took. With `MINITORCH_SMALL=1` it times 20 steps (the loop working), then
+# loads or trains 20 steps, and writes nothing. The shipped model reached a validation loss of
+# 1.30 nats/char over all 726 windows (1.47 on the first 64), against 2.32 for the bigram model
+# and 4.63 for the uniform guess. Its json records the run.
 
 # %% tags=["demo"]
 TRAIN = False  # True: train from scratch (minutes: the cell prints how many first); False: load the shipped model (seconds)
