@@ -793,7 +793,7 @@ check("6.5")
 #
 # The cell trains 300 steps on each backend (30 with `MINITORCH_SMALL=1`), with a progress bar
 # for each run, and prints the time of each run (the steps alone, not the bar) and of the whole
-# cell: about 20 s on an idle 2-core laptop, minutes when other programs share its cores.
+# cell: 10-20 s on an idle 2-core laptop, minutes when other programs share its cores.
 
 # %% tags=["demo"]
 from tqdm.auto import tqdm
