@@ -278,9 +278,13 @@ class MLP(Module):
 EVAL_WINDOWS = 64  # the fixed validation subset the tests use: the first 64 windows (4096 characters)
 
 
-def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64) -> float:
+def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, batch_size: int = 64,
+                  progress: bool = False) -> float:
     """Mean cross-entropy (nats per character) of `model` predicting ids over eval_windows(ids,
-    block_size, n_windows), in eval mode without gradients. Deterministic."""
+    block_size, n_windows), in eval mode without gradients. Deterministic. progress=True shows a
+    progress bar over the batches (all 726 validation windows take tens of seconds)."""
+    from tqdm.auto import tqdm
+
     x, y = eval_windows(ids, model.config.block_size, n_windows)
     if len(x) == 0:
         raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
@@ -288,7 +292,7 @@ def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, 
     model.eval()
     total = 0.0
     with no_grad():
-        for start in range(0, len(x), batch_size):
+        for start in tqdm(range(0, len(x), batch_size), disable=not progress, desc="evaluating", unit="batch"):
             _, loss = model(x[start:start + batch_size], y[start:start + batch_size])
             total += loss.item() * len(x[start:start + batch_size])
     model.train(was_training)
@@ -421,21 +425,23 @@ def lr_schedule(step: int, steps: int, lr: float, warmup: int = 50, min_ratio: f
 
 def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int = 32, lr: float = 3e-3,
               warmup: int = 50, seed: int = 0, val_ids: np.ndarray | None = None, eval_every: int = 100,
-              eval_windows: int | None = EVAL_WINDOWS, progress: bool = True) -> dict[str, Any]:
+              eval_windows: int | None = EVAL_WINDOWS, progress: bool = True, desc: str = "training") -> dict[str, Any]:
     """Train `model` in place with Adam on random batches (get_batch, np.random.default_rng(seed))
     for `steps` steps, learning rate lr_schedule(step, steps, lr, warmup).
 
     Returns {"loss": [training loss of each step], "val_step": [...], "val_loss": [...] (every
     eval_every steps and at the end, on the first eval_windows windows of val_ids, if given),
-    "seconds": wall time, "cpu_seconds": CPU time of this process}."""
+    "seconds": wall time, "cpu_seconds": CPU time of this process}; both times add up the steps
+    and evaluations alone, not the progress bar (progress=True, labelled desc) between them."""
     from tqdm.auto import tqdm
 
     rng = np.random.default_rng(seed)
     optimizer = Adam(model.parameters(), lr=lr)
     history: dict[str, Any] = {"loss": [], "val_step": [], "val_loss": []}
-    t0, c0 = time.perf_counter(), time.process_time()
-    bar = tqdm(range(steps), disable=not progress, desc="training", unit="step")
+    seconds = cpu_seconds = 0.0
+    bar = tqdm(range(steps), disable=not progress, desc=desc, unit="step")
     for step in bar:
+        t0, c0 = time.perf_counter(), time.process_time()
         optimizer.lr = lr_schedule(step, steps, lr, warmup)
         x, y = get_batch(train_ids, batch_size, model.config.block_size, rng)
         model.train()
@@ -444,23 +450,30 @@ def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int =
         loss.backward()
         optimizer.step()
         history["loss"].append(loss.item())
-        if val_ids is not None and ((step + 1) % eval_every == 0 or step == steps - 1):
+        evaluated = val_ids is not None and ((step + 1) % eval_every == 0 or step == steps - 1)
+        if evaluated:
             history["val_step"].append(step + 1)
             history["val_loss"].append(evaluate_loss(model, val_ids, eval_windows))
-            bar.set_postfix(loss=f"{loss.item():.3f}", val=f"{history['val_loss'][-1]:.3f}")
+        seconds += time.perf_counter() - t0
+        cpu_seconds += time.process_time() - c0
+        if evaluated:
+            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}", val=f"{history['val_loss'][-1]:.3f}")
         elif step % 10 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-    history["seconds"] = time.perf_counter() - t0
-    history["cpu_seconds"] = time.process_time() - c0
+            bar.set_postfix(loss=f"{history['loss'][-1]:.3f}")
+    history["seconds"] = seconds
+    history["cpu_seconds"] = cpu_seconds
     return history
 
 
 def generate(model: "GPT", idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             rng: np.random.Generator | None = None) -> np.ndarray:
+             rng: np.random.Generator | None = None, progress: bool = False) -> np.ndarray:
     """Sample max_new_tokens ids after idx ((B, t) ids, or 1-D for one sequence); returns idx with
     them appended (same number of dimensions). Each step runs the model on the last block_size ids
     (no cache: lesson 11 adds one) and samples from softmax(logits / temperature), restricted to
-    the top_k most likely ids if given; temperature 0 takes the most likely id."""
+    the top_k most likely ids if given; temperature 0 takes the most likely id. progress=True
+    shows a progress bar over the new tokens."""
+    from tqdm.auto import tqdm
+
     idx = np.asarray(idx, dtype=np.int64)
     single = idx.ndim == 1
     idx = idx[None, :] if single else idx
@@ -468,7 +481,7 @@ def generate(model: "GPT", idx: Any, max_new_tokens: int, temperature: float = 1
     was_training = model.training
     model.eval()
     with no_grad():
-        for _ in range(max_new_tokens):
+        for _ in tqdm(range(max_new_tokens), disable=not progress, desc="generating", unit="token"):
             logits, _ = model(idx[:, -model.config.block_size:])
             last = logits.numpy()[:, -1, :].astype(np.float64)
             if temperature == 0:
