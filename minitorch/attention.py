@@ -27,10 +27,31 @@ def _as_tensor(x: Any) -> Tensor:
     return x if isinstance(x, Tensor) else Tensor(np.asarray(x))
 
 
-def check_qkv(q: Any, k: Any, v: Any, what: str = "attention") -> None:
+def check_size(what: str, name: str, value: Any, minimum: int = 0) -> int:
+    """`value` as an int, if it is an integer >= minimum; otherwise a TypeError (not an integer: a
+    float, a bool) or a ValueError (below the bound) naming the function, the argument and the value."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{what}: {name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_same_shapes(what: str, **arrays: Any) -> None:
+    """ValueError naming every array's shape unless all the named arrays have one shape."""
+    shapes = {name: tuple(np.shape(a)) for name, a in arrays.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{name} {shape}" for name, shape in shapes.items())
+        raise ValueError(f"{what}: {', '.join(shapes)} must have one shape, got {listed}")
+
+
+KERNEL_DTYPES = (np.float32, np.float64)  # what the Numba kernels compile for (Numba has no float16)
+
+
+def check_qkv(q: Any, k: Any, v: Any, what: str = "attention", dtypes: tuple | None = None) -> None:
     """ValueError/TypeError naming the shapes and dtypes unless q (..., Nq, d), k (..., Nk, d),
     v (..., Nk, dv) have matching features and positions, broadcastable batch axes and one float
-    dtype."""
+    dtype (one of `dtypes`, if given)."""
     shapes = tuple(tuple(x.shape) for x in (q, k, v))
     if any(len(s) < 2 for s in shapes):
         raise ValueError(f"{what}: q, k, v need shape (..., N, d), got {shapes[0]}, {shapes[1]}, {shapes[2]}")
@@ -43,10 +64,13 @@ def check_qkv(q: Any, k: Any, v: Any, what: str = "attention") -> None:
         np.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2])
     except ValueError:
         raise ValueError(f"{what}: batch axes of q {sq}, k {sk}, v {sv} do not broadcast") from None
-    dtypes = {np.dtype(x.dtype) for x in (q, k, v)}
-    if len(dtypes) != 1 or next(iter(dtypes)).kind != "f":
+    found = {np.dtype(x.dtype) for x in (q, k, v)}
+    if len(found) != 1 or next(iter(found)).kind != "f":
         raise TypeError(f"{what}: q, k, v must share one floating dtype, got "
                         f"{np.dtype(q.dtype)}, {np.dtype(k.dtype)}, {np.dtype(v.dtype)}")
+    if dtypes is not None and np.dtype(q.dtype) not in [np.dtype(t) for t in dtypes]:
+        raise TypeError(f"{what}: q, k, v must be {' or '.join(np.dtype(t).name for t in dtypes)} here, "
+                        f"got {np.dtype(q.dtype)}")
 
 
 def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
@@ -61,13 +85,21 @@ def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
                          f"shape {scores_shape} (..., Nq, Nk)") from None
 
 
+def no_keys(q: Tensor, k: Tensor, v: Tensor, mask: Any = None) -> Tensor:
+    """Attention over no keys at all (Nk = 0): every row sees nothing, so the output is zeros
+    (..., Nq, dv) with zero gradients, as for a fully masked row (PyTorch's SDPA also returns 0).
+    Computed as (q k^T) v, whose inner size is 0, so autograd and batch broadcasting work as usual."""
+    if mask is not None:
+        check_mask(mask, np.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], 0))
+    return (q @ _swap_last(k)) @ v
+
+
 def causal_mask(nq: int, nk: int) -> np.ndarray:
     """Boolean (nq, nk): True where query i may attend to key j, i.e. j <= i + (nk - nq).
 
     The queries are the last nq of nk positions (bottom-right aligned): for nq == nk the lower
     triangle with its diagonal. With nq > nk the first nq - nk rows see no key at all."""
-    if nq < 0 or nk < 0:
-        raise ValueError(f"causal_mask: sizes must be >= 0, got nq={nq}, nk={nk}")
+    nq, nk = check_size("causal_mask", "nq", nq), check_size("causal_mask", "nk", nk)
     return np.tri(nq, nk, k=nk - nq, dtype=bool)
 
 
@@ -88,9 +120,11 @@ def attention(q: Any, k: Any, v: Any, mask: Any = None) -> Tensor:
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): autograd Tensors (arrays are wrapped) of one
     float dtype, batch axes broadcast. mask: None or a boolean array broadcastable to
     (..., Nq, Nk), True = may attend. Returns a Tensor (..., Nq, dv) of q's dtype; a row with no
-    visible key is all zeros and passes no gradient."""
+    visible key is all zeros and passes no gradient (so is every row when Nk = 0, handled here)."""
     q, k, v = _as_tensor(q), _as_tensor(k), _as_tensor(v)
     check_qkv(q, k, v)
+    if k.shape[-2] == 0:
+        return no_keys(q, k, v, mask)
     scores = (q @ _swap_last(k)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is None:
         return softmax(scores, axis=-1) @ v
@@ -112,7 +146,7 @@ def attention_np(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any = None,
     s = (q @ np.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         s = np.where(check_mask(mask, s.shape), s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: Nk = 0 gives -inf, not an error
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
     total = e.sum(axis=-1, keepdims=True)
@@ -158,6 +192,7 @@ def attention_score_bytes(b: int, h: int, nq: int, nk: int, itemsize: int) -> in
 def column_blocks(x: np.ndarray, width: int) -> Iterable[np.ndarray]:
     """Yield x's columns in blocks of `width` (the last may be narrower) through one reused buffer:
     each block is overwritten by the next, like a read buffer."""
+    width = check_size("column_blocks", "width", width, 1)
     buffer = np.empty((x.shape[0], width), dtype=x.dtype)
     for start in range(0, x.shape[1], width):
         w = min(width, x.shape[1] - start)
@@ -174,6 +209,7 @@ def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"online_softmax: expected a 2-D array, got shape {x.shape}")
+    block = check_size("online_softmax", "block", block, 1)
     m, l = online_softmax_stats(column_blocks(x, block))
     shift = np.where(np.isfinite(m), m, 0.0)[:, None]
     return np.exp(x - shift) / np.where(l > 0, l, 1.0)[:, None]
@@ -182,6 +218,7 @@ def online_softmax(x: np.ndarray, block: int = 256) -> np.ndarray:
 def softmax_merge(m1: np.ndarray, l1: np.ndarray, m2: np.ndarray, l2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge the softmax statistics (max m, sum l of exp(x - m)) of two disjoint parts of the same
     rows. Arrays of one shape (rows,); an empty part is (-inf, 0). Returns (m, l) of the union."""
+    check_same_shapes("softmax_merge", m1=m1, l1=l1, m2=m2, l2=l2)
     m = np.maximum(m1, m2)
     shift = np.where(np.isfinite(m), m, 0.0)  # both parts empty: keep (-inf, 0), avoid -inf - -inf
     return m, l1 * np.exp(m1 - shift) + l2 * np.exp(m2 - shift)
@@ -210,6 +247,10 @@ def merge_attention(o1: np.ndarray, lse1: np.ndarray, o2: np.ndarray,
     """Combine attention over two disjoint sets of keys. o1, o2 (..., dv): outputs normalised within
     each set; lse1, lse2 (...): logsumexp of each set's scores (-inf: no visible key, o = 0).
     Returns (o, lse) of attention over the union, in the inputs' dtype; (0, -inf) if both are empty."""
+    check_same_shapes("merge_attention", o1=o1, o2=o2)
+    check_same_shapes("merge_attention", lse1=lse1, lse2=lse2)
+    if np.ndim(o1) < 1 or np.shape(o1)[:-1] != np.shape(lse1):
+        raise ValueError(f"merge_attention: o1 {np.shape(o1)} must be (..., dv) with lse1 {np.shape(lse1)} (...)")
     m = np.maximum(lse1, lse2)
     shift = np.where(np.isfinite(m), m, 0.0)
     w1, w2 = np.exp(lse1 - shift), np.exp(lse2 - shift)
@@ -258,11 +299,11 @@ def flash_attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal:
     Returns (o (G, Nq, dv), lse (G, Nq)) in the inputs' dtype, equal to attention_np(...,
     causal_mask(Nq, Nk) if causal, return_lse=True). Never allocates an Nq x Nk array."""
     q, k, v = _as_heads(q, "flash_attention_forward q"), _as_heads(k, "k"), _as_heads(v, "v")
-    check_qkv(q, k, v, "flash_attention_forward")
+    check_qkv(q, k, v, "flash_attention_forward", KERNEL_DTYPES)
     if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
         raise ValueError(f"flash_attention_forward: q {q.shape}, k {k.shape}, v {v.shape} need the same G")
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"flash_attention_forward: tile sizes must be >= 1, got {block_q}, {block_k}")
+    block_q = check_size("flash_attention_forward", "block_q", block_q, 1)
+    block_k = check_size("flash_attention_forward", "block_k", block_k, 1)
     g, nq, d = q.shape
     o = np.empty((g, nq, v.shape[2]), dtype=q.dtype)
     lse = np.empty((g, nq), dtype=q.dtype)
@@ -344,8 +385,16 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.
     q, k, v = _as_heads(q, "flash_attention_backward q"), _as_heads(k, "k"), _as_heads(v, "v")
     o, do = _as_heads(o, "o"), _as_heads(do, "do")
     lse = np.ascontiguousarray(lse)
-    if do.shape != o.shape or o.shape[:2] != q.shape[:2] or lse.shape != q.shape[:2]:
-        raise ValueError(f"flash_attention_backward: o {o.shape}, do {do.shape}, lse {lse.shape} do not fit q {q.shape}")
+    check_qkv(q, k, v, "flash_attention_backward", KERNEL_DTYPES)
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"flash_attention_backward: q {q.shape}, k {k.shape}, v {v.shape} need the same G")
+    if (do.shape != o.shape or o.shape != q.shape[:2] + v.shape[2:] or lse.shape != q.shape[:2]):
+        raise ValueError(f"flash_attention_backward: o {o.shape}, do {do.shape}, lse {lse.shape} do not fit "
+                         f"q {q.shape} and v {v.shape} (o, do (G, Nq, dv), lse (G, Nq))")
+    if {o.dtype, do.dtype, lse.dtype} != {q.dtype}:
+        raise TypeError(f"flash_attention_backward: o, do, lse must have q's dtype {q.dtype}, got "
+                        f"{o.dtype}, {do.dtype}, {lse.dtype}")
+    block_k = check_size("flash_attention_backward", "block_k", block_k, 1)
     g, nq, d = q.shape
     nk = k.shape[1]
     delta = (do * o).sum(axis=-1)  # D_i = do_i . o_i (FlashAttention-2's preprocessing)
@@ -409,12 +458,15 @@ def flash_attention(q: Any, k: Any, v: Any, causal: bool = False, block_q: int =
     flash_attention_backward from the saved q, k, v, o, lse (no Nq x Nk array is ever stored).
 
     q (..., Nq, d), k (..., Nk, d), v (..., Nk, dv): Tensors with the same batch axes (no
-    broadcasting), one float dtype. causal: the mask causal_mask(Nq, Nk). Returns (..., Nq, dv),
+    broadcasting), float32 or float64 (the kernels'). causal: the mask causal_mask(Nq, Nk). Returns (..., Nq, dv),
     equal to attention(q, k, v, causal_mask(Nq, Nk) if causal else None)."""
     q, k, v = _as_tensor(q), _as_tensor(k), _as_tensor(v)
-    check_qkv(q, k, v, "flash_attention")
+    check_qkv(q, k, v, "flash_attention", KERNEL_DTYPES)
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
         raise ValueError(f"flash_attention: q {q.shape}, k {k.shape}, v {v.shape} need the same batch axes")
+    check_size("flash_attention", "block_q", block_q, 1), check_size("flash_attention", "block_k", block_k, 1)
+    if k.shape[-2] == 0 or 0 in q.shape[:-1]:
+        return no_keys(q, k, v)  # nothing to tile: zeros (Nk = 0: no row sees a key) or an empty output
     lead, nq, nk = q.shape[:-2], q.shape[-2], k.shape[-2]
     q3 = q.data.reshape(-1, nq, q.shape[-1])
     k3 = k.data.reshape(-1, nk, k.shape[-1])

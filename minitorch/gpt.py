@@ -24,7 +24,7 @@ from minitorch.optim import Adam
 if __name__ == "minitorch.gpt":
     # The package takes attention from minitorch.attention. In the lesson notebook this import
     # is skipped, so the model runs the attention functions written above it.
-    from minitorch.attention import attention, causal_mask, flash_attention, merge_heads, split_heads
+    from minitorch.attention import attention, causal_mask, check_size, flash_attention, merge_heads, split_heads
 
 
 CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992c"  # Python 3.11.7
@@ -119,6 +119,9 @@ def get_batch(ids: np.ndarray, batch_size: int, block_size: int,
 def eval_windows(ids: np.ndarray, block_size: int, n_windows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Consecutive non-overlapping windows from the start of `ids`: x (W, T) = ids[wT : wT + T],
     y = ids[wT + 1 : wT + T + 1]; all that fit, or the first n_windows. Deterministic."""
+    block_size = check_size("eval_windows", "block_size", block_size, 1)
+    if n_windows is not None:
+        n_windows = check_size("eval_windows", "n_windows", n_windows, 0)
     available = (len(ids) - 1) // block_size
     w = available if n_windows is None else min(int(n_windows), available)
     starts = np.arange(w) * block_size
@@ -166,8 +169,10 @@ def gelu_np(x: np.ndarray) -> np.ndarray:
 
 
 def gelu(x: Tensor) -> Tensor:
-    """gelu_np as one differentiable node (saves x and the tanh)."""
+    """gelu_np as one differentiable node (saves x and the tanh). x: a floating Tensor."""
     a = x.data
+    if a.dtype.kind != "f":
+        raise TypeError(f"gelu: x must be a floating Tensor, got {a.dtype} (convert it with .astype first)")
     t = np.tanh(GELU_C * (a + 0.044715 * a ** 3))
     out = x._new((0.5 * a * (1.0 + t)).astype(a.dtype, copy=False))
 
@@ -465,15 +470,31 @@ def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int =
     return history
 
 
+def check_sampling(what: str, max_new_tokens: int | None = None, temperature: float = 0.0,
+                   top_k: int | None = None) -> None:
+    """Errors naming the argument and its value unless max_new_tokens is an integer >= 0, temperature
+    a finite number >= 0 and top_k None or an integer >= 1 (what generate and its kin accept)."""
+    if max_new_tokens is not None:
+        check_size(what, "max_new_tokens", max_new_tokens, 0)
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what}: temperature must be a number >= 0, got {temperature!r}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"{what}: temperature must be finite and >= 0 (0 = the most likely id), got {temperature}")
+    if top_k is not None:
+        check_size(what, "top_k", top_k, 1)
+
+
 def generate(model: "GPT", idx: Any, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              rng: np.random.Generator | None = None, progress: bool = False) -> np.ndarray:
     """Sample max_new_tokens ids after idx ((B, t) ids, or 1-D for one sequence); returns idx with
     them appended (same number of dimensions). Each step runs the model on the last block_size ids
     (no cache: lesson 11 adds one) and samples from softmax(logits / temperature), restricted to
-    the top_k most likely ids if given; temperature 0 takes the most likely id. progress=True
-    shows a progress bar over the new tokens."""
+    the top_k most likely ids if given; temperature 0 takes the most likely id. max_new_tokens >= 0,
+    temperature >= 0, top_k None or >= 1 (check_sampling). progress=True shows a progress bar over
+    the new tokens."""
     from tqdm.auto import tqdm
 
+    check_sampling("generate", max_new_tokens, temperature, top_k)
     idx = np.asarray(idx, dtype=np.int64)
     single = idx.ndim == 1
     idx = idx[None, :] if single else idx

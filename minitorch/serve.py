@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from minitorch.attention import causal_mask
-from minitorch.gpt import GELU_C, GPT, layer_norm_np, load_tiny_gpt
+from minitorch.attention import causal_mask, check_size
+from minitorch.gpt import GELU_C, GPT, check_sampling, layer_norm_np, load_tiny_gpt
 
 
 class MacCounter:
@@ -125,22 +125,42 @@ def linear(x: np.ndarray, params: dict[str, np.ndarray], name: str) -> np.ndarra
     return matmul(x, params[name + ".weight"]) + params[name + ".bias"]
 
 
+def check_attention_inputs(what: str, q: Any, k: Any, v: Any, mask: Any = None) -> np.ndarray | None:
+    """ValueError naming the shapes unless q (B, Hq, Tq, hd) and k, v (B, Hkv, Tk, hd) fit, Hq a
+    multiple of Hkv >= 1; TypeError unless mask is None or boolean, ValueError unless it broadcasts
+    to (B, Hq, Tq, Tk). Returns the mask broadcast to that shape (or None)."""
+    shapes = tuple(np.shape(a) for a in (q, k, v))
+    (sq, sk, sv) = shapes
+    if (len(sq) != 4 or len(sk) != 4 or sk != sv or sq[0] != sk[0] or sq[-1] != sk[-1] or sk[1] == 0
+            or sq[1] % sk[1]):
+        raise ValueError(f"{what}: expected q (B, Hq, Tq, hd) and k, v (B, Hkv, Tk, hd) with Hq a multiple of "
+                         f"Hkv, got q {sq}, k {sk}, v {sv}")
+    if mask is None:
+        return None
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"{what}: the mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    scores = (sq[0], sq[1], sq[2], sk[2])
+    try:
+        return np.broadcast_to(mask, scores)
+    except ValueError:
+        raise ValueError(f"{what}: mask of shape {mask.shape} does not broadcast to the scores' shape {scores} "
+                         "(B, Hq, Tq, Tk)") from None
+
+
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
     """Attention of q (B, Hq, Tq, hd) over k, v (B, Hkv, Tk, hd), Hq a multiple of Hkv: query head
     h uses key/value head h // (Hq // Hkv) (the K/V heads are repeated). mask: boolean,
     broadcastable to (B, Hq, Tq, Tk), True where a query may see a key. Returns (B, Hq, Tq, hd)
-    in q's dtype; a query that sees no key gets zeros."""
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or \
-            q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
-        raise ValueError(f"attend: expected q (B, Hq, Tq, hd) and k, v (B, Hkv, Tk, hd) with Hq a multiple of "
-                         f"Hkv, got q {q.shape}, k {k.shape}, v {v.shape}")
+    in q's dtype; a query that sees no key (every query when Tk = 0) gets zeros."""
+    mask = check_attention_inputs("attend", q, k, v, mask)
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     s = matmul(q, np.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         s = np.where(mask, s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
+    m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: Tk = 0 gives -inf, not an error
     e = np.exp(s - np.where(np.isfinite(m), m, 0.0))
     total = e.sum(axis=-1, keepdims=True)
     return matmul(e / np.where(total > 0, total, 1.0), v)
@@ -309,7 +329,8 @@ def forward_cached(W: GPTWeights, cache: KVCache, idx: Any, rows: Any = None) ->
 
 def token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """Next-token probabilities (float64, last axis) from logits: softmax(logits / temperature);
-    temperature 0 puts all the mass on the most likely token (greedy)."""
+    temperature 0 puts all the mass on the most likely token (greedy); temperature >= 0."""
+    check_sampling("token_probs", None, temperature)
     logits = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
         return (np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)
@@ -341,7 +362,8 @@ def generate(W: GPTWeights, prompt: Any, max_new_tokens: int, use_cache: bool = 
     window restarts at the last `keep` tokens (default block_size // 2), positions 0 .. keep - 1.
     use_cache=True runs forward_cached (a prefill at each window start, then one token per step);
     use_cache=False runs gpt_forward on the whole window every step. With return_logits, also the
-    logits (vocab,) each step sampled from."""
+    logits (vocab,) each step sampled from. max_new_tokens >= 0, temperature >= 0."""
+    check_sampling("generate", max_new_tokens, temperature)
     prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
     if len(prompt) < 1:
         raise ValueError("generate: the prompt needs at least one token")
@@ -391,7 +413,12 @@ def decode_latencies(W: GPTWeights, prompt: Any, n_new: int, use_cache: bool = T
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_dim: int, tokens: int, bytes_per_element: int,
                    batch: int = 1) -> int:
     """Bytes of the keys and values of `tokens` tokens of `batch` sequences: 2 (K and V) x n_layer x
-    n_kv_head x head_dim x tokens x bytes_per_element x batch. An int."""
+    n_kv_head x head_dim x tokens x bytes_per_element x batch. An int. Every count is an integer >= 0
+    (bytes_per_element >= 1), checked here."""
+    for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim), ("tokens", tokens),
+                        ("batch", batch)):
+        check_size("kv_cache_bytes", name, value, 0)
+    check_size("kv_cache_bytes", "bytes_per_element", bytes_per_element, 1)
     return int(2 * n_layer * n_kv_head * head_dim * tokens * bytes_per_element * batch)
 
 
@@ -415,11 +442,11 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndar
     to (B, Hq, Tq, Tk), True where a query may see a key. Returns (B, Hq, Tq, hd) in q's dtype.
 
     Reads each key/value head once for its whole group: no copy of k or v per query head. Do the
-    two products through matmul(). ValueError (naming the shapes) if they do not fit."""
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or \
-            q.shape[-1] != k.shape[-1] or k.shape[1] == 0 or q.shape[1] % k.shape[1]:
-        raise ValueError(f"grouped_attention: expected q (B, Hq, Tq, hd) and k, v (B, Hkv, Tk, hd) with Hq a "
-                         f"multiple of Hkv, got q {q.shape}, k {k.shape}, v {v.shape}")
+    two products through matmul(). The inputs and mask are checked (and Tk = 0, where every output
+    is 0, answered) before your code runs."""
+    mask = check_attention_inputs("grouped_attention", q, k, v, mask)
+    if k.shape[2] == 0:
+        return np.zeros(q.shape, q.dtype)  # no keys at all: every query sees nothing
     b, hq, tq, hd = q.shape
     hkv, tk = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -520,7 +547,15 @@ def paged_attention(q: np.ndarray, k_pool: np.ndarray, v_pool: np.ndarray, block
     lengths (b,): tokens of each sequence (>= t): its keys are 0 .. lengths[s] - 1.
     Returns (b, Hq, t, hd) in q's dtype. Nothing in the pool outside each sequence's first
     lengths[s] slots (other sequences' keys, garbage, NaN) may affect the result. ValueError if the
-    table does not cover a sequence's length."""
+    table does not cover a sequence's length (the shapes and block ids are checked before your code)."""
+    if np.ndim(q) != 4 or np.ndim(k_pool) != 4 or np.shape(k_pool) != np.shape(v_pool):
+        raise ValueError(f"paged_attention: expected q (b, Hq, t, hd) and k_pool, v_pool (num_blocks, Hkv, "
+                         f"block_size, hd), got q {np.shape(q)}, k_pool {np.shape(k_pool)}, v_pool {np.shape(v_pool)}")
+    ids = np.asarray(block_table)
+    outside = (ids < -1) | (ids >= len(k_pool))
+    if outside.any():
+        raise ValueError(f"paged_attention: block_table holds block id(s) {np.unique(ids[outside]).tolist()} outside "
+                         f"the pool of {len(k_pool)} blocks (valid ids 0 .. {len(k_pool) - 1}, -1 = unused)")
     lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
     block_table = np.asarray(block_table)
     b, hq, t, hd = q.shape
@@ -651,6 +686,8 @@ class PagedKVCache:
     def gather(self, seq: Any, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """seq's keys and values in layer `layer`, read through its block table: two arrays
         (n_kv_head, length, head_dim)."""
+        if check_size("PagedKVCache.gather", "layer", layer, 0) >= len(self.k):
+            raise ValueError(f"PagedKVCache.gather: layer must be < {len(self.k)} (the cache's layers), got {layer}")
         table, n = self._table(seq), self.lengths[seq]
         _, _, hkv, bs, hd = self.k.shape
         k = self.k[layer, table].transpose(1, 0, 2, 3).reshape(hkv, len(table) * bs, hd)[:, :n]

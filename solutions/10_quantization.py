@@ -45,8 +45,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
+from minitorch.attention import check_size
 from minitorch.autograd import Tensor
 from minitorch.nn import Linear, Module
 
@@ -560,6 +562,41 @@ def check_block(shape: tuple[int, ...], block: tuple[int, ...] | None) -> tuple[
     return block
 
 
+def check_finite_float(what: str, x: Any, name: str = "x") -> np.ndarray:
+    """x as a NumPy array; TypeError unless it is floating, ValueError (how many, the first one and
+    where) if it holds a NaN or an inf: no scale can represent them."""
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(f"{what}: {name} must be a float array (float32 or float64), got dtype {x.dtype}")
+    bad = ~np.isfinite(x)
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        raise ValueError(f"{what}: {name} holds {int(bad.sum())} NaN or inf value(s), the first {x[i]} at index {i}: "
+                         "only finite values can be quantized")
+    return x
+
+
+def check_qparams(what: str, shape: tuple[int, ...], scale: Any, zero_point: Any) -> None:
+    """ValueError naming the shapes unless scale and zero_point have one entry per block of a tensor
+    of `shape` (as many axes, each dividing the tensor's), and the scales are finite and > 0."""
+    scale, zero_point = np.asarray(scale), np.asarray(zero_point)
+    shape = tuple(shape)
+    if (scale.shape != zero_point.shape or scale.ndim != len(shape)
+            or any(ns < 1 or n % ns for n, ns in zip(shape, scale.shape))):
+        raise ValueError(f"{what}: scale {scale.shape} and zero_point {zero_point.shape} must have one entry per "
+                         f"block of the tensor's shape {shape} (as many axes, each size dividing the tensor's)")
+    bad = ~(np.isfinite(scale) & (scale > 0))
+    if bad.any():
+        raise ValueError(f"{what}: scales must be finite and > 0, got {scale[bad][:4].tolist()} (at {int(bad.sum())} "
+                         "block(s))")
+
+
+def check_matmul_shapes(what: str, x: np.ndarray, w: np.ndarray) -> None:
+    """ValueError naming both shapes unless x (T, K) @ w (K, N) fits."""
+    if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
+        raise ValueError(f"{what}: shape mismatch {x.shape} @ {w.shape} (need (T, K) @ (K, N))")
+
+
 def expand_blocks(s: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """A per-block array s (one entry per block) repeated to the full `shape`."""
     s = np.asarray(s)
@@ -592,6 +629,7 @@ class QTensor:
 
     def dequantize(self) -> np.ndarray:
         """float32 array of the tensor's shape: scale * (q - zero_point), block by block."""
+        check_qparams("QTensor.dequantize", np.shape(self.q), self.scale, self.zero_point)
         s = expand_blocks(self.scale, self.q.shape)
         z = expand_blocks(self.zero_point, self.q.shape)
         return ((self.q.astype(np.int32) - z) * s).astype(np.float32)
@@ -627,7 +665,10 @@ class QTensor:
 def quantize_with(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, bits: int = 8,
                   symmetric: bool = True) -> np.ndarray:
     """int8 q = clip(round(x / scale) + zero_point, qmin, qmax); scale and zero_point per block
-    (one entry per block; expand_blocks makes them full size). Values out of range saturate."""
+    (one entry per block; expand_blocks makes them full size). Values out of range saturate.
+    x must be finite and the scales finite and > 0 (checked here: ValueError)."""
+    check_finite_float("quantize_with", x)
+    check_qparams("quantize_with", np.shape(x), scale, zero_point)
     ### BEGIN SOLUTION
     x = np.asarray(x, dtype=np.float64)
     qmin, qmax = qrange(bits, symmetric)
@@ -641,11 +682,12 @@ def quantize(x: np.ndarray, bits: int = 8, symmetric: bool = True, block: tuple[
     """Quantize float array x (any shape) blockwise: symmetric absmax or asymmetric with a zero point.
 
     block: the block shape (None = one block, -1 = the whole axis); each block gets a float32
-    scale and an int32 zero point. Returns a QTensor."""
+    scale and an int32 zero point. Returns a QTensor. x must be non-empty and finite (checked here)."""
+    x = check_finite_float("quantize", x)
+    if x.size == 0:
+        raise ValueError(f"quantize: x is empty (shape {x.shape}): there is no range to quantize")
     ### BEGIN SOLUTION
     x = np.asarray(x)
-    if x.dtype.kind != "f":
-        raise TypeError(f"quantize expects a float array, got dtype {x.dtype}")
     block = check_block(x.shape, block)
     qmin, qmax = qrange(bits, symmetric)
     grid = tuple(n // b for n, b in zip(x.shape, block))
@@ -792,10 +834,38 @@ print("NumPy int8 @ int8:", (a8 @ b8).item(), (a8 @ b8).dtype, "   exact:", (a8.
 
 # %%
 #| export
+def check_int8_vectors(x: Any, y: Any) -> None:
+    """TypeError unless x and y are 1-D int8 arrays, ValueError unless they have one length. Callable
+    from Python and from Numba kernels (where the overload below types it)."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype != np.int8 or y.dtype != np.int8 or x.ndim != 1 or y.ndim != 1:
+        raise TypeError(f"int8_dot: x and y must be 1-D int8 arrays, got {x.dtype} {x.shape} and {y.dtype} {y.shape}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"int8_dot: x and y must have the same length, got {x.shape[0]} and {y.shape[0]}")
+
+
+@overload(check_int8_vectors)
+def _check_int8_vectors_in_numba(x, y):
+    if not all(isinstance(a, types.Array) and a.dtype == types.int8 and a.ndim == 1 for a in (x, y)):
+        message = f"int8_dot: x and y must be 1-D int8 arrays, got {x} and {y}"  # known when compiling
+
+        def wrong_types(x, y):
+            raise TypeError(message)
+        return wrong_types
+
+    def lengths(x, y):
+        if x.shape[0] != y.shape[0]:
+            raise ValueError("int8_dot: x and y must have the same length, got " + str(x.shape[0]) + " and "
+                             + str(y.shape[0]))
+    return lengths
+
+# %%
+#| export
 #| exercise 10.6
 @njit(cache=False)
 def int8_dot(x, y):
     """sum_i int32(x[i]) * int32(y[i]) for 1-D int8 arrays of equal length, as an int32."""
+    check_int8_vectors(x, y)  # given: a TypeError/ValueError for other dtypes or lengths
     ### BEGIN SOLUTION
     acc = np.int32(0)
     for i in range(x.shape[0]):
@@ -1117,6 +1187,7 @@ def systolic_tile(x: np.ndarray, w: np.ndarray,
 def systolic_matmul(x: np.ndarray, w: np.ndarray, rows: int = 4, cols: int = 4) -> tuple[np.ndarray, int]:
     """x (M, K) int8 @ w (K, N) int8 on a rows x cols weight-stationary array, tile by tile.
     Returns (y (M, N) int32, cycles = ceil(K/rows) * ceil(N/cols) * (M + rows + cols - 2))."""
+    rows, cols = check_size("systolic_matmul", "rows", rows, 1), check_size("systolic_matmul", "cols", cols, 1)
     ### BEGIN SOLUTION
     x, w = check_int8_operands(x, w)
     M, K = x.shape
@@ -1210,7 +1281,8 @@ MODES = ("w8a8", "w8", "w4")
 
 
 def group_size_for(k: int, target: int = 128) -> int:
-    """The largest group size <= target that divides k (128 for k = 768; 64 for k = 64)."""
+    """The largest group size <= target that divides k (128 for k = 768; 64 for k = 64); k, target >= 1."""
+    k, target = check_size("group_size_for", "k", k, 1), check_size("group_size_for", "target", target, 1)
     return max(g for g in range(1, min(k, target) + 1) if k % g == 0)
 
 
@@ -1243,6 +1315,9 @@ class QuantLinear(Module):
         self.wq = self._quantize(weight, bits=bits, symmetric=symmetric, block=block)
         self.w_colsum = self.wq.q.astype(np.int64).sum(axis=0, keepdims=True)  # (1, out), for the zero point
         self.bias = None if bias is None else np.asarray(bias, dtype=np.float32).copy()
+        if self.bias is not None and self.bias.shape != (self.out_features,):
+            raise ValueError(f"QuantLinear: bias must have shape ({self.out_features},) for weight {weight.shape}, "
+                             f"got {self.bias.shape}")
         self.training = False
 
     def _quantize(self, x: np.ndarray, **kw: Any) -> QTensor:
@@ -1365,6 +1440,7 @@ def w8a8_matmul(x: np.ndarray, w: np.ndarray, gemm: Callable | None = None,
     """x (T, K) @ w (K, N) as symmetric W8A8: int8 x per token, int8 w per output channel,
     int8 GEMM, rescale. float32 (T, N); K = 0 gives zeros."""
     x, w = np.asarray(x, dtype=np.float32), np.asarray(w, dtype=np.float32)
+    check_matmul_shapes("w8a8_matmul", x, w)
     t, k = x.shape
     if k == 0:
         return np.zeros((t, w.shape[1]), np.float32)
@@ -1463,7 +1539,8 @@ def quantize_w4_group(w: np.ndarray, group_size: int | None = None) -> np.ndarra
 def awq_search(x: np.ndarray, w: np.ndarray, n_grid: int = 20,
                quantize_w: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, float, list[float]]:
     """AWQ's per-input-channel scale search on calibration activations x (T, K) for weight w (K, N).
-    Returns (s (K,) float64, alpha, [error for each alpha on the grid])."""
+    Returns (s (K,) float64, alpha, [error for each alpha on the grid]). n_grid >= 1."""
+    n_grid = check_size("awq_search", "n_grid", n_grid, 1)
     ### BEGIN SOLUTION
     x64, w64 = np.asarray(x, dtype=np.float64), np.asarray(w, dtype=np.float64)
     if x64.ndim != 2 or w64.ndim != 2 or x64.shape[1] != w64.shape[0]:

@@ -254,6 +254,35 @@ def test_attention_rejects_bad_masks(lesson):
         lesson.attention(Tensor(q), Tensor(k), Tensor(v), np.ones((4, 3), bool))
 
 
+@pytest.mark.exercise("9.1")
+def test_causal_mask_rejects_sizes_that_are_not_counts(lesson):
+    assert np.array_equal(lesson.causal_mask(3, 5), causal(3, 5)), "causal_mask(3, 5) is wrong"
+    with pytest.raises(TypeError, match=r"causal_mask: nq must be an integer.*2\.5"):
+        lesson.causal_mask(2.5, 3)
+    with pytest.raises(ValueError, match=r"causal_mask: nk must be >= 0, got -1"):
+        lesson.causal_mask(3, -1)
+
+
+@pytest.mark.exercise("9.1")
+def test_attention_over_no_keys_is_zero(lesson):
+    """Nk = 0: every row sees nothing, so the output is 0 and the logsumexp -inf (PyTorch's SDPA
+    returns 0 too), with or without a mask, with zero gradients; not a zero-size reduction error."""
+    q, k, v = qkv(8, 3, 4, d=2, dv=5, lead=(2,))
+    assert_close(lesson.attention(Tensor(q), Tensor(k), Tensor(v)).numpy(), oracle(q, k, v)[0], "attention", atol=1e-12)
+    k0, v0 = k[:, :0], v[:, :0]
+    for mask in (None, causal(3, 0)):
+        tq, tk, tv = (Tensor(x, requires_grad=True) for x in (q, k0, v0))
+        out = lesson.attention(tq, tk, tv, mask)
+        assert out.shape == (2, 3, 5) and np.array_equal(out.numpy(), np.zeros((2, 3, 5))), (
+            f"attention over no keys (mask {mask if mask is None else mask.shape}): expected zeros (2, 3, 5), "
+            f"got {out.shape} {out.numpy()}")
+        out.sum().backward()
+        assert tq.grad is not None and np.array_equal(tq.grad.numpy(), np.zeros_like(q)), "dq must be 0 with no keys"
+    o, lse = lesson.attention_np(q, k0, v0, return_lse=True)
+    assert np.array_equal(o, np.zeros((2, 3, 5))) and np.array_equal(lse, np.full((2, 3), -np.inf)), (
+        f"attention_np over no keys: expected o = 0 and lse = -inf, got {o} and {lse}")
+
+
 # ------------------------------------------------------------------ 9.2 heads and cost
 @pytest.mark.exercise("9.2")
 def test_split_and_merge_heads(lesson):
@@ -360,6 +389,17 @@ def test_layer_norm_node_passes_grad_check(lesson):
     x, w, b = rng.standard_normal((3, 4, 5)), rng.standard_normal(5), rng.standard_normal(5)
     r = Tensor(rng.standard_normal((3, 4, 5)))
     grad_check(lambda x_, w_, b_: (lesson.layer_norm(x_, w_, b_) * r).sum(), x, w, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.exercise("9.3")
+def test_gelu_rejects_integer_tensors(lesson):
+    """GELU of integers would be truncated back to integers by the node's dtype: refuse them."""
+    x = np.random.default_rng(2).standard_normal((2, 5))
+    y, _, _ = lesson.layer_norm_forward(x, np.ones(5), np.zeros(5))
+    assert_close(y, np_layer_norm(x, np.ones(5), np.zeros(5)), "layer_norm_forward", atol=1e-12)
+    assert_close(lesson.gelu(Tensor(x)).numpy(), np_gelu(x), "gelu", atol=1e-15)
+    with pytest.raises(TypeError, match=r"gelu: x must be a floating Tensor, got int64"):
+        lesson.gelu(Tensor(np.arange(-2, 3)))
 
 
 # ------------------------------------------------------------------ 9.4 the GPT
@@ -475,6 +515,22 @@ def test_shipped_checkpoint_reaches_recorded_val_loss(lesson, oracle_parts):
     assert meta["val_loss"] < 1.8 and meta["val_loss"] < meta["baselines"]["bigram"], meta
 
 
+@pytest.mark.exercise("9.4")
+def test_generate_and_eval_windows_reject_bad_arguments(lesson, oracle_parts):
+    model = lesson.GPT(lesson.GPTConfig(**SMALL_CFG), seed=3)
+    out = lesson.generate(model, [1, 2, 3], 4, temperature=0)
+    logits, _ = model(np.array([[1, 2, 3]]))
+    assert out.shape == (7,) and out[3] == int(logits.numpy()[0, -1].argmax()), (
+        f"generate at temperature 0 must append the argmax of the last logits, got {out}")
+    for kw, match in ((dict(max_new_tokens=-2), r"max_new_tokens must be >= 0, got -2"),
+                      (dict(max_new_tokens=2, temperature=-0.5), r"temperature must be finite and >= 0.*-0\.5"),
+                      (dict(max_new_tokens=2, top_k=0), r"top_k must be >= 1, got 0")):
+        with pytest.raises(ValueError, match="generate: " + match):
+            lesson.generate(model, [1, 2, 3], **kw)
+    with pytest.raises(ValueError, match=r"eval_windows: block_size must be >= 1, got 0"):
+        lesson.eval_windows(np.arange(20), 0)
+
+
 # ------------------------------------------------------------------ 9.5 online softmax
 def stream(x, widths, log=None):
     """x's column blocks of the given widths, through ONE reused buffer, poisoned when exhausted."""
@@ -555,6 +611,26 @@ def test_online_softmax_matches_the_stable_unfused_one(lesson):
     x[2, :150] = -np.inf
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     assert_close(lesson.online_softmax(x, 64), e / e.sum(axis=1, keepdims=True), "online_softmax", atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.exercise("9.5")
+def test_merges_reject_parts_that_do_not_fit(lesson):
+    q, k, v = qkv(9, 4, 6, d=3, dv=2)
+    a, b = oracle(q, k[:2], v[:2]), oracle(q, k[2:], v[2:])
+    o, lse = lesson.merge_attention(a[0], a[1], b[0], b[1])
+    want = oracle(q, k, v)
+    assert_close(o, want[0], "merge_attention output", atol=1e-12)
+    assert_close(lse, want[1], "merge_attention lse", atol=1e-12)
+    with pytest.raises(ValueError, match=r"softmax_merge: m1, l1, m2, l2 must have one shape.*m2 \(5,\)"):
+        lesson.softmax_merge(np.zeros(4), np.ones(4), np.zeros(5), np.ones(5))
+    with pytest.raises(ValueError, match=r"merge_attention: o1, o2 must have one shape.*o2 \(4, 3\)"):
+        lesson.merge_attention(a[0], a[1], np.zeros((4, 3)), b[1])
+    with pytest.raises(ValueError, match=r"merge_attention: lse1, lse2 must have one shape.*lse2 \(5,\)"):
+        lesson.merge_attention(a[0], a[1], b[0], np.zeros(5))
+    with pytest.raises(ValueError, match=r"merge_attention: o1 \(4, 2\) must be \(\.\.\., dv\) with lse1 \(2,\)"):
+        lesson.merge_attention(a[0], a[1][:2], b[0], b[1][:2])
+    with pytest.raises(ValueError, match=r"online_softmax: block must be >= 1, got 0"):
+        lesson.online_softmax(np.zeros((2, 3)), 0)
 
 
 # ------------------------------------------------------------------ 9.5 merging attention partials
@@ -771,6 +847,23 @@ def test_flash_forward_memory(lesson):
         "at a time, not a row of Nk scores")
 
 
+@pytest.mark.exercise("9.6")
+def test_flash_forward_bad_input(lesson):
+    """float16 (Numba has none), tiles of 0 and no keys at all: clear errors, or the defined result."""
+    q, k, v = qkv(41, 5, 7, d=3, dv=2, lead=(2,))
+    o, lse = lesson.flash_attention_forward(q, k, v, True, 2, 3)
+    want = oracle(q, k, v, causal(5, 7))
+    assert_close(o, want[0], "flash_attention_forward output", atol=1e-10)
+    o0, lse0 = lesson.flash_attention_forward(q, k[:, :0], v[:, :0], False, 2, 3)
+    assert np.array_equal(o0, np.zeros((2, 5, 2))) and np.array_equal(lse0, np.full((2, 5), -np.inf)), (
+        f"no keys at all: expected o = 0 and lse = -inf, got {o0} and {lse0}")
+    with pytest.raises(TypeError, match=r"flash_attention_forward: .*float32 or float64.*float16"):
+        lesson.flash_attention_forward(*(x.astype(np.float16) for x in (q, k, v)))
+    for bq, bk in ((0, 3), (2, 0)):
+        with pytest.raises(ValueError, match=r"flash_attention_forward: block_[qk] must be >= 1, got 0"):
+            lesson.flash_attention_forward(q, k, v, False, bq, bk)
+
+
 # ------------------------------------------------------------------ 9.7 backward and autograd
 @pytest.mark.exercise("9.7")
 @pytest.mark.parametrize("is_causal", [False, True])
@@ -880,6 +973,32 @@ def test_flash_attention_runs_the_tiled_kernels(lesson, monkeypatch):
                                     f"{calls['backward']} times; the node's backward must be the tiled one, once")
     for name, t, want in zip("qkv", (tq, tk, tv), oracle_grads(q, k, v, causal(5, 6), np.ones((2, 2, 5, 3)))):
         assert_close(t.grad.numpy(), want, f"d{name} through flash_attention", atol=1e-10)
+
+
+@pytest.mark.exercise("9.7")
+def test_flash_backward_and_autograd_bad_input(lesson):
+    """k's feature size not q's (it used to return finite garbage), float16, tiles of 0, and no keys."""
+    q, k, v = qkv(43, 5, 7, d=3, dv=2, lead=(2,))
+    do = np.random.default_rng(44).standard_normal((2, 5, 2))
+    o, lse, _ = oracle(q, k, v)
+    grads = lesson.flash_attention_backward(q, k, v, o, lse, do, False, 3)
+    assert_close(grads[0], oracle_grads(q, k, v, None, do)[0], "dq", atol=1e-10)
+    with pytest.raises(ValueError, match=r"flash_attention_backward: q \(2, 5, 3\) and k \(2, 7, 2\) must have the same feature size"):
+        lesson.flash_attention_backward(q, k[..., :2], v, o, lse, do, False, 3)
+    with pytest.raises(ValueError, match=r"flash_attention_backward: block_k must be >= 1, got 0"):
+        lesson.flash_attention_backward(q, k, v, o, lse, do, False, 0)
+    with pytest.raises(TypeError, match=r"flash_attention_backward: .*float16"):
+        lesson.flash_attention_backward(*(x.astype(np.float16) for x in (q, k, v, o, lse, do)))
+    with pytest.raises(TypeError, match=r"flash_attention: .*float32 or float64.*float16"):
+        lesson.flash_attention(*(Tensor(x.astype(np.float16)) for x in (q, k, v)))
+    with pytest.raises(ValueError, match=r"flash_attention: block_k must be >= 1, got 0"):
+        lesson.flash_attention(Tensor(q), Tensor(k), Tensor(v), block_k=0)
+    tq, tk, tv = (Tensor(x, requires_grad=True) for x in (q, k[:, :0], v[:, :0]))
+    out = lesson.flash_attention(tq, tk, tv, causal=True)
+    assert out.shape == (2, 5, 2) and np.array_equal(out.numpy(), np.zeros((2, 5, 2))), (
+        f"flash_attention over no keys: expected zeros (2, 5, 2), got {out.shape} {out.numpy()}")
+    out.sum().backward()
+    assert np.array_equal(tq.grad.numpy(), np.zeros_like(q)), "dq must be 0 with no keys"
 
 
 # ------------------------------------------------------------------ 9.8 CUDA C forward

@@ -403,6 +403,31 @@ def test_quantize_rejects_bad_blocks(lesson):
         lesson.quantize(np.zeros(4, np.int32))
 
 
+@pytest.mark.exercise("10.4")
+def test_quantize_rejects_values_and_parameters_it_cannot_represent(lesson):
+    """NaN gave codes 0 with scale 1, inf a scale of inf, scale 0 codes of +-127, an empty input a
+    ZeroDivisionError and parameters of the wrong shape a broadcast error: each is a clear error."""
+    x = np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)
+    qt = lesson.quantize(x)
+    np.testing.assert_array_equal(qt.q, [[32, -64, 127, 16]], err_msg="quantize of [0.5, -1, 2, 0.25]: s = 2/127")
+    for bad, what in ((np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf")):
+        y = x.copy()
+        y[0, 2] = bad
+        with pytest.raises(ValueError, match=rf"quantize: x holds 1 NaN or inf.*{what} at index \(0, 2\)"):
+            lesson.quantize(y)
+        with pytest.raises(ValueError, match=rf"quantize_with: x holds 1 NaN or inf.*{what}"):
+            lesson.quantize_with(y, np.ones((1, 1), np.float32), np.zeros((1, 1), np.int32))
+    with pytest.raises(ValueError, match=r"quantize: x is empty \(shape \(0, 3\)\)"):
+        lesson.quantize(np.zeros((0, 3), np.float32))
+    with pytest.raises(ValueError, match=r"quantize_with: scales must be finite and > 0, got \[0\.0\]"):
+        lesson.quantize_with(x, np.zeros((1, 1), np.float32), np.zeros((1, 1), np.int32))
+    with pytest.raises(ValueError, match=r"quantize_with: scale \(3,\) and zero_point \(3,\) must have one entry per block of the tensor's shape \(1, 4\)"):
+        lesson.quantize_with(x, np.ones(3, np.float32), np.zeros(3, np.int32))
+    broken = lesson.QTensor(qt.q, np.ones((1, 3), np.float32), np.zeros((1, 3), np.int32))
+    with pytest.raises(ValueError, match=r"QTensor.dequantize: scale \(1, 3\) and zero_point \(1, 3\) .*\(1, 4\)"):
+        broken.dequantize()
+
+
 # ---------------------------------------------------------------- 10.5 int4
 
 
@@ -540,6 +565,18 @@ def test_matmul_int8_ragged_and_extremes(lesson):
         lesson.matmul_int8(np.zeros((2, 3), np.int8), np.zeros((2, 2), np.int8))
 
 
+@pytest.mark.exercise("10.6")
+def test_int8_dot_rejects_other_lengths_and_dtypes(lesson):
+    """ones(5) . ones(3) used to read past the end of the shorter array (it returned 106), and
+    int16 was accepted."""
+    x = np.arange(-3, 4, dtype=np.int8)
+    assert int(lesson.int8_dot(x, x)) == 28, f"int8_dot(x, x) for x = -3..3: expected 28, got {lesson.int8_dot(x, x)}"
+    with pytest.raises(ValueError, match=r"int8_dot: x and y must have the same length, got 5 and 3"):
+        lesson.int8_dot(np.ones(5, np.int8), np.ones(3, np.int8))
+    with pytest.raises(TypeError, match=r"int8_dot: x and y must be 1-D int8 arrays, got .*int16"):
+        lesson.int8_dot(np.ones(5, np.int16), np.ones(5, np.int16))
+
+
 # ---------------------------------------------------------------- 10.7 dp4a (CUDA C)
 
 
@@ -669,6 +706,16 @@ def test_systolic_matmul_tiles(lesson):
     np.testing.assert_array_equal(y, np.full((2, 2), 16384 * 9), err_msg="int32 accumulation across K tiles")
 
 
+@pytest.mark.exercise("10.8")
+def test_systolic_matmul_rejects_an_empty_array(lesson):
+    x = np.arange(6, dtype=np.int8).reshape(2, 3)
+    y, _ = lesson.systolic_matmul(x, x.T.copy(), 2, 2)
+    np.testing.assert_array_equal(y, x.astype(np.int64) @ x.T.astype(np.int64), err_msg="2x3 @ 3x2 on a 2x2 array")
+    for rows, cols in ((0, 2), (2, 0)):
+        with pytest.raises(ValueError, match=r"systolic_matmul: (rows|cols) must be >= 1, got 0"):
+            lesson.systolic_matmul(x, x.T.copy(), rows, cols)
+
+
 # ---------------------------------------------------------------- 10.9 QuantLinear
 
 
@@ -777,6 +824,22 @@ def test_quantlinear_zero_point_matters(lesson):
     assert err < 0.01, f"W8A8 per-channel relative error {err:.4f} on one-sided activations (zero point applied?)"
 
 
+@pytest.mark.exercise("10.9")
+def test_quantlinear_rejects_a_bias_and_group_that_do_not_fit(lesson):
+    """A bias of the wrong shape used to be accepted and fail only at forward; group_size_for(0)
+    raised 'max() arg is an empty sequence'."""
+    rng = np.random.default_rng(21)
+    w, b = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    got = quant_linear(lesson, w, b, mode="w8", granularity="channel")(x).numpy()
+    np.testing.assert_allclose(got, x @ np_quantize(w, 8, True, (6, 1)).dequantize() + b, rtol=1e-5, atol=1e-5,
+                               err_msg="w8 per channel")
+    with pytest.raises(ValueError, match=r"QuantLinear: bias must have shape \(4,\) for weight \(6, 4\), got \(6,\)"):
+        quant_linear(lesson, w, np.zeros(6, np.float32), mode="w8")
+    with pytest.raises(ValueError, match=r"group_size_for: k must be >= 1, got 0"):
+        lesson.group_size_for(0)
+
+
 # ---------------------------------------------------------------- tiny GPT (lesson 09's checkpoint), graded under 10.9
 
 GPT_MARGIN = 0.005  # nats/char on 16 windows; measured |W8A8 per-channel - fp32| = 0.0018, missing zero point +7.7
@@ -876,6 +939,17 @@ def test_llm_int8_decomposition(lesson):
     assert e_mixed < e_int8 / 3, f"mixed decomposition error {e_mixed:.4f} should be far below pure int8 {e_int8:.4f}"
 
 
+@pytest.mark.exercise("10.10")
+def test_w8a8_matmul_names_the_shape_mismatch(lesson):
+    """(3, 4) @ (5, 2) used to be reported as a block-size problem of the weight's quantization."""
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((6, 8)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32)
+    y, cols = lesson.llm_int8_matmul(x, w, threshold=0.0, int8_matmul=lambda a, b: pytest.fail("no column is left"))
+    np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5, err_msg="threshold 0: the float product")
+    with pytest.raises(ValueError, match=r"w8a8_matmul: shape mismatch \(3, 4\) @ \(5, 2\)"):
+        lesson.w8a8_matmul(np.ones((3, 4), np.float32), np.ones((5, 2), np.float32))
+
+
 # ---------------------------------------------------------------- 10.11 SmoothQuant
 
 
@@ -969,3 +1043,13 @@ def test_awq_search_ties_take_the_first_alpha(lesson):
     s, alpha, errors = lesson.awq_search(x, w, n_grid=4, quantize_w=np_w4)
     assert len(set(errors)) == 1, f"sanity: all alphas give the same error here, got {errors}"
     assert alpha == 0.0 and np.all(s == 1.0), f"on a tie the first alpha (0) wins; got alpha {alpha}, s {s}"
+
+
+@pytest.mark.exercise("10.12")
+def test_awq_search_rejects_an_empty_grid(lesson):
+    rng = np.random.default_rng(19)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 4)).astype(np.float32)
+    s, alpha, errors = lesson.awq_search(x, w, n_grid=1, quantize_w=np_w4)
+    assert alpha == 0 and len(errors) == 1 and np.allclose(s, 1.0), f"n_grid=1 tries alpha 0 only, got {alpha}, {errors}"
+    with pytest.raises(ValueError, match=r"awq_search: n_grid must be >= 1, got 0"):
+        lesson.awq_search(x, w, n_grid=0, quantize_w=np_w4)

@@ -268,6 +268,20 @@ def test_generation_across_the_window_matches_recompute(lesson, tiny):
     assert np.array_equal(out_c, out_p), "cached and uncached greedy generation should give the same tokens"
 
 
+@pytest.mark.exercise("11.1")
+def test_generate_and_token_probs_reject_bad_arguments(lesson, tiny):
+    """A negative temperature, token count: clear errors, not a silent run (or none)."""
+    prompt = np.array([3, 1, 4, 1, 5])
+    got = lesson.generate(tiny, prompt, 3)
+    assert np.array_equal(got, greedy_alone(tiny, prompt, 3)), f"greedy generate: got {got}"
+    with pytest.raises(ValueError, match=r"generate: max_new_tokens must be >= 0, got -1"):
+        lesson.generate(tiny, prompt, -1)
+    with pytest.raises(ValueError, match=r"generate: temperature must be finite and >= 0.*-1\.0"):
+        lesson.generate(tiny, prompt, 2, temperature=-1.0)
+    with pytest.raises(ValueError, match=r"token_probs: temperature must be finite and >= 0.*-0\.5"):
+        lesson.token_probs(np.zeros(4), -0.5)
+
+
 # ------------------------------------------------------------------ 11.2 memory and intensity
 @pytest.mark.exercise("11.2")
 def test_kv_cache_bytes_matches_real_arrays(lesson, tiny):
@@ -324,6 +338,17 @@ def test_decode_bytes_and_intensity(lesson):
     assert b8 == n * 0.5 + 5 * 2 * 32 * 8 * 128 * 1000, \
         f"int4 weights, 8 KV heads in fp8, batch 5, 1000 tokens: expected {n * 0.5 + 5 * 2 * 32 * 8 * 128 * 1000:,.0f} bytes, got {b8:,.0f}"
     assert f8 == 5 * (2 * n + 4 * 32 * 32 * 128 * 1000), "attention FLOPs use the query heads, not the KV heads"
+
+
+@pytest.mark.exercise("11.2")
+def test_kv_cache_bytes_rejects_negative_and_fractional_counts(lesson):
+    assert lesson.kv_cache_bytes(2, 3, 4, 5, 2, batch=2) == 2 * 2 * 3 * 4 * 5 * 2 * 2, "kv_cache_bytes(2, 3, 4, 5, 2, batch=2)"
+    with pytest.raises(ValueError, match=r"kv_cache_bytes: n_layer must be >= 0, got -2"):
+        lesson.kv_cache_bytes(-2, 3, 4, 5, 2)
+    with pytest.raises(TypeError, match=r"kv_cache_bytes: tokens must be an integer >= 0, got 2\.5"):
+        lesson.kv_cache_bytes(2, 3, 4, 2.5, 2)
+    with pytest.raises(ValueError, match=r"kv_cache_bytes: bytes_per_element must be >= 1, got 0"):
+        lesson.kv_cache_bytes(2, 3, 4, 5, 0)
 
 
 # ------------------------------------------------------------------ 11.3 GQA
@@ -415,6 +440,11 @@ def test_gqa_shape_errors(lesson):
     q, k, v = qkv(rng, 1, 4, 2, 3, 5, 4)
     with pytest.raises(ValueError):
         lesson.grouped_attention(q, k[..., :3], v[..., :3])
+    # the shapes are checked before the student's code (given); so is that code run on shapes that fit
+    from minitorch.attention import attention_np
+
+    want = attention_np(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1))
+    assert np.abs(lesson.grouped_attention(q, k, v) - want).max() < 1e-12, "grouped_attention, Hq = 4, Hkv = 2"
 
 
 @pytest.mark.exercise("11.3")
@@ -450,6 +480,29 @@ def test_pool_kv_heads_errors_and_composition(lesson, tiny):
     for name in once.params:
         assert np.allclose(twice.params[name], once.params[name], rtol=0, atol=1e-15), \
             f"pooling 4 -> 2 -> 1 heads should equal 4 -> 1 ({name})"
+
+
+@pytest.mark.exercise("11.3")
+def test_gqa_and_attend_reject_integer_masks_and_take_no_keys(lesson):
+    """Integer masks were accepted (lesson 09's attention rejects them), a mask of the wrong shape gave
+    a broadcast error, and Tk = 0 a zero-size reduction error; with no keys the output is 0 (as
+    PyTorch's SDPA gives)."""
+    from minitorch.attention import attention_np
+
+    rng = np.random.default_rng(12)
+    q, k, v = qkv(rng, 2, 4, 2, 3, 5, 6)
+    mask = causal(3, 5)
+    want = attention_np(q, np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1), mask)
+    got = lesson.grouped_attention(q, k, v, mask)
+    assert np.abs(got - want).max() < 1e-12, "grouped_attention with a causal mask"
+    for fn, name in ((lesson.grouped_attention, "grouped_attention"), (lesson.attend, "attend")):
+        with pytest.raises(TypeError, match=rf"{name}: the mask must be boolean.*int64"):
+            fn(q, k, v, mask.astype(np.int64))
+        with pytest.raises(ValueError, match=rf"{name}: mask of shape \(4, 5\) does not broadcast to the scores' shape \(2, 4, 3, 5\)"):
+            fn(q, k, v, np.ones((4, 5), bool))
+        out = fn(q, k[:, :, :0], v[:, :, :0])
+        assert out.shape == q.shape and np.array_equal(out, np.zeros_like(q)), (
+            f"{name} over no keys (Tk = 0): expected zeros of shape {q.shape}, got {np.shape(out)}")
 
 
 # ------------------------------------------------------------------ reference allocator / paged cache
@@ -719,6 +772,22 @@ def test_paged_attention_shared_blocks_and_table_errors(lesson):
         assert np.abs(got[j:j + 1] - want).max() < 1e-12, f"sequence {j} (blocks {table[j].tolist()})"
     with pytest.raises(ValueError):
         lesson.paged_attention(q, pool_k, pool_v, np.array([[5, -1], [5, 3]]), [6, 7])   # table too short
+
+
+@pytest.mark.exercise("11.5")
+def test_paged_attention_names_bad_shapes_and_block_ids(lesson):
+    """3-D q gave 'not enough values to unpack', a block id outside the pool 'not covered'."""
+    rng = np.random.default_rng(21)
+    k_pool, v_pool = rng.standard_normal((2, 3, 1, 4, 2))
+    q = rng.standard_normal((1, 1, 2, 2))
+    got = lesson.paged_attention(q, k_pool, v_pool, np.array([[2, 0]]), [6])
+    kk, vv = (np.concatenate([p[2], p[0][:, :2]], axis=1)[None] for p in (k_pool, v_pool))
+    want = dense_attention(q, kk, vv, causal(2, 6))
+    assert np.abs(got - want).max() < 1e-12, "paged attention over blocks [2, 0]"
+    with pytest.raises(ValueError, match=r"paged_attention: expected q \(b, Hq, t, hd\).*got q \(1, 2, 2\)"):
+        lesson.paged_attention(q[0], k_pool, v_pool, np.array([[2, 0]]), [6])
+    with pytest.raises(ValueError, match=r"paged_attention: block_table holds block id\(s\) \[7\] outside the pool of 3 blocks"):
+        lesson.paged_attention(q, k_pool, v_pool, np.array([[2, 7]]), [6])
 
 
 # ------------------------------------------------------------------ 11.6 paged cache
@@ -1199,3 +1268,17 @@ def test_acceptance_rate_and_tokens_per_call(lesson):
     assert abs(per_call - predicted) < 0.06, f"tokens per target call {per_call:.3f}, expected (1 - a^(k+1)) / (1 - a) = {predicted:.3f}"
     freq = np.bincount(out, minlength=4) / len(out)
     assert np.abs(freq - p).max() < 0.03, f"token frequencies {freq.round(3)}, the target's distribution is {p}"
+
+
+@pytest.mark.exercise("11.6")
+def test_gather_names_a_layer_outside_the_cache(lesson, ref_allocator):
+    cache = lesson.PagedKVCache(2, 1, 3, block_size=4, num_blocks=4)
+    cache.add("a")
+    slots = cache.append("a", 5)
+    k = np.arange(15.0).reshape(1, 5, 3)
+    cache.write(1, slots, k, -k)
+    gk, gv = cache.gather("a", 1)
+    assert np.array_equal(gk, k) and np.array_equal(gv, -k), (
+        f"gather('a', 1) must return the 5 keys and values written, (1, 5, 3); got {np.shape(gk)}")
+    with pytest.raises(ValueError, match=r"PagedKVCache.gather: layer must be < 2 \(the cache's layers\), got 5"):
+        cache.gather("a", 5)
