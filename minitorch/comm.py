@@ -812,9 +812,9 @@ def _by_value_modules() -> list:
 
     root = Path(minitorch.__file__).resolve().parent.parent
     keep = (root / "minitorch", root / "course")
-    # Installed from a wheel, root is site-packages (whose modules import by name) and the tests
-    # are course/_tree/tests, loaded by path.
-    installed = root in {Path(sysconfig.get_path(k)).resolve() for k in ("purelib", "platlib")}
+    # Installed packages import by name, wherever the environment is (.venv, build/venv-3.12). From a
+    # wheel, root is site-packages itself, and the tests are course/_tree/tests, loaded by path.
+    site = {Path(sysconfig.get_path(k)).resolve() for k in ("purelib", "platlib")}
     found = []
     for name, mod in list(sys.modules.items()):
         if name == "__main__" or mod is None:
@@ -827,7 +827,7 @@ def _by_value_modules() -> list:
             if path.is_relative_to(root / "course" / "_tree"):
                 found.append(mod)
             elif path.is_relative_to(root) and not any(path.is_relative_to(k) for k in keep) \
-                    and ".venv" not in path.parts and not installed:
+                    and not any(path.is_relative_to(s) for s in site):
                 found.append(mod)
     return found
 
