@@ -5,8 +5,9 @@ A notebook opened outside a checkout (Colab, a JupyterHub) after `pip install` o
 for its check cells, each lesson's tests and source: they go into the wheel as `course/_tree/`
 (tests/*.py, solutions/*.py and the pyproject.toml that configures pytest), which
 `course.source` uses when there is no checkout around the package. The shipped model and corpus
-(data/) go into `minitorch/data/`, where `minitorch.gpt` looks when there is no data/ beside the
-package. An editable install (`make setup`) copies nothing: it uses the checkout itself.
+(data/) go into `minitorch/_data/` (not minitorch/data/: lesson 03 owns the module minitorch.data),
+where `minitorch.gpt` looks when there is no data/ beside the package. An editable install
+(`make setup`) copies nothing: it uses the checkout itself.
 """
 
 import shutil
@@ -20,7 +21,7 @@ TREE = {  # destination in the wheel: files of the checkout
     "course/_tree/tests": sorted((HERE / "tests").glob("*.py")),
     "course/_tree/solutions": sorted((HERE / "solutions").glob("[0-9][0-9]_*.py")),
     "course/_tree": [HERE / "pyproject.toml"],
-    "minitorch/data": sorted(p for p in (HERE / "data").iterdir() if p.is_file()),
+    "minitorch/_data": sorted(p for p in (HERE / "data").iterdir() if p.is_file()),
 }
 
 
@@ -29,6 +30,8 @@ class BuildWithCourseTree(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
+        for dest in ("course/_tree", "minitorch/_data"):  # nothing left from an earlier build
+            shutil.rmtree(Path(self.build_lib) / dest, ignore_errors=True)
         for dest, files in TREE.items():
             folder = Path(self.build_lib) / dest
             folder.mkdir(parents=True, exist_ok=True)

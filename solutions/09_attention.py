@@ -429,11 +429,11 @@ CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992
 
 def _data_dir() -> Path:
     """Where the shipped data lives: $MINITORCH_DATA if set; else data/ beside the minitorch package
-    (a checkout of the course); else minitorch/data (where a wheel of the course installs it)."""
+    (a checkout of the course); else minitorch/_data (where a wheel of the course installs it)."""
     if os.environ.get("MINITORCH_DATA"):
         return Path(os.environ["MINITORCH_DATA"])
     here = Path(minitorch.__file__).resolve().parent
-    for folder in (here.parent / "data", here / "data"):
+    for folder in (here.parent / "data", here / "_data"):
         if (folder / "tiny_gpt.json").exists():
             return folder
     return here.parent / "data"
