@@ -11,8 +11,8 @@
 # 2. **A tiny GPT** with the shape of Karpathy's nanoGPT: token and position embeddings,
 #    pre-norm blocks with LayerNorm (you write its backward), a GELU MLP, the output layer tied
 #    to the token embedding. It trains, in this notebook, on text that ships with Python itself
-#    (the `help()` pages of `pydoc_data.topics`, shipped with the course as `data/pydoc_topics.txt.gz`),
-#    and is measured against simple baselines.
+#    (the `help()` pages of `pydoc_data.topics`, shipped with the course as
+#    `data/pydoc_topics.txt.gz`), and is measured against simple baselines.
 # 3. **Kernel fusion and the online softmax** (Milakov and Gimelshein, 2018): the softmax
 #    statistics in one streaming pass, and an order-independent merge of partial results.
 # 4. **FlashAttention on the CPU** (Dao et al., 2022; Dao, 2023): a tiled Numba kernel that never
@@ -1936,8 +1936,8 @@ for n_ in (512, 1024, 2048, 4096):
 #
 # What those lessons use, all documented in the modules (shapes, dtypes):
 # - `minitorch.gpt`: `load_tiny_gpt(attention="reference") -> (GPT, CharTokenizer)`,
-#   `tiny_gpt_meta()`, `load_corpus()`, `pydoc_corpus()`, `CORPUS_SHA256`, `split_ids`, `get_batch`, `eval_windows`,
-#   `evaluate_loss(model, ids, n_windows=None)`, `EVAL_WINDOWS`, `GPTConfig`, `GPT` (and its
+#   `tiny_gpt_meta()`, `load_corpus()`, `pydoc_corpus()`, `CORPUS_SHA256`, `split_ids`, `get_batch`,
+#   `eval_windows`, `evaluate_loss(model, ids, n_windows=None)`, `EVAL_WINDOWS`, `GPTConfig`, `GPT` (and its
 #   parts `Block`, `CausalSelfAttention` with `attend(q, k, v)`, `MLP`, `LayerNorm`, `Embedding`),
 #   `state_dict()` / `load_state_dict()` (lesson 03), `save_checkpoint`, `load_checkpoint`,
 #   `generate`, `train_gpt`, `layer_norm` / `layer_norm_np`, `gelu` / `gelu_np`.
