@@ -14,8 +14,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-# MT_ROOT lets the machinery's own tests run it on a sample course in a temporary folder.
-ROOT = Path(os.environ.get("MT_ROOT") or Path(__file__).resolve().parent.parent)
+def _root() -> Path:
+    """The folder holding solutions/ and tests/: MT_ROOT if set (the machinery's own tests run it on
+    a sample course in a temporary folder); else the checkout around this package; else, for a
+    course installed from a wheel (`pip install`, e.g. on Colab), the copy in course/_tree/."""
+    if os.environ.get("MT_ROOT"):
+        return Path(os.environ["MT_ROOT"])
+    here = Path(__file__).resolve().parent
+    if (here.parent / "solutions").is_dir() and (here.parent / "tests" / "conftest.py").exists():
+        return here.parent
+    if (here / "_tree" / "solutions").is_dir():
+        return here / "_tree"
+    return here.parent
+
+
+ROOT = _root()
 SOLUTIONS = ROOT / "solutions"
 LESSONS = ROOT / "lessons"
 TESTS = ROOT / "tests"

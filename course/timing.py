@@ -53,7 +53,7 @@ def load_note() -> str:
     cores = os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]
-    except OSError:
+    except (OSError, AttributeError):  # no load average (Windows has no os.getloadavg)
         return ""
     scale = float(os.environ.get("MT_TIME_SCALE") or 1)
     if load > cores or scale > 1.5:

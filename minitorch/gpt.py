@@ -8,7 +8,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,11 +26,27 @@ if __name__ == "minitorch.gpt":
     from minitorch.attention import attention, causal_mask, check_size, flash_attention, merge_heads, split_heads
 
 
-CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992c"  # Python 3.11.7
+CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992c"  # Python 3.11.7's pages
+
+
+def _data_dir() -> Path:
+    """Where the shipped data lives: $MINITORCH_DATA if set; else data/ beside the minitorch package
+    (a checkout of the course); else minitorch/_data (where a wheel of the course installs it)."""
+    if os.environ.get("MINITORCH_DATA"):
+        return Path(os.environ["MINITORCH_DATA"])
+    here = Path(minitorch.__file__).resolve().parent
+    for folder in (here.parent / "data", here / "_data"):
+        if (folder / "tiny_gpt.json").exists():
+            return folder
+    return here.parent / "data"
+
+
+DATA_DIR = _data_dir()
+CORPUS = DATA_DIR / "pydoc_topics.txt.gz"  # the text, its licence in pydoc_topics.NOTICE.md
 
 
 class CorpusMismatch(RuntimeError):
-    """This Python's pydoc_data.topics is not the text the shipped model was trained on."""
+    """The corpus read is not the text the shipped model was trained on."""
 
 
 def corpus_sha256(text: str) -> str:
@@ -39,21 +54,32 @@ def corpus_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def load_corpus(check: bool = True) -> str:
-    """The training text: every page of Python's `pydoc_data.topics` (the help() pages), in sorted
-    key order, concatenated. About 465k characters; nothing is downloaded.
-
-    With check=True raises CorpusMismatch if its SHA-256 is not CORPUS_SHA256 (another Python
-    version ships other help text, so the shipped checkpoint's recorded losses would not apply)."""
+def pydoc_corpus() -> str:
+    """This Python's own help pages: every value of `pydoc_data.topics.topics` in sorted key order,
+    concatenated. Python 3.11.7's is the shipped corpus; other releases give other text."""
     from pydoc_data import topics
 
-    text = "".join(topics.topics[key] for key in sorted(topics.topics))
+    return "".join(topics.topics[key] for key in sorted(topics.topics))
+
+
+def load_corpus(check: bool = True) -> str:
+    """The training text: Python 3.11.7's help pages (`pydoc_corpus()` on that Python), read from
+    data/pydoc_topics.txt.gz on every Python. About 465k characters; nothing is downloaded.
+
+    With check=True raises CorpusMismatch if its SHA-256 is not CORPUS_SHA256 (the shipped
+    checkpoint's recorded losses hold only for that text)."""
+    import gzip
+
+    if not CORPUS.exists():
+        raise FileNotFoundError(f"no corpus file {CORPUS} (set MINITORCH_DATA to the folder holding "
+                                "pydoc_topics.txt.gz, tiny_gpt.npz and tiny_gpt.json)")
+    text = gzip.decompress(CORPUS.read_bytes()).decode("utf-8")
     digest = corpus_sha256(text)
     if check and digest != CORPUS_SHA256:
         raise CorpusMismatch(
-            f"pydoc_data.topics of Python {sys.version.split()[0]} has SHA-256 {digest[:16]}..., not the "
-            f"{CORPUS_SHA256[:16]}... of Python 3.11.7 that the shipped model was trained and evaluated on. "
-            "Use that Python, or load_corpus(check=False) to train on this text (recorded losses will differ).")
+            f"{CORPUS} has SHA-256 {digest[:16]}..., not the {CORPUS_SHA256[:16]}... of the text the shipped "
+            "model was trained and evaluated on (Python 3.11.7's help pages). Restore the file, or "
+            "load_corpus(check=False) to use this text (recorded losses will differ).")
     return text
 
 
@@ -304,7 +330,6 @@ def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, 
     return total / len(x)
 
 
-DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
 TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
 
 

@@ -11,7 +11,8 @@
 # 2. **A tiny GPT** with the shape of Karpathy's nanoGPT: token and position embeddings,
 #    pre-norm blocks with LayerNorm (you write its backward), a GELU MLP, the output layer tied
 #    to the token embedding. It trains, in this notebook, on text that ships with Python itself
-#    (the `help()` pages in `pydoc_data.topics`), and is measured against simple baselines.
+#    (the `help()` pages of `pydoc_data.topics`, shipped with the course as
+#    `data/pydoc_topics.txt.gz`), and is measured against simple baselines.
 # 3. **Kernel fusion and the online softmax** (Milakov and Gimelshein, 2018): the softmax
 #    statistics in one streaming pass, and an order-independent merge of partial results.
 # 4. **FlashAttention on the CPU** (Dao et al., 2022; Dao, 2023): a tiled Numba kernel that never
@@ -404,13 +405,18 @@ for n_ in (128, 256, 512) if SMALL else (128, 256, 512, 1024):
 # Every Python installation carries the text of its interactive help: `help("with")` prints a
 # page of the language reference, and all of those pages are one dict in the standard library
 # module `pydoc_data.topics`. Concatenated in sorted key order they make about 465,000
-# characters of English prose and Python code with 103 distinct characters (Python 3.11): enough
-# to train a character-level model, with nothing to download.
+# characters of English prose and Python code with 103 distinct characters: enough to train a
+# character-level model, with nothing to download.
 #
-# Each Python release regenerates that text, so a different Python gives a different corpus.
-# We record its SHA-256: `load_corpus()` refuses a corpus with another hash rather than
-# silently train on, or evaluate the shipped model against, different text
-# (`load_corpus(check=False)` if you mean to).
+# Each Python release regenerates that text (3.10, 3.12 and 3.13 each give a different one), so
+# the course ships the text the model was trained on: Python 3.11.7's pages, concatenated as
+# above, in `data/pydoc_topics.txt.gz` (134 KB; the Python documentation's licence, the PSF
+# License Version 2, and where the text comes from are in `data/pydoc_topics.NOTICE.md`).
+# `load_corpus()` reads that file on every Python and checks its SHA-256 against the one
+# recorded with the shipped model, so the losses recorded for the model hold everywhere; a
+# file with another hash raises `CorpusMismatch` rather than silently train on, or evaluate the
+# shipped model against, different text. `pydoc_corpus()` builds the same concatenation from
+# the running Python's own `pydoc_data`, to compare.
 #
 # The model reads characters as integers: the vocabulary is the sorted set of characters of the
 # text, and a character's id is its position. The split is fixed: the first 90% of the text
@@ -429,7 +435,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -449,11 +454,27 @@ if __name__ == "minitorch.gpt":
 
 # %%
 #| export gpt
-CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992c"  # Python 3.11.7
+CORPUS_SHA256 = "37d06970fc926e60c16dff401e441b84752446a36b6b64516c229fdec77e992c"  # Python 3.11.7's pages
+
+
+def _data_dir() -> Path:
+    """Where the shipped data lives: $MINITORCH_DATA if set; else data/ beside the minitorch package
+    (a checkout of the course); else minitorch/_data (where a wheel of the course installs it)."""
+    if os.environ.get("MINITORCH_DATA"):
+        return Path(os.environ["MINITORCH_DATA"])
+    here = Path(minitorch.__file__).resolve().parent
+    for folder in (here.parent / "data", here / "_data"):
+        if (folder / "tiny_gpt.json").exists():
+            return folder
+    return here.parent / "data"
+
+
+DATA_DIR = _data_dir()
+CORPUS = DATA_DIR / "pydoc_topics.txt.gz"  # the text, its licence in pydoc_topics.NOTICE.md
 
 
 class CorpusMismatch(RuntimeError):
-    """This Python's pydoc_data.topics is not the text the shipped model was trained on."""
+    """The corpus read is not the text the shipped model was trained on."""
 
 
 def corpus_sha256(text: str) -> str:
@@ -461,21 +482,32 @@ def corpus_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def load_corpus(check: bool = True) -> str:
-    """The training text: every page of Python's `pydoc_data.topics` (the help() pages), in sorted
-    key order, concatenated. About 465k characters; nothing is downloaded.
-
-    With check=True raises CorpusMismatch if its SHA-256 is not CORPUS_SHA256 (another Python
-    version ships other help text, so the shipped checkpoint's recorded losses would not apply)."""
+def pydoc_corpus() -> str:
+    """This Python's own help pages: every value of `pydoc_data.topics.topics` in sorted key order,
+    concatenated. Python 3.11.7's is the shipped corpus; other releases give other text."""
     from pydoc_data import topics
 
-    text = "".join(topics.topics[key] for key in sorted(topics.topics))
+    return "".join(topics.topics[key] for key in sorted(topics.topics))
+
+
+def load_corpus(check: bool = True) -> str:
+    """The training text: Python 3.11.7's help pages (`pydoc_corpus()` on that Python), read from
+    data/pydoc_topics.txt.gz on every Python. About 465k characters; nothing is downloaded.
+
+    With check=True raises CorpusMismatch if its SHA-256 is not CORPUS_SHA256 (the shipped
+    checkpoint's recorded losses hold only for that text)."""
+    import gzip
+
+    if not CORPUS.exists():
+        raise FileNotFoundError(f"no corpus file {CORPUS} (set MINITORCH_DATA to the folder holding "
+                                "pydoc_topics.txt.gz, tiny_gpt.npz and tiny_gpt.json)")
+    text = gzip.decompress(CORPUS.read_bytes()).decode("utf-8")
     digest = corpus_sha256(text)
     if check and digest != CORPUS_SHA256:
         raise CorpusMismatch(
-            f"pydoc_data.topics of Python {sys.version.split()[0]} has SHA-256 {digest[:16]}..., not the "
-            f"{CORPUS_SHA256[:16]}... of Python 3.11.7 that the shipped model was trained and evaluated on. "
-            "Use that Python, or load_corpus(check=False) to train on this text (recorded losses will differ).")
+            f"{CORPUS} has SHA-256 {digest[:16]}..., not the {CORPUS_SHA256[:16]}... of the text the shipped "
+            "model was trained and evaluated on (Python 3.11.7's help pages). Restore the file, or "
+            "load_corpus(check=False) to use this text (recorded losses will differ).")
     return text
 
 
@@ -828,7 +860,6 @@ def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, 
     return total / len(x)
 
 
-DATA_DIR = Path(os.environ.get("MINITORCH_DATA") or Path(minitorch.__file__).resolve().parent.parent / "data")
 TINY_GPT = DATA_DIR / "tiny_gpt"  # tiny_gpt.npz (weights) + tiny_gpt.json (config, corpus hash, losses)
 
 
@@ -2026,8 +2057,8 @@ for n_ in (512, 1024, 2048, 4096):
 #
 # What those lessons use, all documented in the modules (shapes, dtypes):
 # - `minitorch.gpt`: `load_tiny_gpt(attention="reference") -> (GPT, CharTokenizer)`,
-#   `tiny_gpt_meta()`, `load_corpus()`, `CORPUS_SHA256`, `split_ids`, `get_batch`, `eval_windows`,
-#   `evaluate_loss(model, ids, n_windows=None)`, `EVAL_WINDOWS`, `GPTConfig`, `GPT` (and its
+#   `tiny_gpt_meta()`, `load_corpus()`, `pydoc_corpus()`, `CORPUS_SHA256`, `split_ids`, `get_batch`,
+#   `eval_windows`, `evaluate_loss(model, ids, n_windows=None)`, `EVAL_WINDOWS`, `GPTConfig`, `GPT` (and its
 #   parts `Block`, `CausalSelfAttention` with `attend(q, k, v)`, `MLP`, `LayerNorm`, `Embedding`),
 #   `state_dict()` / `load_state_dict()` (lesson 03), `save_checkpoint`, `load_checkpoint`,
 #   `generate`, `train_gpt`, `layer_norm` / `layer_norm_np`, `gelu` / `gelu_np`.
