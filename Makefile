@@ -8,7 +8,7 @@ FORCE   ?=
 # measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
 BLAS_THREADS ?= 1
 
-.PHONY: setup lab build test check demo bench gpucheck clean
+.PHONY: setup lab build test check browser demo bench gpucheck clean
 
 # The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
 PYTHON ?= python3
@@ -31,8 +31,20 @@ build: $(STAMP)
 test: $(STAMP)
 	$(PY) -m course.grade $(L)
 
-check: $(STAMP)
+# Maintainers: the browser test's Python package (Playwright; the browser is the system's Chromium).
+BROWSER_STAMP := .venv/.browser
+$(BROWSER_STAMP): $(STAMP)
+	@mkdir -p build && $(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[browser]" > build/setup-browser.log 2>&1 || \
+		(cat build/setup-browser.log; exit 1)
+	@touch $(BROWSER_STAMP)
+
+check: $(STAMP) $(BROWSER_STAMP)
 	$(PY) -m course.maintain check $(L)
+
+# Run All on every stub notebook in JupyterLab in Chromium (make check does four lessons of each
+# kind and one solution notebook).
+browser: $(STAMP) $(BROWSER_STAMP)
+	$(PY) -m course.browser $(L)
 
 demo: $(STAMP)
 	@test -n "$(L)" || (echo "usage: make demo L=05" && exit 2)

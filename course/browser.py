@@ -102,8 +102,14 @@ class Lab:
         self.close()
         raise RuntimeError("JupyterLab did not answer on loopback within 120 s")
 
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path}?token={self.token}"
+    def url(self, path: str, query: str = "") -> str:
+        return f"http://127.0.0.1:{self.port}/{path}?{query + '&' if query else ''}token={self.token}"
+
+    def shutdown_kernels(self) -> None:
+        """Stop every kernel (one notebook's kernel must not slow the next notebook down)."""
+        for kernel in json.loads(urllib.request.urlopen(self.url("api/kernels"), timeout=30).read()):
+            req = urllib.request.Request(self.url(f"api/kernels/{kernel['id']}"), method="DELETE")
+            urllib.request.urlopen(req, timeout=60)
 
     def close(self) -> None:
         import signal
@@ -142,16 +148,17 @@ _READ_CELLS = """() => Array.from(document.querySelectorAll('.jp-NotebookPanel:n
   text: Array.from(c.querySelectorAll('.jp-OutputArea-output')).map(o => o.innerText).join('\\n'),
   stderr: Array.from(c.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')).map(o => o.innerText).join('\\n'),
   images: c.querySelectorAll('.jp-OutputArea-output img').length,
-  progress: c.querySelectorAll('.jp-OutputArea-output .widget-progress, .jp-OutputArea-output progress').length,
+  progress: c.querySelectorAll('.jp-OutputArea-output .widget-hprogress .progress-bar').length,
 }))"""
 
 
 def run_all(page, lab: Lab, name: str, n_cells: int, limit: float) -> tuple[list[dict], float]:
     """Open notebook `name` (n_cells cells), wait for its kernel, Run All from the Run menu, wait
     until the last cell has run."""
-    page.goto(lab.url(f"lab/tree/{name}"))
-    page.wait_for_function(f"""() => document.querySelectorAll('.jp-NotebookPanel .jp-Notebook .jp-Cell').length
-                               === {n_cells}""", timeout=300_000)
+    # a workspace of its own, reset: only this notebook open
+    page.goto(lab.url(f"lab/workspaces/{Path(name).stem}/tree/{name}", "reset"))
+    page.wait_for_function(f"""() => document.querySelectorAll(
+        '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell').length === {n_cells}""", timeout=300_000)
     page.wait_for_function("""() => {
         const bar = (document.querySelector('#jp-main-statusbar') || {}).innerText || '';
         return bar.includes('| Idle') && !bar.includes('No Kernel'); }""", timeout=300_000)
@@ -236,6 +243,7 @@ def browse(lessons: list[Lesson], solution: bool = False, small: bool = True) ->
                     kind = "solution" if solution else "stub"
                     page.screenshot(path=str(OUT / f"{lesson.stem}.{kind}.png"), full_page=False)
                     page.close()
+                    lab.shutdown_kernels()
                     seen.append(result)
                     status = "ok" if not result.problems else "FAIL"
                     print(f"   {lesson.stem:<20} {kind:<8} {status:<4} Run All {result.seconds:5.1f} s, "

@@ -5,11 +5,13 @@
 
 `check` proves, per lesson: the tests pass on the reference package; each exercise passes with
 only its own solution filled in (the grader's loader, as `make test` loads a notebook); every
-exercise has tests and a check cell; the solution notebook executes top to bottom
-(MINITORCH_SMALL=1) and its check cells run every test and pass; the stub notebook's check cells
-run every test, each failing because of its own exercise's stub, and report "not attempted".
-It also checks that lessons/ and minitorch/ are in sync with solutions/ and runs the machinery's
-own tests beside the lessons.
+exercise has tests and a check cell; the solution notebook and the student's stub notebook each
+run as JupyterLab's Run All runs them (a plain kernel, every cell in order, nothing rewritten,
+MINITORCH_SMALL=1) to their last cell with no traceback; the solution's check cells run every test
+and pass; the stub's check cells run every test, each failing because of its own exercise's stub,
+and report "not attempted"; every `gpu` cell says why it skipped where no GPU works. It also
+checks that lessons/ and minitorch/ are in sync with solutions/, runs the machinery's own tests
+beside the lessons, and runs the browser test (course.browser) on a lesson of each kind.
 """
 
 from __future__ import annotations
@@ -242,6 +244,8 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
                 for p in problems:
                     print("      " + p.replace("\n", "\n      "))
             rows.append((lesson.stem, stages))
+    if machinery:
+        failures += browser_check()
     if machinery_run is not None:
         proc, log = machinery_run
         rc = proc.wait()
@@ -257,6 +261,27 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
         print(f"{stem:<22}{st['reference'][2]:>6}{cells[0]:>6}{cells[1]:>6}{cells[2]:>8}{cells[3]:>9}")
     print(f"make check: {'FAILED' if failures else 'passed'} in {total:.0f} s")
     return 1 if failures else 0
+
+
+# The browser test in `make check`: a stub notebook of each kind of lesson (CPU, simulated CUDA,
+# CUDA C, MPI), and one solution notebook whose progress bars and plots must render.
+BROWSER_STUBS = ["01", "07", "08", "12"]
+BROWSER_SOLUTION = "03"
+
+
+def browser_check() -> int:
+    """Run course.browser as `make check` does; 1 if it failed (or could not run under CI)."""
+    print("\n== browser: Run All in JupyterLab in Chromium", flush=True)
+    t0 = time.perf_counter()
+    runs = [[*BROWSER_STUBS], ["--solution", BROWSER_SOLUTION, "--expect-plots", "1", "--expect-progress", "1"]]
+    failed = 0
+    for args in runs:
+        rc = subprocess.run([sys.executable, "-m", "course.browser", *args], cwd=ROOT).returncode
+        if rc == 2:  # cannot run here (no Chromium or Playwright), and not required: said why
+            return 0
+        failed += rc != 0
+    print(f"   browser test {'FAILED' if failed else 'ok'} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 1 if failed else 0
 
 
 def demo(lesson: Lesson) -> int:
