@@ -16,10 +16,11 @@
 # on data generated on the spot: two-moons, three interleaved spirals and procedurally drawn
 # 8x8 digits. Nothing is downloaded.
 #
-# What you write becomes three modules: `minitorch/nn.py` (modules, layers, loss, `fit`),
-# `minitorch/optim.py` (optimisers) and `minitorch/data.py` (the data generators). Later
-# lessons train with them: lesson 06 swaps a Numba matmul under `Linear`, lesson 08 moves the
-# same model to a GPU, and the planned lesson 09 trains a tiny GPT with them. For the memory
+# The course's reference version of this lesson is three modules: `minitorch/nn.py` (modules,
+# layers, loss, `fit`), `minitorch/optim.py` (optimisers) and `minitorch/data.py` (the data
+# generators). Later lessons train with them, so they work whether or not you finish this one:
+# lesson 06 swaps a Numba matmul under `Linear`, lesson 08 moves the same model to a GPU, and
+# lesson 09 trains a tiny GPT with them. For the memory
 # an optimiser costs at scale, read [optimizer memory](../hardware_notes/optimizer_memory.md);
 # for what float32 can and cannot represent (why a naive softmax overflows above 88.7),
 # [number formats](../hardware_notes/number_formats.md).

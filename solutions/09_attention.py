@@ -22,8 +22,8 @@
 #    through CuPy where a GPU exists.
 #
 # Lessons 10 (quantization), 11 (KV cache) and 13 (tensor parallelism) start from the model
-# trained here; its weights ship in `data/tiny_gpt.npz`. What you write becomes
-# `minitorch/attention.py` (attention and its kernels) and `minitorch/gpt.py` (the model).
+# trained here; its weights ship in `data/tiny_gpt.npz`. The course's reference version of this
+# lesson is `minitorch/attention.py` (attention and its kernels) and `minitorch/gpt.py` (the model).
 #
 # Hardware background: why the N x N matrix costs time as well as memory is a question of
 # bytes moved per FLOP ([roofline](../hardware_notes/roofline.md)); why attention is

@@ -194,3 +194,16 @@ def test_a_gpu_cell_must_start_with_require_gpu(course):
     src.write_text(src.read_text() + '\n# %% tags=["gpu"]\nimport cupy\n')
     proc = build(course)
     assert proc.returncode != 0 and "must start with `require_gpu()`" in proc.stderr
+
+
+def test_make_demo_scales_its_cell_limit_and_says_which_cell_ran_past_it(course):
+    src = course / "solutions" / "01_sample.py"
+    src.write_text(src.read_text() + '\n# %% tags=["demo"]\nimport time\ntime.sleep(60)  # a lecture demo too slow here\n')
+    assert build(course).returncode == 0
+    env = {**os.environ, "MT_ROOT": str(course), "MT_DEMO_CELL_LIMIT": "4", "MT_TIME_SCALE": "1.5"}
+    proc = subprocess.run([sys.executable, "-m", "course.maintain", "demo", "01"], cwd=course, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "`import time`) ran past the per-cell limit of 6 s (4 s on the course's reference machine, x1.50" in out, out
+    assert "build/demo/01_sample.ipynb" in out and (course / "build" / "demo" / "01_sample.ipynb").exists()
