@@ -1288,6 +1288,54 @@ else:
 
 
 # %% [markdown]
+# The MPI figure above is one cold round trip: it includes the first use of the connection and
+# is far above this machine's latency. To measure alpha and beta of the MPI engine here (mpi4py,
+# MPICH's shared-memory transport between two processes, and this course's packing of each
+# message), bounce messages from 1 byte to 4 MiB many times, keep the best round trip of each
+# size, halve it, and fit `alpha + n * beta` (a fit in relative error, so that the small
+# messages count as much as the large ones). The cell prints the load, the measured times and
+# the fitted line beside them: compare them with the simulator's defaults (5 us, 0.1 ns/byte)
+# and with the links of [interconnects](../hardware_notes/interconnects.md). MPICH changes
+# protocol with the message size, so the points do not lie on one line; on the course's 2-core
+# machine (load 1.4 to 1.8), four sweeps gave alpha of 7.9 to 8.6 us and beta of 0.28 to 0.47
+# ns/byte (2.1 to 3.6 GB/s), with single sizes up to 2x off the line.
+
+# %% tags=["demo"]
+def ping_pong_sweep(comm, sizes, reps):
+    """Rank 0: the best round-trip time (comm.time: wall seconds under MPI) for each size in bytes."""
+    best = []
+    for n in sizes:
+        x = np.zeros(n, np.uint8)
+        times = []
+        for rep in range(reps + 1):  # the first round trip warms up
+            comm.barrier()
+            t0 = comm.time
+            if comm.rank == 0:
+                comm.send(x, 1)
+                comm.recv(1)
+            elif comm.rank == 1:
+                comm.send(comm.recv(0), 0)
+            times.append(comm.time - t0)
+        best.append(min(times[1:]))
+    return best if comm.rank == 0 else None
+
+
+if mpi_status()[0]:
+    from minitorch.bench import load_report
+
+    print(load_report())
+    sweep_sizes = [4 ** k for k in range(0, 12 if not SMALL else 6)]
+    one_way = np.array(run(ping_pong_sweep, 2, sweep_sizes, 20 if not SMALL else 3, engine="mpi").results[0]) / 2
+    beta_mpi, alpha_mpi = np.polyfit(sweep_sizes, one_way, 1, w=1 / one_way)
+    for n_bytes, t in zip(sweep_sizes, one_way):
+        print(f"{n_bytes:>9} bytes: one way {t * 1e6:8.1f} us, fit {(alpha_mpi + n_bytes * beta_mpi) * 1e6:8.1f} us")
+    print(f"MPI here: alpha = {alpha_mpi * 1e6:.1f} us, beta = {beta_mpi * 1e9:.3f} ns/byte "
+          f"({1 / beta_mpi / 1e9:.2f} GB/s)")
+else:
+    print("MPI cannot start here:", mpi_status()[1])
+
+
+# %% [markdown]
 # A classic bug: every rank first waits for its left neighbour. Nobody sends, so nobody ever
 # receives. The simulator says so at once, and names the cycle:
 

@@ -1675,8 +1675,8 @@ else:
 # 301 to 318 ms for the pipeline: a speed-up of 1.56x to 1.68x over the micro-batches. Three
 # earlier runs, on the same machine under other load, measured the micro-batches faster than
 # the whole batch (1486 against 2141 ms, 609 against 769, 485 against 585) and speed-ups from
-# 0.8x to 1.7x. The measured bubble is larger than the unit-time `(p-1)/(m+p-1)` = 0.11, and
-# the timeline shows why: the stages are not equal (the last one holds the small output
+# 0.8x to 1.7x over the whole batch. The measured bubble is larger than the unit-time
+# `(p-1)/(m+p-1)` = 0.11, and the timeline shows why: the stages are not equal (the last one holds the small output
 # layer), a backward is not exactly twice a forward, and every message costs wall time. The
 # pipeline needs both cores at once, and a rank waiting in `recv` spins (MPICH polls for
 # messages) rather than sleeping, so any other load lands on the critical path. `make bench`
