@@ -284,7 +284,8 @@ def pipeline_step(comm: Communicator, chunks: list, steps: list, inputs: list, t
     chunks[c]: a callable (Module) for virtual stage c * p + rank. inputs[i], targets[i]:
     micro-batch i (read by the first and the last virtual stage); m = len(inputs).
     loss_fn(output, targets[i]) -> one-element Tensor: micro-batch i's share of the batch loss.
-    Forwards and backwards run through stage_forward / stage_backward (labels "i" or "i.c").
+    Forwards and backwards run through stage_forward / stage_backward, labelled with the
+    micro-batch i alone for chunk 0 and f"{i}.{c}" for chunk c >= 1 (v > 1: "3" and "3.1").
     Gradients accumulate in the parameters' .grad over the micro-batches (never zeroed here).
     Returns the sum of the loss values computed on this rank (0.0 if it holds no last stage).
     ValueError if the steps use a chunk this rank does not have."""
@@ -535,7 +536,8 @@ def ring_attention_backward(comm: Communicator, q: np.ndarray, k: np.ndarray, v:
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients (dq, dk, dv) of this rank's blocks, given the forward's o, lse and the gradient
     do of o (shapes as ring_attention). K, V, dK, dV travel the ring together (N-1 messages,
-    concatenated on the last axis), then dK, dV make one more hop home (N messages in all)."""
+    concatenated on the last axis), then dK, dV make one more hop home (N messages in all when
+    N > 1; on one rank nothing travels: 0 messages)."""
     n_ranks, r = comm.size, comm.rank
     right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
     d, dv_ = k.shape[-1], v.shape[-1]
@@ -712,7 +714,8 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> Estimat
     c = alpha_pp + a beta_pp (0 if pp == 1), P = Ls * params_per_layer / tp,
     time = (m + pp - 1)(t_F + t_B + 2 c) + AR(dp, 2 P),
     memory = 16 P + Ls min(pp, m) s b d (10 + 24/tp + 5 h s / (d tp)).
-    ValueError naming the problem if dp*tp*pp != n_ranks, n_head % tp, n_layer % pp or batch % (dp*m)."""
+    ValueError naming the problem if a degree or m is < 1 (the message says ">= 1"),
+    dp*tp*pp != n_ranks, n_head % tp, n_layer % pp or batch % (dp*m)."""
     dp, tp, pp, m = plan.dp, plan.tp, plan.pp, plan.m
     if min(dp, tp, pp, m) < 1:
         raise ValueError(f"{plan}: every degree and m must be >= 1")

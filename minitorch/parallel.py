@@ -16,16 +16,39 @@ from minitorch.comm import Communicator, Work, chunk_bounds
 from minitorch.nn import Module, Parameter, cross_entropy
 
 
+def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: int, what: str,
+                   same_size: bool = True) -> np.ndarray:
+    """`got`, the message this rank just received from rank `src`, after checking it against
+    `held`, the piece of its own array it is about to combine it with; or a ValueError naming
+    both ranks, sizes and dtypes.
+
+    A collective cannot see the other ranks' arrays without sending more, so the collectives of
+    this lesson check on receipt: every message must have the dtype of what the receiver holds
+    (and, unless same_size=False as in an all-gather, the same number of elements). Ranks that
+    called a collective with different sizes or dtypes fail on the first rank that receives a
+    message that does not fit, before anything is added; no extra message, no extra byte."""
+    got = np.asarray(got)
+    held = np.asarray(held)
+    if got.dtype != held.dtype or (same_size and got.size != held.size):
+        mine = f"{held.size} element(s) of {held.dtype}"
+        theirs = f"{got.size} element(s) of {got.dtype}"
+        raise ValueError(
+            f"{what}: rank {comm.rank} holds {mine} here but rank {src} sent {theirs}: every rank "
+            f"must call the collective with an array of the same size and dtype")
+    return got
+
+
 def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
     """Elementwise sum over ranks of `x`, returned on every rank (a new array, x's shape and dtype).
 
     Every rank sends x to rank 0; rank 0 adds them in rank order and sends the sum to ranks
-    1..N-1. x: any shape, any numeric dtype, the same shape on every rank; not modified."""
+    1..N-1. x: any shape, any numeric dtype, the same shape and dtype on every rank (rank 0
+    checks each array it receives with check_received); not modified."""
     x = np.asarray(x)
     if comm.rank == 0:
         total = x.copy()
         for src in range(1, comm.size):
-            total += comm.recv(src)
+            total += check_received(comm, comm.recv(src), x, src, "naive_allreduce").reshape(x.shape)
         for dst in range(1, comm.size):
             comm.send(total, dst)
         return total
@@ -36,36 +59,42 @@ def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
 def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     """Chunk `comm.rank` of the elementwise sum over ranks of x.ravel(), by the ring.
 
-    x: n elements (any shape), the same n on every rank. Chunks: chunk_bounds(n, size). Returns a
-    new 1-D array of x's dtype and length hi - lo. Sends N-1 messages, all to (rank + 1) % size."""
+    x: n elements (any shape), the same n and dtype on every rank: every chunk received is
+    checked against the chunk it is added to with check_received. Chunks: chunk_bounds(n, size).
+    Returns a new 1-D array of x's dtype and length hi - lo. Sends N-1 messages, all to
+    (rank + 1) % size."""
     flat = np.asarray(x).reshape(-1)
     size, rank = comm.size, comm.rank
     parts = [flat[lo:hi].copy() for lo, hi in chunk_bounds(flat.size, size)]
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s - 1) % size], right)
-        parts[(rank - s - 2) % size] += comm.recv(left)
+        k = (rank - s - 2) % size
+        parts[k] += check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
     return parts[rank]
 
 
 def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     """Every rank's chunk.ravel(), concatenated in rank order, on every rank, by the ring.
 
-    Chunks may differ in length between ranks (they must share a dtype). Returns a new 1-D
-    array. Sends N-1 messages, all to (rank + 1) % size."""
+    Chunks may differ in length between ranks but must share a dtype: every chunk received is
+    checked with check_received(..., same_size=False). Returns a new 1-D array. Sends N-1
+    messages, all to (rank + 1) % size."""
     size, rank = comm.size, comm.rank
     parts: list = [None] * size
     parts[rank] = np.asarray(chunk).reshape(-1).copy()
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s) % size], right)
-        parts[(rank - s - 1) % size] = comm.recv(left)
+        got = comm.recv(left)
+        parts[(rank - s - 1) % size] = check_received(comm, got, parts[rank], left, "ring_allgather", same_size=False)
     return np.concatenate(parts)
 
 
 def ring_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
-    """Elementwise sum over ranks of x (any shape), on every rank: ring reduce-scatter, then
-    ring all-gather. Returns a new array of x's shape and dtype."""
+    """Elementwise sum over ranks of x (any shape; the same size and dtype on every rank, or a
+    ValueError from check_received), on every rank: ring reduce-scatter, then ring all-gather.
+    Returns a new array of x's shape and dtype."""
     x = np.asarray(x)
     return ring_allgather(comm, ring_reduce_scatter(comm, x)).reshape(x.shape)
 
@@ -100,12 +129,14 @@ def dp_train_step(comm: Communicator, model: Module, optimizer: Any, X: np.ndarr
                   allreduce: Callable) -> float:
     """One data-parallel step on the global batch X (B, d), y (B,) int, the same on every rank.
 
-    This rank trains on rows chunk_bounds(B, size)[rank] with the loss
+    First resets every gradient (optimizer.zero_grad(): backward adds to p.grad, and p.grad
+    still holds the previous step's sum). This rank trains on rows chunk_bounds(B, size)[rank]
+    with the loss
     cross_entropy(model(rows), labels) * rows / B (skipped when it has no rows), sums every
     parameter's gradient over the ranks with allreduce(comm, grad) (each Parameter once; zeros
     where this rank has no gradient), sets p.grad to the sum and calls optimizer.step().
-    X is cast to the parameters' dtype. Returns this rank's scaled loss (they sum to the
-    loss of the global batch)."""
+    X is cast to the parameters' dtype and the zeros have it too: a float32 model all-reduces
+    float32. Returns this rank's scaled loss (they sum to the loss of the global batch)."""
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]
     params = model.parameters()

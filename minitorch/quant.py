@@ -807,7 +807,8 @@ def quantize_w4_group(w: np.ndarray, group_size: int | None = None) -> np.ndarra
 def awq_search(x: np.ndarray, w: np.ndarray, n_grid: int = 20,
                quantize_w: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[np.ndarray, float, list[float]]:
     """AWQ's per-input-channel scale search on calibration activations x (T, K) for weight w (K, N).
-    Returns (s (K,) float64, alpha, [error for each alpha on the grid]). n_grid >= 1."""
+    Returns (s (K,) float64, alpha, [error for each alpha on the grid]). n_grid >= 1. The grid is
+    alpha = i / n_grid for i = 0..n_grid-1; exact ties go to the first (smallest) alpha."""
     n_grid = check_size("awq_search", "n_grid", n_grid, 1)
     x64, w64 = np.asarray(x, dtype=np.float64), np.asarray(w, dtype=np.float64)
     if x64.ndim != 2 or w64.ndim != 2 or x64.shape[1] != w64.shape[0]:

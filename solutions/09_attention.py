@@ -1400,8 +1400,9 @@ def softmax_row_blocks(x, out, rows=32):
         out[r:r + rows] = softmax_unfused(x[r:r + rows])
 
 
-from minitorch.bench import benchmark
+from minitorch.bench import benchmark, load_report
 
+print(load_report())
 n_rows = 1024 if SMALL else 4096
 xs = rng.standard_normal((n_rows, 4096)).astype(np.float32)
 out = np.empty_like(xs)
@@ -1414,12 +1415,16 @@ for name, t in (("NumPy, unfused", t_unfused), ("NumPy, blocks of 32 rows", t_bl
     print(f"{name:<34} {t * 1e3:7.1f} ms  ({2 * xs.nbytes / t / 1e9:5.1f} GB/s of compulsory traffic)")
 
 # %% [markdown]
-# On the machine this lesson was written on (one core of a shared AMD EPYC, float32, 4096 x 4096;
-# 47 ms, 25 ms and 155 ms in a quiet moment) the row-blocked NumPy softmax was about 1.9x faster
-# than the unfused one: the same arithmetic, about a quarter of the DRAM traffic. The Numba kernel
-# moves the least memory and was still about 3x *slower*: NumPy's `exp` is vectorised (several
-# exponentials per instruction) while Numba calls the scalar `exp` of the C library once per
-# element, so after fusion the exponentials, not the bytes, set the time. Fusion removes memory
+# The cell prints the load and the threads first; the times depend on both, and on the caches.
+# On the machine this lesson was written on (one core of a shared AMD EPYC, float32, 4096 x
+# 4096, a quiet moment) it printed 47 ms unfused, 25 ms in blocks of 32 rows (1.9x faster: the
+# same arithmetic, about a quarter of the DRAM traffic) and 155 ms for the Numba kernel. The
+# blocks' gain depends on the caches being the cell's own: other runs gave 1.1x, and two runs
+# on the course's 2-core machine at a load of 1.9 (one and two BLAS threads) 0.6x, *slower*
+# (48 to 50 ms unfused, 76 to 82 ms in blocks). The Numba kernel moves the least memory and was
+# about 3x *slower* in every run: NumPy's `exp` is vectorised (several exponentials per
+# instruction) while Numba calls the scalar `exp` of the C library once per element, so after
+# fusion the exponentials, not the bytes, set the time. Fusion removes memory
 # traffic; what is left then decides. On a GPU the exponential is a hardware instruction and
 # lesson 08's fused softmax kernel wins outright.
 #
@@ -1632,11 +1637,15 @@ for n_ in (256, 512, 1024) if SMALL else (512, 1024, 2048, 4096):
 # Time, on one head with d = 64 and a causal mask, float32. The tiled kernel does half of the
 # naive FLOPs (it skips the hidden tiles) but with scalar exponentials and Numba's loops; naive
 # attention does all of them with BLAS and vectorised NumPy but moves N^2 floats several times.
-# `make bench L=attention` measured, on the 2-core machine of this course with both sides on two
-# threads, the tiled forward 1.5 to 1.7x faster than naive at every N from 512 to 4096, with a
-# peak memory 21x (N = 512) to 181x (N = 4096) smaller.
+# The cell prints the load and the threads, then the ratio for each N: it depends on both.
+# Measured on the 2-core machine of this course at a load of 1.9: with one BLAS and Numba thread
+# (what `make lab` sets) the tiled forward was 1.9 to 2.1x faster than naive at every N from 512
+# to 4096; with two threads 1.1 to 1.8x (naive's BLAS gains more from the second core);
+# `make bench L=attention` gave 0.95 to 1.74x on two threads, and single runs of this cell as
+# low as 0.6x for one N. Its peak memory is 21x (N = 512) to 181x (N = 4096) smaller.
 
 # %% tags=["demo"]
+print(load_report())
 for n_ in (512, 1024) if SMALL else (512, 1024, 2048, 4096):
     q, k, v = (rng.standard_normal((1, n_, 64)).astype(np.float32) for _ in range(3))
     t_naive = benchmark(naive_causal, q, k, v, repeat=3).min

@@ -77,6 +77,28 @@ from minitorch.autograd import Tensor, no_grad, topo_order, unbroadcast
 from minitorch.comm import Communicator, Work, chunk_bounds
 from minitorch.nn import Module, Parameter, cross_entropy
 
+
+def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: int, what: str,
+                   same_size: bool = True) -> np.ndarray:
+    """`got`, the message this rank just received from rank `src`, after checking it against
+    `held`, the piece of its own array it is about to combine it with; or a ValueError naming
+    both ranks, sizes and dtypes.
+
+    A collective cannot see the other ranks' arrays without sending more, so the collectives of
+    this lesson check on receipt: every message must have the dtype of what the receiver holds
+    (and, unless same_size=False as in an all-gather, the same number of elements). Ranks that
+    called a collective with different sizes or dtypes fail on the first rank that receives a
+    message that does not fit, before anything is added; no extra message, no extra byte."""
+    got = np.asarray(got)
+    held = np.asarray(held)
+    if got.dtype != held.dtype or (same_size and got.size != held.size):
+        mine = f"{held.size} element(s) of {held.dtype}"
+        theirs = f"{got.size} element(s) of {got.dtype}"
+        raise ValueError(
+            f"{what}: rank {comm.rank} holds {mine} here but rank {src} sent {theirs}: every rank "
+            f"must call the collective with an array of the same size and dtype")
+    return got
+
 # %% [markdown]
 # ## 0. The communicator
 #
@@ -1284,6 +1306,54 @@ else:
 
 
 # %% [markdown]
+# The MPI figure above is one cold round trip: it includes the first use of the connection and
+# is far above this machine's latency. To measure alpha and beta of the MPI engine here (mpi4py,
+# MPICH's shared-memory transport between two processes, and this course's packing of each
+# message), bounce messages from 1 byte to 4 MiB many times, keep the best round trip of each
+# size, halve it, and fit `alpha + n * beta` (a fit in relative error, so that the small
+# messages count as much as the large ones). The cell prints the load, the measured times and
+# the fitted line beside them: compare them with the simulator's defaults (5 us, 0.1 ns/byte)
+# and with the links of [interconnects](../hardware_notes/interconnects.md). MPICH changes
+# protocol with the message size, so the points do not lie on one line; on the course's 2-core
+# machine (load 1.4 to 1.8), four sweeps gave alpha of 7.9 to 8.6 us and beta of 0.28 to 0.47
+# ns/byte (2.1 to 3.6 GB/s), with single sizes up to 2x off the line.
+
+# %% tags=["demo"]
+def ping_pong_sweep(comm, sizes, reps):
+    """Rank 0: the best round-trip time (comm.time: wall seconds under MPI) for each size in bytes."""
+    best = []
+    for n in sizes:
+        x = np.zeros(n, np.uint8)
+        times = []
+        for rep in range(reps + 1):  # the first round trip warms up
+            comm.barrier()
+            t0 = comm.time
+            if comm.rank == 0:
+                comm.send(x, 1)
+                comm.recv(1)
+            elif comm.rank == 1:
+                comm.send(comm.recv(0), 0)
+            times.append(comm.time - t0)
+        best.append(min(times[1:]))
+    return best if comm.rank == 0 else None
+
+
+if mpi_status()[0]:
+    from minitorch.bench import load_report
+
+    print(load_report())
+    sweep_sizes = [4 ** k for k in range(0, 12 if not SMALL else 6)]
+    one_way = np.array(run(ping_pong_sweep, 2, sweep_sizes, 20 if not SMALL else 3, engine="mpi").results[0]) / 2
+    beta_mpi, alpha_mpi = np.polyfit(sweep_sizes, one_way, 1, w=1 / one_way)
+    for n_bytes, t in zip(sweep_sizes, one_way):
+        print(f"{n_bytes:>9} bytes: one way {t * 1e6:8.1f} us, fit {(alpha_mpi + n_bytes * beta_mpi) * 1e6:8.1f} us")
+    print(f"MPI here: alpha = {alpha_mpi * 1e6:.1f} us, beta = {beta_mpi * 1e9:.3f} ns/byte "
+          f"({1 / beta_mpi / 1e9:.2f} GB/s)")
+else:
+    print("MPI cannot start here:", mpi_status()[1])
+
+
+# %% [markdown]
 # A classic bug: every rank first waits for its left neighbour. Nobody sends, so nobody ever
 # receives. The simulator says so at once, and names the cycle:
 
@@ -1312,7 +1382,11 @@ except DeadlockError as exc:
 #
 # **Exercise 12.1.** Write `naive_allreduce`. Rank 0 adds the arrays in rank order,
 # `((x0 + x1) + x2) + ...`, so the result is exactly reproducible. Keep the dtype, and do not
-# modify the caller's `x` (the sum needs its own array).
+# modify the caller's `x` (the sum needs its own array). A rank cannot see the other ranks'
+# arrays, only the messages it receives: pass each one through
+# `check_received(comm, got, x, src, "naive_allreduce")`, given above, so that ranks called with
+# different sizes or dtypes get an error naming both instead of a broadcast error or a silent
+# upcast.
 
 # %%
 #| export
@@ -1321,13 +1395,14 @@ def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
     """Elementwise sum over ranks of `x`, returned on every rank (a new array, x's shape and dtype).
 
     Every rank sends x to rank 0; rank 0 adds them in rank order and sends the sum to ranks
-    1..N-1. x: any shape, any numeric dtype, the same shape on every rank; not modified."""
+    1..N-1. x: any shape, any numeric dtype, the same shape and dtype on every rank (rank 0
+    checks each array it receives with check_received); not modified."""
     ### BEGIN SOLUTION
     x = np.asarray(x)
     if comm.rank == 0:
         total = x.copy()
         for src in range(1, comm.size):
-            total += comm.recv(src)
+            total += check_received(comm, comm.recv(src), x, src, "naive_allreduce").reshape(x.shape)
         for dst in range(1, comm.size):
             comm.send(total, dst)
         return total
@@ -1373,7 +1448,9 @@ check("12.1")
 # **Exercise 12.2.** Write `ring_reduce_scatter`, `ring_allgather` and `ring_allreduce` (the
 # last in two lines from the first two). Inputs of any shape are flattened; the all-reduce
 # gives its result the input's shape. Send only to the right neighbour. A rank may hold an
-# empty chunk (n < N): send it anyway, the schedule must not depend on sizes.
+# empty chunk (n < N): send it anyway, the schedule must not depend on sizes. As in 12.1, check
+# every chunk you receive against the one you combine it with (`check_received`; in the
+# all-gather with `same_size=False`, chunks may differ in length but not in dtype).
 
 # %%
 #| export
@@ -1381,8 +1458,10 @@ check("12.1")
 def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     """Chunk `comm.rank` of the elementwise sum over ranks of x.ravel(), by the ring.
 
-    x: n elements (any shape), the same n on every rank. Chunks: chunk_bounds(n, size). Returns a
-    new 1-D array of x's dtype and length hi - lo. Sends N-1 messages, all to (rank + 1) % size."""
+    x: n elements (any shape), the same n and dtype on every rank: every chunk received is
+    checked against the chunk it is added to with check_received. Chunks: chunk_bounds(n, size).
+    Returns a new 1-D array of x's dtype and length hi - lo. Sends N-1 messages, all to
+    (rank + 1) % size."""
     ### BEGIN SOLUTION
     flat = np.asarray(x).reshape(-1)
     size, rank = comm.size, comm.rank
@@ -1390,7 +1469,8 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s - 1) % size], right)
-        parts[(rank - s - 2) % size] += comm.recv(left)
+        k = (rank - s - 2) % size
+        parts[k] += check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
     return parts[rank]
     ### END SOLUTION
 
@@ -1398,8 +1478,9 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
 def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     """Every rank's chunk.ravel(), concatenated in rank order, on every rank, by the ring.
 
-    Chunks may differ in length between ranks (they must share a dtype). Returns a new 1-D
-    array. Sends N-1 messages, all to (rank + 1) % size."""
+    Chunks may differ in length between ranks but must share a dtype: every chunk received is
+    checked with check_received(..., same_size=False). Returns a new 1-D array. Sends N-1
+    messages, all to (rank + 1) % size."""
     ### BEGIN SOLUTION
     size, rank = comm.size, comm.rank
     parts: list = [None] * size
@@ -1407,14 +1488,16 @@ def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s) % size], right)
-        parts[(rank - s - 1) % size] = comm.recv(left)
+        got = comm.recv(left)
+        parts[(rank - s - 1) % size] = check_received(comm, got, parts[rank], left, "ring_allgather", same_size=False)
     return np.concatenate(parts)
     ### END SOLUTION
 
 
 def ring_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
-    """Elementwise sum over ranks of x (any shape), on every rank: ring reduce-scatter, then
-    ring all-gather. Returns a new array of x's shape and dtype."""
+    """Elementwise sum over ranks of x (any shape; the same size and dtype on every rank, or a
+    ValueError from check_received), on every rank: ring reduce-scatter, then ring all-gather.
+    Returns a new array of x's shape and dtype."""
     ### BEGIN SOLUTION
     x = np.asarray(x)
     return ring_allgather(comm, ring_reduce_scatter(comm, x)).reshape(x.shape)
@@ -1581,12 +1664,14 @@ def dp_train_step(comm: Communicator, model: Module, optimizer: Any, X: np.ndarr
                   allreduce: Callable) -> float:
     """One data-parallel step on the global batch X (B, d), y (B,) int, the same on every rank.
 
-    This rank trains on rows chunk_bounds(B, size)[rank] with the loss
+    First resets every gradient (optimizer.zero_grad(): backward adds to p.grad, and p.grad
+    still holds the previous step's sum). This rank trains on rows chunk_bounds(B, size)[rank]
+    with the loss
     cross_entropy(model(rows), labels) * rows / B (skipped when it has no rows), sums every
     parameter's gradient over the ranks with allreduce(comm, grad) (each Parameter once; zeros
     where this rank has no gradient), sets p.grad to the sum and calls optimizer.step().
-    X is cast to the parameters' dtype. Returns this rank's scaled loss (they sum to the
-    loss of the global batch)."""
+    X is cast to the parameters' dtype and the zeros have it too: a float32 model all-reduces
+    float32. Returns this rank's scaled loss (they sum to the loss of the global batch)."""
     ### BEGIN SOLUTION
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]

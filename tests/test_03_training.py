@@ -508,6 +508,40 @@ def toy_module(lesson, seed):
 
 
 @pytest.mark.exercise("3.6")
+def test_state_dict_of_a_device_model_holds_numpy_copies(lesson, test_helper):
+    """On a device (CuPy's arrays on "cuda"; here the strict fake device) state_dict must still hand
+    back plain NumPy arrays, as documented: p.data.copy() would be a device array."""
+    strict = test_helper("strict_device")
+    rng = np.random.default_rng(7)
+    with use_backend("strict", strict.StrictBackend()):
+        host = {"w": rng.standard_normal((3, 4)).astype(np.float32), "s": rng.standard_normal(2) / 3}
+
+        class OnDevice(lesson.Module):
+            def __init__(self):
+                self.w = lesson.Parameter(host["w"], device="strict")
+                self.s = lesson.Parameter(host["s"], device="strict")
+
+            def named_parameters(self, prefix=""):
+                return [("w", self.w), ("s", self.s)]
+
+        model = OnDevice()
+        assert isinstance(model.w.data, strict.DeviceArray), "test set-up: the parameters should be on the device"
+        sd = model.state_dict()
+        for k, want in host.items():
+            assert type(sd[k]) is np.ndarray, \
+                f"state_dict()[{k!r}] of a model on a device must be a plain NumPy array (a host copy), got " \
+                f"{type(sd[k]).__module__}.{type(sd[k]).__name__}: copy through the backend's to_numpy"
+            assert sd[k].dtype == want.dtype and np.array_equal(sd[k], want), f"state_dict()[{k!r}]: wrong values"
+        other = OnDevice()
+        other.load_state_dict({k: v * 2 for k, v in sd.items()})
+        for k, want in host.items():
+            p = getattr(other, k)
+            assert p.device == "strict" and isinstance(p.data, strict.DeviceArray), \
+                f"load_state_dict must keep parameter {k!r} on its device"
+            assert np.array_equal(p.numpy(), want * 2), f"load_state_dict: parameter {k!r} has wrong values"
+
+
+@pytest.mark.exercise("3.6")
 def test_state_dict_round_trip(lesson):
     src, dst = toy_module(lesson, 0), toy_module(lesson, 1)
     sd = src.state_dict()

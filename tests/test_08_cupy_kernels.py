@@ -174,6 +174,21 @@ def test_l2norm_spec_compiles_for_float64(lesson):
     compiled(reduction_source(spec, np.float64), "the reduction kernel (float64)")
 
 
+@pytest.mark.exercise("8.2")
+def test_l2norm_spec_is_exact_in_float64(lesson):
+    """T is double for float64 inputs: every expression must stay in double (sqrt, not sqrtf: a float
+    intrinsic rounds the result to 7 digits)."""
+    spec = lesson.l2norm_spec()
+    need_compiler()
+    rng = np.random.default_rng(3)
+    for cols in [1, 7, 300]:
+        x = rng.standard_normal((3, cols)) * 1e3
+        y = np.zeros(3)
+        emulate(reduction_source(spec, np.float64), "reduce_rows", 3, 128, [x, y, np.int32(3), np.int32(cols)])
+        assert_close(y, np.linalg.norm(x, axis=1), f"float64 row norms of a (3, {cols}) matrix (computed in double)",
+                     rtol=1e-13, atol=0)
+
+
 # ------------------------------------------------------------------ SGEMM (8.3, 8.4, 8.5)
 SGEMM_SIGNATURE = [("A", "float", True), ("B", "float", True), ("C", "float", True),
                    ("M", "int", False), ("N", "int", False), ("K", "int", False)]

@@ -497,6 +497,48 @@ def test_block_gradient_check_float64(lesson, oracle_parts):
 
 
 @pytest.mark.exercise("9.4")
+def test_gpt_whole_model_gradient_check_float64(lesson, oracle_parts):
+    """Central differences of the loss against backward for every parameter of a small float64 GPT. The
+    token embedding is used twice (input embedding and, transposed, the output layer): every entry of it
+    is checked, the rows of tokens absent from the input too, which only the output layer reaches."""
+    cfg = lesson.GPTConfig(vocab_size=7, block_size=5, n_layer=2, n_head=2, n_embd=6)
+    model = lesson.GPT(cfg, seed=4)
+    rng = np.random.default_rng(19)
+    for p in model.parameters():
+        p.data = p.data.astype(np.float64) + rng.standard_normal(p.shape) * 0.2
+    idx = np.array([[0, 1, 2, 1, 0], [2, 2, 0, 1, 3]])   # tokens 4, 5, 6 never appear in the input
+    targets = np.array([[1, 2, 4, 5, 6], [0, 6, 5, 4, 3]])
+    model.zero_grad()
+    _, loss = model(idx, targets)
+    loss.backward()
+
+    def f():
+        from minitorch.autograd import no_grad
+        with no_grad():
+            return float(model(idx, targets)[1].item())
+
+    eps = 1e-6
+    for name, p in model.named_parameters():
+        assert p.grad is not None, f"no gradient reached {name}"
+        grad = np.asarray(p.grad.numpy(), dtype=np.float64).reshape(-1)
+        flat = p.data.reshape(-1)
+        picks = range(flat.size) if name == "wte.weight" else rng.choice(flat.size, size=min(3, flat.size), replace=False)
+        for i in picks:
+            saved = flat[i]
+            flat[i] = saved + eps
+            up = f()
+            flat[i] = saved - eps
+            down = f()
+            flat[i] = saved
+            num, ana = (up - down) / (2 * eps), grad[i]
+            where = f"{name}{tuple(int(j) for j in np.unravel_index(i, p.shape))}"
+            hint = (" (the output layer is wte.weight transposed: its gradient must reach the same Parameter)"
+                    if name == "wte.weight" else "")
+            assert abs(num - ana) <= 1e-6 + 1e-5 * abs(num), (
+                f"whole-GPT gradient of {where}: backward gives {ana:.8g}, central differences {num:.8g}{hint}")
+
+
+@pytest.mark.exercise("9.4")
 def test_shipped_checkpoint_reaches_recorded_val_loss(lesson, oracle_parts):
     text = lesson.load_corpus()  # data/pydoc_topics.txt.gz, the same text on every Python
     model, tok = lesson.load_tiny_gpt()

@@ -470,8 +470,14 @@ def test_int4_errors(lesson):
         lesson.pack_int4(np.array([-9], np.int16))
     with pytest.raises(TypeError):
         lesson.pack_int4(np.array([0.5]))
-    with pytest.raises(ValueError):
-        lesson.unpack_int4(np.zeros(2, np.uint8), 5)
+    with pytest.raises(ValueError, match="5"):
+        lesson.unpack_int4(np.zeros(2, np.uint8), 5)   # too few bytes for 5 values
+    for nbytes, shape in [(4, 5), (3, 4), (8, (2, 3))]:   # too many: a shape that uses only part of them
+        with pytest.raises(ValueError):
+            lesson.unpack_int4(np.zeros(nbytes, np.uint8), shape)
+            pytest.fail(f"unpack_int4 of {nbytes} bytes into shape {shape} ({np.prod(shape)} values need "
+                        f"{(np.prod(shape) + 1) // 2} bytes) should raise ValueError: too many bytes is an error too")
+    assert np.asarray(lesson.unpack_int4(np.zeros(3, np.uint8), 5)).shape == (5,), "3 bytes hold 5 values"
 
 
 # ---------------------------------------------------------------- 10.6 int8 GEMM
@@ -563,6 +569,28 @@ def test_matmul_int8_ragged_and_extremes(lesson):
         lesson.matmul_int8(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.int8))
     with pytest.raises(ValueError, match=r"\(2, 3\)"):
         lesson.matmul_int8(np.zeros((2, 3), np.int8), np.zeros((2, 2), np.int8))
+
+
+@pytest.mark.exercise("10.6")
+def test_int8_sums_exact_at_the_widest_k_allowed(lesson):
+    """matmul_int8's docstring allows K <= MAX_K_INT32 = 131071 (K * 128 * 128 < 2^31): at that K, with
+    every product at its extreme, the int32 sums must still be exact; one element more is refused."""
+    k = lesson.MAX_K_INT32
+    assert k == 131071, f"MAX_K_INT32 should be 131071 (the largest K with K * 128 * 128 < 2^31), got {k}"
+    x = np.full(k, -128, np.int8)
+    got = int(lesson.int8_dot(x, x))
+    assert got == 16384 * k == 2**31 - 2**14, \
+        f"int8_dot of two all -128 vectors of K={k}: expected {16384 * k} (just below 2^31), got {got}"
+    a = np.full((2, k), -128, np.int8)
+    b = np.full((k, 3), -128, np.int8)
+    b[:, 1] = 127
+    want = np.array([[16384 * k, -128 * 127 * k, 16384 * k]] * 2, np.int64)
+    c = lesson.matmul_int8(a, b)
+    assert c.dtype == np.int32, f"matmul_int8 should return int32, got {c.dtype}"
+    np.testing.assert_array_equal(c.astype(np.int64), want,
+                                  err_msg=f"matmul_int8 at K = {k}, every product at -128 x -128 or -128 x 127")
+    with pytest.raises(ValueError, match=str(k)):
+        lesson.matmul_int8(np.zeros((1, k + 1), np.int8), np.zeros((k + 1, 1), np.int8))
 
 
 @pytest.mark.exercise("10.6")

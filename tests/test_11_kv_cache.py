@@ -620,6 +620,17 @@ def ref_paged_attention(q, k_pool, v_pool, block_table, lengths):
 
 
 # ------------------------------------------------------------------ 11.4 block allocator
+def should_raise(exc, match, call, fn, *args):
+    """fn(*args) must raise exc (whose message contains `match`); else a failure naming `call`."""
+    try:
+        got = fn(*args)
+    except exc as e:
+        assert match is None or match in str(e), \
+            f"{call}: raised {type(e).__name__} as it should, but its message should name {match}: {e}"
+        return
+    pytest.fail(f"{call} should raise {exc.__name__}, it returned {got!r}")
+
+
 @pytest.mark.exercise("11.4")
 def test_allocator_random_operations(lesson):
     """Hypothesis stateful test: random allocate / share / release against a model of the counts."""
@@ -634,8 +645,8 @@ def test_allocator_random_operations(lesson):
         @rule()
         def allocate(self):
             if len(self.refs) == self.n:
-                with pytest.raises(lesson.OutOfBlocks):
-                    self.alloc.allocate()
+                should_raise(lesson.OutOfBlocks, None, f"allocate() with all {self.n} blocks in use "
+                             f"(reference counts {self.refs})", self.alloc.allocate)
                 return
             b = self.alloc.allocate()
             assert isinstance(b, (int, np.integer)) and 0 <= b < self.n, f"allocate() returned {b!r}, not a block id in [0, {self.n})"
@@ -677,21 +688,19 @@ def test_allocator_exhaustion_reuse_and_errors(lesson):
     alloc = lesson.BlockAllocator(5)
     got = [alloc.allocate() for _ in range(5)]
     assert sorted(got) == list(range(5)), f"5 allocations from 5 blocks should give each block once, got {got}"
-    with pytest.raises(lesson.OutOfBlocks, match="5"):
-        alloc.allocate()
+    should_raise(lesson.OutOfBlocks, "5", "a 6th allocate() from 5 blocks, all in use (the message names the 5)",
+                 alloc.allocate)
     alloc.share(got[2])
     assert alloc.release(got[2]) is False, "release of a block with 2 references must not free it"
     assert alloc.release(got[2]) is True and alloc.num_free == 1
     assert alloc.allocate() == got[2], "the only free block is the one just released"
     assert alloc.release(got[0]) is True
-    with pytest.raises(ValueError, match=str(got[0])):
-        alloc.release(got[0])                           # double free
-    with pytest.raises(ValueError, match=str(got[0])):
-        alloc.share(got[0])                             # sharing a free block
-    with pytest.raises(ValueError):
-        alloc.refcount(5)
-    with pytest.raises(ValueError):
-        lesson.BlockAllocator(0)
+    should_raise(ValueError, str(got[0]), f"release({got[0]}) of a block already freed (double free; the message "
+                 "names the block)", alloc.release, got[0])
+    should_raise(ValueError, str(got[0]), f"share({got[0]}) of a free block (the message names the block)",
+                 alloc.share, got[0])
+    should_raise(ValueError, None, "refcount(5) on an allocator of blocks 0..4", alloc.refcount, 5)
+    should_raise(ValueError, None, "BlockAllocator(0): no blocks", lesson.BlockAllocator, 0)
     assert issubclass(lesson.OutOfBlocks, Exception)
 
 

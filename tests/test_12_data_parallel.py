@@ -112,6 +112,9 @@ def run_collective(comm, fn, xs):
     before = x.copy()
     out = fn(comm, x)
     assert np.array_equal(x, before), f"rank {comm.rank}: the collective modified its input array"
+    assert not np.shares_memory(out, x), \
+        f"{comm.size} rank(s): rank {comm.rank}'s result shares memory with its input x (a caller who writes " \
+        "into the result would change x): return a new array on every rank, one rank included"
     return out
 
 
@@ -165,6 +168,44 @@ def test_a_rank_missing_from_the_collective_is_reported(lesson):
         sim(lesson, skip_last_rank, 3, lesson.naive_allreduce)
 
 
+MISMATCHED = {  # ranks called with different dtypes or sizes: (arrays per rank, what the message must name)
+    "float32 and float64": ([np.ones(6, np.float32), np.ones(6)], r"float32.*float64|float64.*float32"),
+    "3 and 4 elements": ([np.ones(3), np.ones(4)], r"element"),
+    "4 ranks, 10 and 11 elements": ([np.ones(10), np.ones(11), np.ones(10), np.ones(10)], r"element"),
+    "int64 and float64": ([np.ones(5, np.int64), np.ones(5), np.ones(5)], r"int64.*float64|float64.*int64"),
+}
+
+
+def bad_input_job(comm, fn, xs):
+    return fn(comm, xs[comm.rank])
+
+
+def check_mismatch_raises(lesson, fn, name):
+    for case, (xs, names) in MISMATCHED.items():
+        try:
+            res = sim(lesson, bad_input_job, len(xs), fn, xs)
+        except ValueError as exc:
+            msg = str(exc)
+            assert re.search(r"rank \d", msg) and re.search(names, msg), \
+                f"{name} with {case} on different ranks: the ValueError should name the ranks and their " \
+                f"sizes/dtypes (check_received does), got: {msg}"
+            continue
+        except NotImplementedError:  # an exercise not attempted yet: say so, not "wrong error"
+            raise
+        except Exception as exc:  # a broadcast or reshape error deep in the collective
+            raise AssertionError(
+                f"{name} with {case} on different ranks: expected a ValueError naming the ranks' sizes and "
+                f"dtypes (check every received message with check_received), got {type(exc).__name__}: {exc}") from exc
+        got = [f"rank {r}: {np.asarray(out).dtype}, shape {np.shape(out)}" for r, out in enumerate(res.results)]
+        raise AssertionError(f"{name} with {case} on different ranks returned instead of raising ValueError "
+                             f"({'; '.join(got)}): check every received message with check_received")
+
+
+@pytest.mark.exercise("12.1")
+def test_naive_allreduce_rejects_ranks_that_disagree(lesson):
+    check_mismatch_raises(lesson, lesson.naive_allreduce, "naive_allreduce")
+
+
 # ---------------------------------------------------------------- 12.2 ring collectives
 
 
@@ -178,6 +219,12 @@ def ring_job(comm, rs, ag, ar, xs, chunks):
     st2 = dict(comm.stats)
     c = ar(comm, x)
     assert np.array_equal(x, before), f"rank {comm.rank}: a collective modified its input array"
+    for name, out, inp in [("ring_reduce_scatter", a, x), ("ring_allgather", b, chunks[comm.rank]),
+                           ("ring_allreduce", c, x)]:
+        assert not np.shares_memory(out, inp), \
+            f"{comm.size} rank(s): {name} on rank {comm.rank} returned an array that shares memory with its " \
+            "input (a caller who writes into the result would change its input): return a new array on " \
+            "every rank, one rank included"
     sent = [st1["bytes_sent"] - st0["bytes_sent"], st2["bytes_sent"] - st1["bytes_sent"],
             comm.stats["bytes_sent"] - st2["bytes_sent"]]
     msgs = [st1["msgs_sent"] - st0["msgs_sent"], st2["msgs_sent"] - st1["msgs_sent"],
@@ -246,6 +293,16 @@ def test_ring_allreduce_time_is_the_ring_formula(lesson, n):
     assert math.isclose(res.time, want, rel_tol=1e-9), \
         f"{n} ranks, {8 * length} bytes: simulated time {res.time:.6g} s, expected 2(N-1)(alpha + S/N beta) = " \
         f"{want:.6g} s: all ranks should send at every step, in lockstep"
+
+
+@pytest.mark.exercise("12.2")
+def test_ring_collectives_reject_ranks_that_disagree(lesson):
+    check_mismatch_raises(lesson, lesson.ring_allreduce, "ring_allreduce")
+    check_mismatch_raises(lesson, lesson.ring_reduce_scatter, "ring_reduce_scatter")
+    # the all-gather takes chunks of different lengths, but not of different dtypes
+    xs = [np.ones(2, np.float32), np.ones(3), np.ones(1)]
+    with pytest.raises(ValueError, match=r"float32.*float64|float64.*float32"):
+        sim(lesson, bad_input_job, 3, lesson.ring_allgather, xs)
 
 
 # ---------------------------------------------------------------- 12.3 cost model
@@ -320,12 +377,58 @@ class Tied(Module):
         return self.out(h)
 
 
-def make_model(kind, seed=0):
+def make_model(kind, seed=0, dtype=np.float64):
     rng = np.random.default_rng(seed)
     model = Tied(rng) if kind == "tied" else MLP([3, 8, 8, 4], rng=rng)
     for p in model.parameters():
-        p.data = p.data.astype(np.float64)
+        p.data = p.data.astype(dtype)
     return model
+
+
+def float32_job(comm, step_fn, kind, B, log, **extra):
+    """Two steps of a float32 model on float64 batches; the all-reduce logs what it is given."""
+    def allreduce(c, x):
+        x = np.asarray(x)
+        log.append((c.rank, x.dtype, x.nbytes))
+        return oracle_allreduce(c, x)
+    model = make_model(kind, dtype=np.float32)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(2, B):
+        step_fn(comm, model, opt, X, y, allreduce, **extra)
+    return [p.data.copy() for p in model.parameters()]
+
+
+def check_float32_step(lesson, step_fn, what, **extra):
+    """A float32 model stays float32: gradients all-reduced in float32 (4 bytes an element, on the
+    ranks without rows too), parameters still float32 after the step, equal to float32 single-process
+    training to float32 rounding."""
+    for n, B in [(3, 10), (4, 3)]:  # (4, 3): one rank has no rows and all-reduces zeros
+        log = []
+        res = sim(lesson, float32_job, n, step_fn, "mlp", B, log, **extra)
+        numel = sum(p.size for p in make_model("mlp").parameters())
+        for r in range(n):
+            mine = [(dt, nb) for rank, dt, nb in log if rank == r]
+            dtypes = sorted({str(dt) for dt, _ in mine})
+            assert dtypes == ["float32"], \
+                f"{what}, float32 model, {n} ranks, batch {B}: rank {r} all-reduced arrays of dtype {dtypes}, expected " \
+                "float32 only (cast X to the parameters' dtype; zeros of the parameter's dtype, np.zeros_like)"
+            sent = sum(nb for _, nb in mine)
+            assert sent == 2 * 4 * numel, \
+                f"{what}, float32 model, {n} ranks, batch {B}: rank {r} all-reduced {sent} bytes in 2 steps, expected " \
+                f"2 x {numel} float32 gradients = {2 * 4 * numel} bytes"
+        model = make_model("mlp", dtype=np.float32)
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for X, y in batches(2, B):
+            loss = cross_entropy(model(Tensor(X.astype(np.float32))), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        for r, params in enumerate(res.results):
+            for i, (got, want) in enumerate(zip(params, model.parameters())):
+                assert got.dtype == np.float32, \
+                    f"{what}, float32 model, {n} ranks: rank {r}'s parameter {i} is {got.dtype} after the step, expected float32"
+                np.testing.assert_allclose(got, want.data, rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{what}, float32 model, {n} ranks: rank {r}'s parameter {i}")
 
 
 def batches(steps, B, seed=0):
@@ -397,6 +500,11 @@ def test_dp_equals_single_process(lesson, kind, n, B):
         assert reduced == steps * numel, \
             f"{what}: rank {r} all-reduced {reduced} gradient elements in {steps} steps, expected {steps} x {numel}: " \
             "every Parameter's gradient exactly once per step (model.parameters() lists a shared one once)"
+
+
+@pytest.mark.exercise("12.4")
+def test_dp_float32_model_all_reduces_float32(lesson):
+    check_float32_step(lesson, lesson.dp_train_step, "dp_train_step")
 
 
 # ---------------------------------------------------------------- 12.5 bucketing and overlap
@@ -515,6 +623,13 @@ def test_step_waits_for_every_bucket(lesson):
             assert not late, \
                 f"rank {r}, step {k}: the step returned at {t:.6g} s while its all-reduces ran until " \
                 f"{max(e.end for e in late):.6g} s: call work.wait() on every bucket before optimizer.step()"
+
+
+@pytest.mark.exercise("12.5")
+@pytest.mark.parametrize("cap", [64, 10**9])
+def test_overlap_float32_model_all_reduces_float32(lesson, cap):
+    check_float32_step(lesson, lesson.dp_train_step_overlap, f"dp_train_step_overlap(bucket_bytes={cap})",
+                       bucket_bytes=cap)
 
 
 # ---------------------------------------------------------------- 12.6 ZeRO

@@ -1131,6 +1131,23 @@ def test_best_plan_is_the_fastest_that_fits(lesson):
 
 
 @pytest.mark.exercise("13.7")
+def test_best_plan_breaks_exact_ties_as_documented(lesson):
+    """An infinitely fast, free machine: every plan takes 0 s, so the documented rule decides: the
+    smaller memory, then the smaller (tp, pp, m)."""
+    for model, n, memory in [((4, 64, 4, 32, 8), 4, 1e15), ((8, 128, 8, 64, 16), 8, 1e15), ((4, 64, 4, 32, 12), 4, 2.0e6)]:
+        ms, cs, cd = specs(lesson, model, n, memory=memory, rate=math.inf, alpha=0.0, beta=0.0)
+        cands = [(oracle_estimate(model, cd, pl), pl) for pl in all_plans(model, n)]
+        assert all(t == 0 for (_, t), _ in cands)
+        want = min((mem, pl[1], pl[2], pl[3], pl) for (mem, _), pl in cands if mem <= memory)[-1]
+        plan, est = lesson.best_plan(ms, cs)
+        got = (plan.dp, plan.tp, plan.pp, plan.m)
+        assert got == want, \
+            f"best_plan, model {model} on {n} ranks with every plan at 0 s: ties go to the smaller memory, then the " \
+            f"smaller (tp, pp, m): expected {want} ({oracle_estimate(model, cd, want)[0]:.0f} bytes), got {got} " \
+            f"({est.memory:.0f} bytes)"
+
+
+@pytest.mark.exercise("13.7")
 def test_best_plan_when_nothing_fits(lesson):
     ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 4, memory=1e5)
     with pytest.raises(ValueError, match="fit"):
