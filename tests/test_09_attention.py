@@ -278,9 +278,10 @@ def test_attention_over_no_keys_is_zero(lesson):
             f"got {out.shape} {out.numpy()}")
         out.sum().backward()
         assert tq.grad is not None and np.array_equal(tq.grad.numpy(), np.zeros_like(q)), "dq must be 0 with no keys"
-    o, lse = lesson.attention_np(q, k0, v0, return_lse=True)
-    assert np.array_equal(o, np.zeros((2, 3, 5))) and np.array_equal(lse, np.full((2, 3), -np.inf)), (
-        f"attention_np over no keys: expected o = 0 and lse = -inf, got {o} and {lse}")
+    if "attention_np" in lesson:  # the given NumPy oracle, defined below 9.1's check cell
+        o, lse = lesson.attention_np(q, k0, v0, return_lse=True)
+        assert np.array_equal(o, np.zeros((2, 3, 5))) and np.array_equal(lse, np.full((2, 3), -np.inf)), (
+            f"attention_np over no keys: expected o = 0 and lse = -inf, got {o} and {lse}")
 
 
 # ------------------------------------------------------------------ 9.2 heads and cost
@@ -557,6 +558,9 @@ def test_shipped_checkpoint_reaches_recorded_val_loss(lesson, oracle_parts):
 @pytest.mark.exercise("9.4")
 def test_generate_and_eval_windows_reject_bad_arguments(lesson, oracle_parts):
     model = lesson.GPT(lesson.GPTConfig(**SMALL_CFG), seed=3)
+    if "generate" not in lesson:  # given code defined below 9.4's check cell: graded with the notebook
+        model(np.array([[1, 2, 3]]))
+        return
     out = lesson.generate(model, [1, 2, 3], 4, temperature=0)
     logits, _ = model(np.array([[1, 2, 3]]))
     assert out.shape == (7,) and out[3] == int(logits.numpy()[0, -1].argmax()), (
