@@ -17,6 +17,7 @@ import copy
 import hashlib
 import json
 import sys
+import threading
 from pathlib import Path
 
 
@@ -94,12 +95,19 @@ def _finish(nb, lesson: Lesson):
     return nb
 
 
+# ast.parse is not thread-safe in CPython 3.11 ("AST constructor recursion depth mismatch" when two
+# threads parse at once, python/cpython#106905), and `make check` builds notebooks in threads.
+_PARSE = threading.Lock()
+
+
 def given_names(source: str) -> list[str]:
     """The public names a given cell defines at its top level (functions, classes, assignments)."""
     import ast
 
+    with _PARSE:
+        tree = ast.parse(strip_directives(source))
     names = []
-    for node in ast.parse(strip_directives(source)).body:
+    for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.append(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
