@@ -55,6 +55,12 @@ release: $(STAMP)
 	@test -n "$(DEST)" || (echo "usage: make release DEST=dir [UPTO=NN]" && exit 2)
 	$(PY) -m course.release "$(DEST)" $(if $(UPTO),--upto $(UPTO))
 
+# Instructors: grade a folder of students' notebooks (one folder per student) into a gradebook.
+OUT ?= build/grades
+grade-class: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade-class SUBMISSIONS=dir [OUT=dir]" && exit 2)
+	$(PY) -m course.classgrade "$(SUBMISSIONS)" --out "$(OUT)"
+
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)
 
