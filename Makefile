@@ -8,7 +8,7 @@ FORCE   ?=
 # measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
 BLAS_THREADS ?= 1
 
-.PHONY: setup lab build test check browser demo bench gpucheck clean
+.PHONY: setup lab build test check browser demo bench gpucheck clean release grade-class slides
 
 # The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
 PYTHON ?= python3
@@ -49,6 +49,17 @@ browser: $(STAMP) $(BROWSER_STAMP)
 demo: $(STAMP)
 	@test -n "$(L)" || (echo "usage: make demo L=05" && exit 2)
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.maintain demo $(L)
+
+# Instructors: a repository for the class, lessons up to UPTO (its answers withheld; default: the first).
+release: $(STAMP)
+	@test -n "$(DEST)" || (echo "usage: make release DEST=dir [UPTO=NN]" && exit 2)
+	$(PY) -m course.release "$(DEST)" $(if $(UPTO),--upto $(UPTO))
+
+# Instructors: grade a folder of students' notebooks (one folder per student) into a gradebook.
+OUT ?= build/grades
+grade-class: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade-class SUBMISSIONS=dir [OUT=dir]" && exit 2)
+	$(PY) -m course.classgrade "$(SUBMISSIONS)" --out "$(OUT)"
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)

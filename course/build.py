@@ -173,6 +173,25 @@ def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset
     return _finish(_student_view(nb, lesson), lesson)
 
 
+def exercise_cells(lesson: Lesson, nb=None) -> dict[str, str]:
+    """{cell id in the student notebook: exercise id} for the cells of exercises. The student
+    notebook carries no directives, so this walks the source as `_student_view` does (the given
+    cells of a module after its first are dropped) beside the generated cells."""
+    nb = nb if nb is not None else read_source(lesson)
+    default, placed, kept = default_module(nb), set(), []
+    for cell in nb.cells:
+        d = directives(cell)
+        if "given" in d:
+            module = d["export"] or default
+            if module in placed:
+                continue
+            placed.add(module)
+        kept.append(d.get("exercise"))
+    stub = student_notebook(lesson, nb)
+    assert len(stub.cells) == len(kept), "exercise_cells: out of step with _student_view"
+    return {cell["id"]: ex for cell, ex in zip(stub.cells, kept) if ex}
+
+
 def solution_notebook(lesson: Lesson, nb=None):
     """The lesson with its solutions (what `make demo` and `make check` execute)."""
     return _finish(nb if nb is not None else read_source(lesson), lesson)

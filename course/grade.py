@@ -191,17 +191,22 @@ def survey(lesson: Lesson, impl: str) -> dict[int, str]:
 
 def _exercise_at(lesson: Lesson, impl: str, cell: int) -> str | None:
     """The exercise a notebook cell belongs to: by the cell's id in the lesson as generated (the
-    student may have replaced its source, directives included), else the cell's own directive,
-    else the first exercise after it."""
-    from course.build import student_notebook
+    student may have replaced its source), else the cell's own directive, else the first
+    exercise after it (by id or directive)."""
     from course.loader import _notebook
-    from course.source import directives
+    from course.source import directives, release_index
 
     nb, _, _ = _notebook(lesson, impl)
-    by_id = {c.get("id"): directives(c).get("exercise") for c in student_notebook(lesson).cells}
+    index = release_index()
+    if index is not None:
+        by_id = index["lessons"][lesson.stem]["cells"]
+    else:
+        from course.build import exercise_cells
+
+        by_id = exercise_cells(lesson)
     if by_id.get(nb.cells[cell].get("id")):
         return by_id[nb.cells[cell].get("id")]
-    after = [directives(c).get("exercise") for c in nb.cells[cell:]]
+    after = [by_id.get(c.get("id")) or directives(c).get("exercise") for c in nb.cells[cell:]]
     return next((ex for ex in after if ex), None)
 
 

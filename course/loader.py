@@ -209,7 +209,9 @@ def from_globals(lesson: Lesson, names: dict) -> LessonNamespace:
 
 
 def exercise_titles(lesson: Lesson) -> dict[str, str]:
-    return exercises(read_source(lesson))
+    from course.source import exercise_titles as titles
+
+    return titles(lesson)
 
 
 if __name__ == "__main__":  # python -m course.loader survey LESSON IMPL REPORT (used by course.grade)

@@ -8,9 +8,11 @@ writes nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -33,6 +35,9 @@ SOLUTIONS = ROOT / "solutions"
 LESSONS = ROOT / "lessons"
 TESTS = ROOT / "tests"
 PACKAGE = ROOT / "minitorch"
+# A student release (`make release`, course/release.py) has no solutions/: this index, written by
+# the release from the sources, says what its lessons, their exercises and their given code are.
+INDEX = ROOT / "course" / "lessons.json"
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -67,8 +72,19 @@ class Lesson:
         return f"{int(self.number)}."
 
 
+@lru_cache(maxsize=1)
+def release_index() -> dict | None:
+    """The lessons index of a student release, or None in a checkout with solutions/."""
+    if SOLUTIONS.is_dir() or not INDEX.exists():
+        return None
+    return json.loads(INDEX.read_text())
+
+
 def all_lessons() -> list[Lesson]:
-    """Every lesson with a source in solutions/, in order."""
+    """Every lesson with a source in solutions/ (in a student release: in its index), in order."""
+    index = release_index()
+    if index is not None:
+        return [Lesson(stem[:2], stem) for stem in index["lessons"]]
     found = []
     for path in sorted(SOLUTIONS.glob("*.py")):
         m = _LESSON_FILE.match(path.name)
@@ -137,6 +153,14 @@ def exercises(nb) -> dict[str, str]:
         if ex:
             found[ex] = enclosing_names(cell.source)[0] if BEGIN in cell.source else ex
     return found
+
+
+def exercise_titles(lesson: Lesson) -> dict[str, str]:
+    """{exercise id: title} of a lesson, from its source or, in a student release, its index."""
+    index = release_index()
+    if index is not None:
+        return dict(index["lessons"][lesson.stem]["exercises"])
+    return exercises(read_source(lesson))
 
 
 def enclosing_names(source: str) -> list[str]:

@@ -112,7 +112,7 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 # thread, which warp (32 consecutive threads of a block, numbered x fastest), the how-many-th
 # access of that thread it is, and how many barriers the thread has passed. Shared memory
 # starts filled with NaN, so reading a slot nobody wrote yet shows up in the result. The tracer
-# is given, not an exercise: it lives in `minitorch/cuda_kernels.py`, imported below.
+# is given, not an exercise: it lives in `minitorch/cuda_trace.py`, imported below.
 #
 # From that record, `Trace` answers the questions the hardware cares about:
 #
@@ -134,8 +134,17 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 # device memory accesses and shared memory); they are not a cycle-accurate simulator.
 
 # %%
-#| export
+#| export cuda_trace
 #| given
+# The tracer is its own module (minitorch/cuda_trace.py): given code, apart from the exercises.
+import re
+import sys
+import threading
+from collections import defaultdict
+
+import numpy as np
+
+
 class Trace:
     """Every element access made to traced arrays during one simulated launch.
 
