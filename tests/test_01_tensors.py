@@ -88,6 +88,18 @@ def test_gather_matches_as_strided(lesson, shape, strides, offset):
 
 
 @pytest.mark.exercise("1.2")
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.int64, np.bool_, np.complex64])
+def test_gather_keeps_the_storage_dtype(lesson, dtype):
+    """Not NumPy's default float64: np.empty(shape) would pass every float64 case above."""
+    storage = (np.arange(31) % 5).astype(dtype)
+    got = lesson.gather(storage, (2, 3), (1, 4), 2)
+    assert isinstance(got, np.ndarray) and got.dtype == storage.dtype, (
+        f"gather of a {np.dtype(dtype).name} storage must return {np.dtype(dtype).name}, got "
+        f"{getattr(got, 'dtype', type(got).__name__)}")
+    np.testing.assert_array_equal(got, strided(storage, (2, 3), (1, 4), 2))
+
+
+@pytest.mark.exercise("1.2")
 def test_gather_checks_bounds(lesson):
     storage = np.arange(10.0)
     for shape, strides, offset in [((3, 4), (4, 1), 0), ((5,), (-1,), 3), ((2,), (1,), 9)]:
