@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,7 +171,7 @@ print("RESULT " + json.dumps({"passing": passing, "hung": hung, "left": left, "t
 """
 
 
-@pytest.mark.timeout(240)  # measured: ~30 s on the idle 2-core machine (20 s of it the simulator's limit)
+@pytest.mark.timeout(240)  # measured: ~13 s on the quiet 2-core machine (10 s of it the simulator's limit)
 def test_a_hung_rank_ends_the_exercise_in_the_check_cell(tmp_path):
     script = tmp_path / "hang_check.py"
     script.write_text(CHECK_SCRIPT)
@@ -180,9 +181,10 @@ def test_a_hung_rank_ends_the_exercise_in_the_check_cell(tmp_path):
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout + proc.stderr
     out = json.loads(lines[-1].removeprefix("RESULT "))
-    assert "Exercise 12.2: all 10 tests passed." in proc.stdout, proc.stdout
+    passed = re.search(r"Exercise 12\.2: all (\d+) tests passed\.", proc.stdout)
+    assert passed, proc.stdout
     tests = out["tests"]
-    assert len(tests) == 10 and all(t["outcome"] == "failed" for t in tests), proc.stdout
+    assert len(tests) == int(passed.group(1)) and all(t["outcome"] == "failed" for t in tests), proc.stdout
     first, rest = tests[0], tests[1:]
     assert "did not finish within" in first["message"] and "in ring_allreduce: `while True:`" in first["message"], \
         first["message"]

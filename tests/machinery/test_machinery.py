@@ -226,8 +226,8 @@ def test_double_property(lesson, x):
 # given code in exercise 1.12's cell: an error it raises is shown at the student's call
 POSITIVE = "def _positive(n):\n    if n < 0:\n        raise ValueError(f'a size must be >= 0, got {n}')\n    return n\n"
 PLANTED = {  # wrong answers in exercises 1.11 and 1.12 (two functions: fork is left a stub)
-    "exercise 1.11\n": "#| export\n#| exercise 1.11\ndef causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))\n",
-    "exercise 1.12\n": ("#| export\n#| exercise 1.12\n" + POSITIVE + "\n\ndef cache_bytes(layers, tokens):\n"
+    '"Exercise 1.11:': "#| export\n#| exercise 1.11\ndef causal_mask(n):\n    return np.triu(np.ones((n, n), dtype=bool))\n",
+    '"Exercise 1.12:': ("#| export\n#| exercise 1.12\n" + POSITIVE + "\n\ndef cache_bytes(layers, tokens):\n"
                         "    if layers > 1:\n        return _positive(-layers)\n    return 2 * layers * tokens\n\n\n"
                         "def fork(blocks):\n    raise NotImplementedError('Exercise 1.12: fork')\n"),
 }
