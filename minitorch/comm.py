@@ -916,10 +916,7 @@ class MPIComm(Communicator):
         import json
 
         self._episode += 1
-        frame = sys._getframe(2)
-        while frame is not None and (frame.f_code.co_filename == __file__ or "mpi4py" in frame.f_code.co_filename):
-            frame = frame.f_back
-        where = None if frame is None else [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
+        where = _user_line(sys._getframe(2))
         status = {"op": op, "src": src, "tag": tag, "episode": self._episode, "where": where,
                   "sent": self._msgs_to, "received": self._msgs_from}
         path = self._job / f"status{self.rank}.json"
@@ -1010,9 +1007,12 @@ def _launch(cmd: list[str], timeout: float, watch: Callable[[], None] | None = N
                     watch()
                 pause = min(pause * 1.5, 0.2)
         finally:
-            if proc.poll() is None:
-                _kill_group(proc)
-                proc.wait()
+            while proc.poll() is None:  # a second Ctrl-C must not leave the job running
+                try:
+                    _kill_group(proc)
+                    proc.wait()
+                except KeyboardInterrupt:
+                    pass
         out.seek(0)
         return proc.returncode, out.read()
 
@@ -1117,7 +1117,11 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
                 if st is not None and st["op"] != "returned":
                     lines.append(f"  rank {r} waits in {_what(st)}" + (f", at {w}" if (w := _where(st)) else ""))
                 else:
-                    where = _mpi_where(job / f"stack{r}.txt")
+                    try:
+                        file, line, name = (job / f"where{r}").read_text().split("\t")
+                        where = _where({"where": (file, int(line), name)})
+                    except (OSError, ValueError):
+                        where = _mpi_where(job / f"stack{r}.txt")
                     lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
             who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, late))
             raise RunTimeoutError(f"{who} of an MPI run with {nranks} ranks did not finish within {timeout:g} s "
@@ -1173,7 +1177,7 @@ class _DeadlockWatch:
                 except OSError:
                     continue
                 try:
-                    out[r] = json.loads(text) if text else {"op": "returned", "sent": None}
+                    out[r] = json.loads(text)
                 except ValueError:
                     continue
                 break
@@ -1197,24 +1201,34 @@ class _DeadlockWatch:
         """(report, whether messages are in flight on waited edges) if every rank that has not
         returned waits and none of them can move, else None."""
         n = self.nranks
-        if len(st) < n or all(s["op"] == "returned" for s in st.values()):
-            return None  # a rank is running (or all have returned)
-        if any(s["sent"] is None for s in st.values()):
-            return None  # a rank is still writing its counts
-        if all(s["op"] == "barrier" for s in st.values()):
-            return None  # the barrier completes
         recv = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
-        in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
-        movable, grew = set(in_flight), True  # a message in flight may be the one awaited
-        while grew:
-            more = {r for r, src in recv.items() if src in movable} - movable
-            movable |= more
-            grew = bool(more)
-        if movable - in_flight:
-            return None  # ranks wait for ranks that may still receive and go on
-        lines = [f"  rank {r} waits in {_what(s)}" + (f", at {w}" if (w := _where(s)) else "")
-                 for r, s in sorted(st.items()) if s["op"] != "returned"]
-        lines += [f"  rank {r} has returned" for r, s in sorted(st.items()) if s["op"] == "returned"]
+        orphans = [r for r, src in recv.items() if st.get(src, {}).get("op") == "returned"
+                   and st[src]["sent"][r] == st[r]["received"][src]]
+        in_flight: set[int] = set()
+        if not orphans:  # nobody waits for a rank that has returned, owing it nothing
+            if len(st) < n or all(s["op"] == "returned" for s in st.values()):
+                return None  # a rank is running (or all have returned)
+            if all(s["op"] == "barrier" for s in st.values()):
+                return None  # the barrier completes
+            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
+            movable, grew = set(in_flight), True  # a message in flight may be the one awaited
+            while grew:
+                more = {r for r, src in recv.items() if src in movable} - movable
+                movable |= more
+                grew = bool(more)
+            if movable - in_flight:
+                return None  # ranks wait for ranks that may still receive and go on
+        lines = []
+        for r in range(n):
+            s = st.get(r)
+            if s is None:
+                lines.append(f"  rank {r} is running")
+            elif s["op"] == "returned":
+                lines.append(f"  rank {r} has returned")
+            else:
+                lines.append(f"  rank {r} waits in {_what(s)}" + (f", at {w}" if (w := _where(s)) else "")
+                             + (f", but rank {s['src']} has returned: that message will never come"
+                                if r in orphans else ""))
         nxt = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
         cycle = ""
         for start in sorted(nxt):
@@ -1226,11 +1240,12 @@ class _DeadlockWatch:
                 cycle = "\n  cycle: " + " -> ".join(f"rank {p}" for p in path + [start])
                 break
         pending = [f"    rank {src} -> rank {dst}: {k} message(s)" for dst, s in sorted(st.items())
-                   if s["op"] != "returned" for src in range(n) if st[src]["sent"] is not None
-                   and (k := st[src]["sent"][dst] - s["received"][src]) > 0]
+                   if s["op"] != "returned" for src in sorted(st)
+                   if (k := st[src]["sent"][dst] - s["received"][src]) > 0]
         hint = ("\n  sent but not received (wrong peer or tag?):\n" + "\n".join(pending)) if pending else ""
-        return (f"deadlock: every running rank of an MPI run with {n} ranks is blocked (seen by the launcher in "
-                "the ranks' status files; the job was killed)\n" + "\n".join(lines) + cycle + hint, bool(in_flight))
+        what = "a rank waits for a rank that has returned" if orphans else "every running rank is blocked"
+        return (f"deadlock in an MPI run with {n} ranks: {what} (seen by the launcher in the ranks' status "
+                "files; the job was killed)\n" + "\n".join(lines) + cycle + hint, bool(in_flight))
 
 
 def _what(status: dict) -> str:
@@ -1263,8 +1278,12 @@ def _mpi_where(stack_file: Path) -> str:
     return ""
 
 
-def _watch_launcher(pid: int) -> None:
-    """In a rank: exit at once if the process that called `run` has gone (killed, restarted)."""
+def _watch_launcher(pid: int, job: Path, rank: int, main: int) -> None:
+    """A thread in each rank. Every half second: exit at once if the process that called `run`
+    has gone (killed, restarted) or this rank's parent (hydra's proxy) has; and once the rank has
+    run for a second, write the line of the user's code its main thread is at (for a time
+    limit's report; faulthandler's dump shortly before the limit covers a rank stuck in C)."""
+    parent, start, last = os.getppid(), time.monotonic(), None
     while True:
         time.sleep(0.5)
         try:
@@ -1273,6 +1292,25 @@ def _watch_launcher(pid: int) -> None:
             os._exit(3)
         except PermissionError:
             pass
+        if os.getppid() != parent:
+            os._exit(3)
+        if time.monotonic() - start > 1.0:
+            where = _user_line(sys._current_frames().get(main))
+            if where != last and where is not None:
+                tmp = job / f".where{rank}"
+                tmp.write_text("\t".join(map(str, where)))
+                os.replace(tmp, job / f"where{rank}")
+                last = where
+
+
+def _user_line(frame: Any) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame outside this module, mpi4py and threading."""
+    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__)
+                                 or "mpi4py" in frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name in ("_mpi_worker", "<module>"):
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
 
 
 def _mpi_worker(job_dir: str) -> None:
@@ -1289,7 +1327,8 @@ def _mpi_worker(job_dir: str) -> None:
     record: dict[str, Any] = {"result": None, "error": None, "traceback": ""}
     comm = None
     try:
-        threading.Thread(target=_watch_launcher, args=(int((job / "launcher").read_text()),), daemon=True).start()
+        threading.Thread(target=_watch_launcher, daemon=True,
+                         args=(int((job / "launcher").read_text()), job, rank, threading.get_ident())).start()
         fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
         # Shortly before the parent's time limit, write where this rank is (for its error message).
         import faulthandler
