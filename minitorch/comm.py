@@ -43,8 +43,14 @@ code get an exception raised in them.
 
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
-written in a notebook run there too. Every launch has a time limit, after which mpiexec and every
-process under it are killed, and RunTimeoutError names the ranks that had not returned.
+written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
+bytes: one MPI message up to 8 KiB, else the header then the data, received straight into the
+returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
+deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
+returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
+has a time limit, after which mpiexec and every process under it are killed, and RunTimeoutError
+names the ranks that had not returned and where they were. Any exception in the process that
+called `run` (Ctrl-C) kills them too, and the ranks exit by themselves if that process dies.
 """
 from __future__ import annotations
 

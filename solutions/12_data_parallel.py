@@ -128,8 +128,11 @@ from minitorch.nn import Module, Parameter, cross_entropy
 # never returns (a `while` loop whose condition never changes) is stopped at the run's time
 # limit, 20 s on the simulator (more on a slow machine; the tests' runs take well under a
 # second), and `RunTimeoutError` names each rank still running and the line it was at.
-# Under MPI a deadlock is a hang too, so every MPI launch has a time limit after which all its
-# processes are killed, and the error names the ranks that had not returned.
+# Under MPI the launcher watches the ranks: when every rank still running waits and no message
+# is in flight to any of them (or a rank waits for one that has returned), it kills the job and
+# raises the same `DeadlockError`, naming each rank, what it waits for and the line of your code;
+# a rank that never returns is killed at the launch's time limit (120 s unless you pass
+# `timeout=`), and one Ctrl-C stops the whole job.
 
 # %%
 #| export comm
@@ -178,8 +181,14 @@ code get an exception raised in them.
 
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
-written in a notebook run there too. Every launch has a time limit, after which mpiexec and every
-process under it are killed, and RunTimeoutError names the ranks that had not returned.
+written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
+bytes: one MPI message up to 8 KiB, else the header then the data, received straight into the
+returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
+deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
+returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
+has a time limit, after which mpiexec and every process under it are killed, and RunTimeoutError
+names the ranks that had not returned and where they were. Any exception in the process that
+called `run` (Ctrl-C) kills them too, and the ranks exit by themselves if that process dies.
 """
 from __future__ import annotations
 

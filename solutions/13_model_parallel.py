@@ -1665,9 +1665,10 @@ else:
 # bubble of 0.18 against the unit-time 0.11. The timeline shows why: the stages are not equal
 # (the last one holds the small output layer), a backward is not exactly twice a forward, and
 # every message costs wall time. This machine's 2 cores are shared with other work, and repeated
-# runs gave speed-ups from 0.8x to 1.7x: the pipeline needs both cores at once, and a rank
-# waiting in `recv` spins (MPICH polls for messages) rather than sleeping, so any other load
-# lands on the critical path. `make bench` repeats the measurement.
+# runs gave speed-ups from 0.8x to 1.7x: the pipeline needs both cores at once, so any other
+# load lands on the critical path (a rank waiting in `recv` gives its core away, but the stage it
+# waits for still has to get one). `make bench` repeats the measurement and prints what the MPI
+# engine itself costs per message: microseconds, against steps of about a second.
 
 # %% [markdown]
 # ## Summary

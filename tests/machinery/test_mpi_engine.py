@@ -24,6 +24,18 @@ REPO = Path(__file__).resolve().parent.parent.parent
 pytestmark = pytest.mark.skipif(not mc.mpi_status()[0], reason=f"MPI cannot start here: {mc.mpi_status()[1]}")
 
 
+def kill_left(marker: str) -> list[str]:
+    """Kill (SIGKILL) the processes whose command line contains `marker`; return what they were,
+    so that a failing test leaves nothing spinning."""
+    left = job_processes(marker)
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
 def job_processes(marker: str) -> list[str]:
     """'pid cmdline' of every process whose command line contains `marker`."""
     found = []
@@ -44,7 +56,7 @@ def job_dir(tmp_path, monkeypatch):
     of their processes may be left."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     yield tmp_path
-    left = job_processes(str(tmp_path))
+    left = kill_left(str(tmp_path))
     assert not left, "processes of the MPI job are still running:\n" + "\n".join(left)
 
 
@@ -197,5 +209,5 @@ def test_one_interrupt_stops_the_whole_job(tmp_path, sig):
     deadline = time.monotonic() + 5  # a rank's watchdog looks every 0.5 s
     while job_processes(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = job_processes(str(tmp_path))
+    left = kill_left(str(tmp_path))
     assert not left, f"after {sig.name} these processes of the MPI job still run:\n" + "\n".join(left)
