@@ -120,6 +120,44 @@ def pipeline_and_overhead(comm, width: int, batch: int, m: int, reps: int):
     return pipeline_timings(comm, width, batch, m, reps), message_overhead(comm, [8, width * (batch // m) * 8])
 
 
+def real_pipeline(ax=None) -> None:
+    """Part 3: the pipeline and the engine's cost per message on 2 MPI processes (one launch)."""
+    ok, why = mpi_status()
+    if not ok:
+        print(f"\nMPI part skipped: {why}")
+        return
+    width, batch, m, reps = 512, 1024, 8, 5
+    conditions = machine_load()
+    res = run(pipeline_and_overhead, 2, width, batch, m, reps, engine="mpi", timeout=600)
+    timings = [r[0] for r in res.results]
+    (t1, t1m), t2 = timings[0][0], max(r[1][0] for r in timings)
+    start = max(r[1][1] for r in timings)
+    ivs = pipeline_intervals(res, since=start, until=start + t2)
+    busy = sum(iv.end - iv.start for iv in ivs)
+    bound = 2 * m / (m + 1)
+    print(f"\nreal pipeline on MPI ({why}), 2 ranks on {conditions} (before the launch): 12-layer MLP, "
+          f"width {width}, float64, batch {batch}")
+    print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")
+    print(f"  1 process, m={m} micro-batches: {t1m * 1e3:8.1f} ms per step (the cost of smaller matrices)")
+    print(f"  2 processes, 1F1B, m={m}: {t2 * 1e3:8.1f} ms per step (speed-up {t1 / t2:.2f}x over the whole "
+          f"batch, {t1m / t2:.2f}x over {m} micro-batches; bound with the bubble: 2 m / (m + 1) = "
+          f"{bound:.2f}x)")
+    share = min(t1, t1m) / t2 / bound
+    print(f"  speed-up over the faster 1-process run: {min(t1, t1m) / t2:.2f}x = {share:.0%} of the bound "
+          f"(issue 27 measured 1.54x of 1.78x = 87% before; target: closer)")
+    print(f"  measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
+          f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
+    per_step = 2 * m  # messages on a step's path: m activations forward, m gradients back
+    for nbytes, t_comm, t_plain in res.results[0][1]:
+        print(f"  engine cost per message, {nbytes:>7} bytes: {(t_comm - t_plain) * 1e6:7.1f} us "
+              f"(one way: {t_comm * 1e6:7.1f} us through the communicator, {t_plain * 1e6:7.1f} us plain mpi4py)"
+              + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms of "
+                 f"{t2 * 1e3:.0f} ms" if nbytes > 8 else ""))
+    if ax is not None:
+        plot_pipeline(ivs, 2, ax=ax, unit="seconds (wall clock)",
+                      title=f"1F1B on 2 MPI processes: bubble {measured_bubble(ivs, 2):.2f}")
+
+
 def main(out_dir: Path) -> None:
     import matplotlib
 
@@ -159,39 +197,7 @@ def main(out_dir: Path) -> None:
     print(f"pick = simulated best in {hits} of {len(grid)} configurations; worst ratio {max(r[7] for r in grid):.3f}; "
           f"largest estimate error {max(r[8] for r in grid):.1%} ({time.perf_counter() - t0:.0f} s)")
 
-    ok, why = mpi_status()
-    if not ok:
-        print(f"\nMPI part skipped: {why}")
-    else:
-        width, batch, m, reps = 512, 1024, 8, 5
-        conditions = machine_load()
-        res = run(pipeline_and_overhead, 2, width, batch, m, reps, engine="mpi", timeout=600)
-        timings = [r[0] for r in res.results]
-        (t1, t1m), t2 = timings[0][0], max(r[1][0] for r in timings)
-        start = max(r[1][1] for r in timings)
-        ivs = pipeline_intervals(res, since=start, until=start + t2)
-        busy = sum(iv.end - iv.start for iv in ivs)
-        bound = 2 * m / (m + 1)
-        print(f"\nreal pipeline on MPI ({why}), 2 ranks on {conditions} (before the launch): 12-layer MLP, "
-              f"width {width}, float64, batch {batch}")
-        print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")
-        print(f"  1 process, m={m} micro-batches: {t1m * 1e3:8.1f} ms per step (the cost of smaller matrices)")
-        print(f"  2 processes, 1F1B, m={m}: {t2 * 1e3:8.1f} ms per step (speed-up {t1 / t2:.2f}x over the whole "
-              f"batch, {t1m / t2:.2f}x over {m} micro-batches; bound with the bubble: 2 m / (m + 1) = "
-              f"{bound:.2f}x)")
-        share = min(t1, t1m) / t2 / bound
-        print(f"  speed-up over the faster 1-process run: {min(t1, t1m) / t2:.2f}x = {share:.0%} of the bound "
-              f"(issue 27 measured 1.54x of 1.78x = 87% before; target: closer)")
-        print(f"  measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
-              f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
-        per_step = 2 * m  # messages on a step's path: m activations forward, m gradients back
-        for nbytes, t_comm, t_plain in res.results[0][1]:
-            print(f"  engine cost per message, {nbytes:>7} bytes: {(t_comm - t_plain) * 1e6:7.1f} us "
-                  f"(one way: {t_comm * 1e6:7.1f} us through the communicator, {t_plain * 1e6:7.1f} us plain mpi4py)"
-                  + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms of "
-                     f"{t2 * 1e3:.0f} ms" if nbytes > 8 else ""))
-        plot_pipeline(ivs, 2, ax=axes[2], unit="seconds (wall clock)",
-                      title=f"1F1B on 2 MPI processes: bubble {measured_bubble(ivs, 2):.2f}")
+    real_pipeline(axes[2])
     fig.tight_layout()
     path = out_dir / "parallel_schedules.png"
     fig.savefig(path, dpi=120)

@@ -146,6 +146,8 @@ def _new_stats() -> dict:
 
 def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
     """`array` as a C-contiguous array (a private copy unless copy=False), or a clear TypeError."""
+    if type(array) is np.ndarray and not copy and array.flags.c_contiguous and array.dtype.kind in "biufc":  # noqa: E721
+        return array  # the fast path of the MPI engine's send
     if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
         raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
                         "send t.numpy() for a Tensor")
@@ -793,13 +795,12 @@ class MPIComm(Communicator):
 
         self._MPI, self._c, self._job, self._BYTE = MPI, mpi_comm, job, MPI.BYTE
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        self.stats = _new_stats()
         self.events: list[Event] = []
         self._pending: deque = deque()   # (request, buffer) of sends not known to be complete
         self._spare: dict[int, list[np.ndarray]] = {}  # buffers of completed large sends, by size
         self._head = np.empty(_HEADER + _INLINE, np.uint8)  # where every header lands
-        self._msgs_to = [0] * self.size
-        self._msgs_from = [0] * self.size
+        self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
+        self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
         self._episode = 0    # waits that wrote a status file
         mpi_comm.Barrier()
         self._t0 = time.perf_counter()
@@ -807,6 +808,16 @@ class MPIComm(Communicator):
     @property
     def time(self) -> float:
         return time.perf_counter() - self._t0
+
+    @property
+    def stats(self) -> dict:
+        """This rank's counters so far (a new dict each time, from the per-peer counts)."""
+        st = _new_stats()
+        st["bytes_sent"], st["msgs_sent"] = sum(self._bytes_to), sum(self._msgs_to)
+        st["bytes_recv"], st["msgs_recv"] = sum(self._bytes_from), sum(self._msgs_from)
+        st["sent_to"].update({p: b for p, (b, k) in enumerate(zip(self._bytes_to, self._msgs_to)) if k})
+        st["recv_from"].update({p: b for p, (b, k) in enumerate(zip(self._bytes_from, self._msgs_from)) if k})
+        return st
 
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
         if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
@@ -825,12 +836,10 @@ class MPIComm(Communicator):
             np.copyto(buf, data.reshape(-1).view(np.uint8))
             self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
             self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
-        self._reap()
+        if len(self._pending) > 4:
+            self._reap()
         self.events.append(Event(self.rank, "send", t, time.perf_counter() - self._t0, "main", dst, n, tag))
-        st = self.stats
-        st["bytes_sent"] += n
-        st["msgs_sent"] += 1
-        st["sent_to"][dst] += n
+        self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
 
     def _reap(self) -> None:
@@ -873,10 +882,7 @@ class MPIComm(Communicator):
             self._wait(self._c.Irecv([data.reshape(-1).view(np.uint8), self._BYTE], src, tag), "recv", src, tag,
                        False)
         self.events.append(Event(self.rank, "recv", t, time.perf_counter() - self._t0, "main", src, n, tag))
-        st = self.stats
-        st["bytes_recv"] += n
-        st["msgs_recv"] += 1
-        st["recv_from"][src] += n
+        self._bytes_from[src] += n
         self._msgs_from[src] += 1
         return data
 
@@ -900,6 +906,8 @@ class MPIComm(Communicator):
         report = start + _STATUS_AFTER
         yield_, sleep, clock = os.sched_yield, time.sleep, time.perf_counter
         written = False
+        if self._pending:
+            self._reap()  # sends completed meanwhile: free their buffers
         try:
             while not test():
                 now = clock()
