@@ -206,6 +206,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -965,6 +966,46 @@ def _layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int, int]:
     return got
 
 
+class _LiveStats(Mapping):
+    """An MPI rank's counters as the simulator's stats dict shows them, read from the rank's
+    per-peer lists whenever a key is read (so a reference to `comm.stats` stays current)."""
+
+    _KEYS = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv", "sent_to", "recv_from", "busy")
+
+    def __init__(self, comm: MPIComm):
+        self._comm = comm
+
+    def __getitem__(self, key: str) -> Any:
+        c = self._comm
+        if key == "bytes_sent":
+            return sum(c._bytes_to)
+        if key == "bytes_recv":
+            return sum(c._bytes_from)
+        if key == "msgs_sent":
+            return sum(c._msgs_to)
+        if key == "msgs_recv":
+            return sum(c._msgs_from)
+        if key == "sent_to":
+            return {p: b for p, (b, k) in enumerate(zip(c._bytes_to, c._msgs_to)) if k}
+        if key == "recv_from":
+            return {p: b for p, (b, k) in enumerate(zip(c._bytes_from, c._msgs_from)) if k}
+        if key == "busy":
+            return {}
+        raise KeyError(key)
+
+    def __iter__(self) -> Any:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def copy(self) -> dict:
+        return dict(self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
 class MPIComm(Communicator):
     """A rank of a real run: mpi4py on MPI_COMM_WORLD. A send is MPI_Isend of a private copy
     (so it never blocks, as in the simulator): header and data in one message up to _INLINE
@@ -993,14 +1034,9 @@ class MPIComm(Communicator):
         return time.perf_counter() - self._t0
 
     @property
-    def stats(self) -> dict:
-        """This rank's counters so far (a new dict each time, from the per-peer counts)."""
-        st = _new_stats()
-        st["bytes_sent"], st["msgs_sent"] = sum(self._bytes_to), sum(self._msgs_to)
-        st["bytes_recv"], st["msgs_recv"] = sum(self._bytes_from), sum(self._msgs_from)
-        st["sent_to"].update({p: b for p, (b, k) in enumerate(zip(self._bytes_to, self._msgs_to)) if k})
-        st["recv_from"].update({p: b for p, (b, k) in enumerate(zip(self._bytes_from, self._msgs_from)) if k})
-        return st
+    def stats(self) -> _LiveStats:
+        """This rank's counters so far: a live view of the per-peer counts (no cost per message)."""
+        return _LiveStats(self)
 
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
         if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
