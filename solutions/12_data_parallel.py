@@ -1897,7 +1897,27 @@ else:
     print("MPI cannot start here:", mpi_status()[1])
 
 # %% [markdown]
-# PLACEHOLDER-PROSE
+# What to expect, and why. In three launches on this 2-core machine, with other work running
+# (load 3 to 6, printed above each table; compare yours): with 2 ranks your ring took 1.3-2.4x
+# the time of the mpi4py ring up to 64 KiB and 0.8-1.7x above, and 0.7-1.7x the time of
+# `MPI.Allreduce` from 512 KiB to 32 MiB, but 3-10x at 1 KiB. With 4 ranks on the 2 cores,
+# 0.8-2x the mpi4py ring from 64 KiB up, and 1-4x at 1 and 8 KiB, where the timings scatter most.
+#
+# - **Your ring against the mpi4py ring** is the communicator's cost: a few microseconds of
+#   Python per message (the header, the counters, a timeline event; `make bench` prints it), and
+#   above 8 KiB the private copy that lets `send` return at once (`MPI_Bsend` makes the same
+#   copy). It matters for small messages, where a step is a few microseconds anyway.
+# - **The rings against `MPI.Allreduce`** is algorithm and implementation. MPICH picks its
+#   algorithm by message size (Thakur, Rabenseifner and Gropp 2005): for short vectors recursive
+#   doubling, log2 N exchanges of the whole vector where a ring needs 2(N-1) steps, each paying
+#   the latency; for long ones Rabenseifner's algorithm, a reduce-scatter by recursive halving
+#   then an all-gather by recursive doubling, the ring's bytes in 2 log2 N steps. And it runs in
+#   C over shared memory with fewer copies: no Python between steps, the sums in place, no fresh
+#   arrays to allocate (each of the rings' new arrays must be faulted into memory page by page).
+# - **With more ranks than cores** every step also waits for the scheduler: a rank whose message
+#   has not arrived gives its core away (`sched_yield`, as MPICH's own waits do), and the rank
+#   that sends the message must get a core first. Both rings pay this; other load on the machine
+#   makes it worse, and less predictable.
 
 # %% [markdown]
 # ## 3. The alpha-beta cost model
