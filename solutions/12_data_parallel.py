@@ -1898,10 +1898,10 @@ else:
 
 # %% [markdown]
 # What to expect, and why. In three launches on this 2-core machine, with other work running
-# (load 3 to 6, printed above each table; compare yours): with 2 ranks your ring took 1.3-2.4x
-# the time of the mpi4py ring up to 64 KiB and 0.8-1.7x above, and 0.7-1.7x the time of
+# (load 3 to 6, printed above each table; compare yours): with 2 ranks your ring took 1.4-4.5x
+# the time of the mpi4py ring up to 64 KiB and 0.8-1.7x above, and at most 1.6x the time of
 # `MPI.Allreduce` from 512 KiB to 32 MiB, but 3-10x at 1 KiB. With 4 ranks on the 2 cores,
-# 0.8-2x the mpi4py ring from 64 KiB up, and 1-4x at 1 and 8 KiB, where the timings scatter most.
+# 0.8-2x the mpi4py ring from 64 KiB up, and 0.2-4x at 1 and 8 KiB, where timings scatter most.
 #
 # - **Your ring against the mpi4py ring** is the communicator's cost: a few microseconds of
 #   Python per message (the header, the counters, a timeline event; `make bench` prints it), and

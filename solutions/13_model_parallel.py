@@ -1668,7 +1668,8 @@ else:
 # runs gave speed-ups from 0.8x to 1.7x: the pipeline needs both cores at once, so any other
 # load lands on the critical path (a rank waiting in `recv` gives its core away, but the stage it
 # waits for still has to get one). `make bench` repeats the measurement and prints what the MPI
-# engine itself costs per message: microseconds, against steps of about a second.
+# engine itself costs per message: measured 0.4-8 us for 8 bytes and 20-130 us for one
+# activation (512 KiB), 16 of them a step, against steps of 300-600 ms.
 
 # %% [markdown]
 # ## Summary
