@@ -932,8 +932,9 @@ class MPIComm(Communicator):
 
     def _wait(self, req: Any, op: str, src: int = -1, tag: int = -1, nap: bool = True) -> None:
         """Until `req` completes: test it, yielding the core between tests (other ranks may need
-        it: more ranks than cores), then napping once the wait is long. A wait longer than
-        _STATUS_AFTER writes this rank's status file for the launcher's deadlock check."""
+        it: more ranks than cores), then napping once the wait is long. A wait for a message
+        (nap=True; not for the data that follows a header) longer than _STATUS_AFTER writes this
+        rank's status file for the launcher's deadlock check."""
         test = req.Test
         for _ in range(_SPINS):
             if test():
@@ -951,7 +952,7 @@ class MPIComm(Communicator):
                     yield_()
                 else:
                     sleep(_NAP)
-                if now > report and self._job is not None:
+                if now > report and nap and self._job is not None:  # (data streaming in is progress)
                     self._status(op, src, tag)
                     written, report = True, math.inf
         finally:
