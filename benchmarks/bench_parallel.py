@@ -137,6 +137,8 @@ def real_pipeline(ax=None) -> None:
     bound = 2 * m / (m + 1)
     print(f"\nreal pipeline on MPI ({why}), 2 ranks on {conditions} (before the launch): 12-layer MLP, "
           f"width {width}, float64, batch {batch}")
+    print("  (the 1-process steps run on rank 0 while rank 1 waits in a barrier: on a busy machine a waiting rank "
+          "that spins would slow them, and flatter the speed-up)")
     print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")
     print(f"  1 process, m={m} micro-batches: {t1m * 1e3:8.1f} ms per step (the cost of smaller matrices)")
     print(f"  2 processes, 1F1B, m={m}: {t2 * 1e3:8.1f} ms per step (speed-up {t1 / t2:.2f}x over the whole "
