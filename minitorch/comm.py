@@ -43,8 +43,14 @@ code get an exception raised in them.
 
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
-written in a notebook run there too. Every launch has a time limit, after which mpiexec and every
-process under it are killed, and RunTimeoutError names the ranks that had not returned.
+written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
+bytes: one MPI message up to 8 KiB, else the header then the data, received straight into the
+returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
+deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
+returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
+has a time limit, after which mpiexec and every process under it are killed, and RunTimeoutError
+names the ranks that had not returned and where they were. Any exception in the process that
+called `run` (Ctrl-C) kills them too, and the ranks exit by themselves if that process dies.
 """
 from __future__ import annotations
 
@@ -62,6 +68,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -141,13 +148,15 @@ def _new_stats() -> dict:
 
 def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
     """`array` as a C-contiguous array (a private copy unless copy=False), or a clear TypeError."""
+    if type(array) is np.ndarray and not copy and array.flags.c_contiguous and array.dtype.kind in "biufc":  # noqa: E721
+        return array  # the fast path of the MPI engine's send
     if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
         raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
                         "send t.numpy() for a Tensor")
     a = np.asarray(array)
     if a.dtype.kind not in "biufc":
         raise TypeError(f"rank {rank}: send() takes numeric NumPy arrays, got dtype {a.dtype}")
-    return np.array(a, copy=True, order="C") if copy else np.ascontiguousarray(a)
+    return np.array(a, copy=True, order="C") if copy else np.asarray(a, order="C")
 
 
 class Work:
@@ -739,40 +748,102 @@ def _plain_stats(st: dict) -> dict:
     return out
 
 
-_HEADER = 64  # bytes before each message's payload: dtype and shape
+_HEADER = 64      # bytes: int64 ndim, dtype (its str, 8 bytes), 6 int64 dimensions
+_INLINE = 8192    # arrays up to this many bytes travel in their header's message
+_SPINS = 20       # tests of a request before a wait starts yielding the core
+_YIELD_FOR = 0.02     # seconds of yielding before naps
+_NAP = 0.0005         # seconds per nap
+_STATUS_AFTER = 0.1   # seconds a rank waits before it writes a status file for the launcher
+_HEADERS: dict[Any, bytes] = {}   # (dtype, shape) -> header, for the shapes a run sends
+_LAYOUTS: dict[bytes, tuple] = {}  # header -> (dtype, shape, nbytes, elements)
 
 
-def _pack(a: np.ndarray) -> np.ndarray:
-    if a.ndim > 6:
-        raise ValueError(f"send(): arrays of at most 6 dimensions, got shape {a.shape}")
-    buf = np.empty(_HEADER + a.nbytes, np.uint8)
-    head = struct.pack("<B8s6q", a.ndim, a.dtype.str.encode(), *a.shape, *([0] * (6 - a.ndim)))
-    buf[:len(head)] = np.frombuffer(head, np.uint8)
-    buf[_HEADER:] = a.reshape(-1).view(np.uint8)
-    return buf
+def _header(a: np.ndarray) -> bytes:
+    """The 64-byte header of `a`: int64 ndim, its dtype's str (8 bytes), 6 dimensions."""
+    key = (a.dtype, a.shape)
+    head = _HEADERS.get(key)
+    if head is None:
+        if a.ndim > 6:
+            raise ValueError(f"send(): arrays of at most 6 dimensions, got shape {a.shape}")
+        head = struct.pack("<q8s6q", a.ndim, a.dtype.str.encode(), *a.shape, *([0] * (6 - a.ndim)))
+        if len(_HEADERS) < 4096:
+            _HEADERS[key] = head
+    return head
 
 
-def _unpack(buf: np.ndarray) -> np.ndarray:
-    ndim, dtype, *shape = struct.unpack_from("<B8s6q", buf)
-    return buf[_HEADER:].view(np.dtype(dtype.rstrip(b"\0").decode())).reshape(shape[:ndim])
+def _layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, nbytes, elements) of the array a header describes."""
+    got = _LAYOUTS.get(head)
+    if got is None:
+        ndim, dtype, *shape = struct.unpack("<q8s6q", head)
+        dtype = np.dtype(dtype.rstrip(b"\0").decode())
+        shape = tuple(shape[:ndim])
+        got = (dtype, shape, math.prod(shape) * dtype.itemsize, math.prod(shape))
+        if len(_LAYOUTS) < 4096:
+            _LAYOUTS[head] = got
+    return got
+
+
+class _LiveStats(Mapping):
+    """An MPI rank's counters as the simulator's stats dict shows them, read from the rank's
+    per-peer lists whenever a key is read (so a reference to `comm.stats` stays current)."""
+
+    _KEYS = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv", "sent_to", "recv_from", "busy")
+
+    def __init__(self, comm: MPIComm):
+        self._comm = comm
+
+    def __getitem__(self, key: str) -> Any:
+        c = self._comm
+        if key == "bytes_sent":
+            return sum(c._bytes_to)
+        if key == "bytes_recv":
+            return sum(c._bytes_from)
+        if key == "msgs_sent":
+            return sum(c._msgs_to)
+        if key == "msgs_recv":
+            return sum(c._msgs_from)
+        if key == "sent_to":
+            return {p: b for p, (b, k) in enumerate(zip(c._bytes_to, c._msgs_to)) if k}
+        if key == "recv_from":
+            return {p: b for p, (b, k) in enumerate(zip(c._bytes_from, c._msgs_from)) if k}
+        if key == "busy":
+            return {}
+        raise KeyError(key)
+
+    def __iter__(self) -> Any:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def copy(self) -> dict:
+        return dict(self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 class MPIComm(Communicator):
-    """A rank of a real run: mpi4py on MPI_COMM_WORLD. Sends are MPI_Isend of a private copy
-    (so they never block, as in the simulator); receives probe for the size, then MPI_Recv."""
+    """A rank of a real run: mpi4py on MPI_COMM_WORLD. A send is MPI_Isend of a private copy
+    (so it never blocks, as in the simulator): header and data in one message up to _INLINE
+    bytes, else a header then the data. A receive posts MPI_Irecv for the header, then for the
+    data straight into the array it returns, and waits without holding the core (see `_wait`)."""
 
     engine = "mpi"
 
-    def __init__(self, mpi_comm: Any):
+    def __init__(self, mpi_comm: Any, job: Path | None = None):
         from mpi4py import MPI
 
-        self._MPI, self._c = MPI, mpi_comm
+        self._MPI, self._c, self._job, self._BYTE = MPI, mpi_comm, job, MPI.BYTE
         self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
-        self.stats = _new_stats()
         self.events: list[Event] = []
-        self._pending: list = []
-        self._msgs_to = [0] * self.size
-        self._msgs_from = [0] * self.size
+        self._pending: deque = deque()   # (request, buffer) of sends not known to be complete
+        self._spare: dict[int, list[np.ndarray]] = {}  # buffers of completed large sends, by size
+        self._head = np.empty(_HEADER + _INLINE, np.uint8)  # where every header lands
+        self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
+        self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
+        self._episode = 0    # waits that wrote a status file
         mpi_comm.Barrier()
         self._t0 = time.perf_counter()
 
@@ -780,45 +851,130 @@ class MPIComm(Communicator):
     def time(self) -> float:
         return time.perf_counter() - self._t0
 
+    @property
+    def stats(self) -> _LiveStats:
+        """This rank's counters so far: a live view of the per-peer counts (no cost per message)."""
+        return _LiveStats(self)
+
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
-        dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
+        if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
+            dst = self._check_rank(dst, "dst")
+        if not (type(tag) is int and 0 <= tag < 2**20):  # noqa: E721
+            tag = self._check_tag(tag)
         data = _message_array(array, self.rank, copy=False)
-        t = self.time
-        buf = _pack(data)  # the one copy: the caller may reuse `array` at once
-        self._pending.append((self._c.Isend([buf, self._MPI.BYTE], dst, tag), buf))
-        if len(self._pending) > 64:
-            self._pending = [(r, b) for r, b in self._pending if not r.Test()]
-        self.events.append(Event(self.rank, "send", t, self.time, peer=dst, nbytes=data.nbytes, tag=tag))
-        st = self.stats
-        st["bytes_sent"] += data.nbytes
-        st["msgs_sent"] += 1
-        st["sent_to"][dst] += data.nbytes
+        t = time.perf_counter() - self._t0
+        head, n = _header(data), data.nbytes
+        if n <= _INLINE:  # one message: the header and a copy of the data
+            buf = head + data.tobytes()
+            self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
+        else:  # the header, then the data from a private copy (the caller may change `array` at once)
+            spare = self._spare.get(n)
+            buf = spare.pop() if spare else np.empty(n, np.uint8)
+            np.copyto(buf, data.reshape(-1).view(np.uint8))
+            self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
+            self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
+        if len(self._pending) > 4:
+            self._reap()
+        self.events.append(Event(self.rank, "send", t, time.perf_counter() - self._t0, "main", dst, n, tag))
+        self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
 
+    def _reap(self) -> None:
+        """Forget completed sends (oldest first; all of them when many are pending), keeping
+        large buffers for reuse."""
+        pending = self._pending
+        while pending and pending[0][0].Test():
+            self._keep(pending.popleft()[1])
+        if len(pending) > 32:
+            still = deque()
+            for req, buf in pending:
+                if req.Test():
+                    self._keep(buf)
+                else:
+                    still.append((req, buf))
+            self._pending = still
+
+    def _keep(self, buf: Any) -> None:
+        if type(buf) is np.ndarray and buf.nbytes > _INLINE:  # noqa: E721
+            spare = self._spare.setdefault(buf.nbytes, [])
+            if len(spare) < 4 and buf.nbytes <= 2**27:
+                spare.append(buf)
+
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
-        src, tag = self._check_rank(src, "src"), self._check_tag(tag)
-        MPI = self._MPI
-        t = self.time
-        status = MPI.Status()
-        self._c.Probe(src, tag, status)
-        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-        self._c.Recv([buf, MPI.BYTE], src, tag)
-        data = _unpack(buf)
-        self.events.append(Event(self.rank, "recv", t, self.time, peer=src, nbytes=data.nbytes, tag=tag))
-        st = self.stats
-        st["bytes_recv"] += data.nbytes
-        st["msgs_recv"] += 1
-        st["recv_from"][src] += data.nbytes
+        if not (type(src) is int and 0 <= src < self.size):  # noqa: E721 - the fast path of the checks
+            src = self._check_rank(src, "src")
+        if not (type(tag) is int and 0 <= tag < 2**20):  # noqa: E721
+            tag = self._check_tag(tag)
+        t = time.perf_counter() - self._t0
+        head = self._head
+        req = self._c.Irecv([head, self._BYTE], src, tag)
+        if not req.Test():
+            self._wait(req, "recv", src, tag)
+        dtype, shape, n, count = _layout(head[:_HEADER].tobytes())
+        if n <= _INLINE:
+            data = np.frombuffer(head, dtype, count, _HEADER).reshape(shape).copy()
+        else:
+            data = np.empty(shape, dtype)
+            # the data follows its header at once: no naps while it streams in
+            self._wait(self._c.Irecv([data.reshape(-1).view(np.uint8), self._BYTE], src, tag), "recv", src, tag,
+                       False)
+        self.events.append(Event(self.rank, "recv", t, time.perf_counter() - self._t0, "main", src, n, tag))
+        self._bytes_from[src] += n
         self._msgs_from[src] += 1
         return data
 
     def barrier(self) -> None:
         t = self.time
-        self._c.Barrier()
+        self._wait(self._c.Ibarrier(), "barrier")
         self.events.append(Event(self.rank, "barrier", t, self.time))
 
     def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
         return Work(self, fn(self, *args, **kwargs), self.time)
+
+    def _wait(self, req: Any, op: str, src: int = -1, tag: int = -1, nap: bool = True) -> None:
+        """Until `req` completes: test it, yielding the core between tests (other ranks may need
+        it: more ranks than cores), then napping once the wait is long. A wait for a message
+        (nap=True; not for the data that follows a header) longer than _STATUS_AFTER writes this
+        rank's status file for the launcher's deadlock check."""
+        test = req.Test
+        for _ in range(_SPINS):
+            if test():
+                return
+        start = time.perf_counter()
+        report = start + _STATUS_AFTER
+        yield_, sleep, clock = os.sched_yield, time.sleep, time.perf_counter
+        written = False
+        if self._pending:
+            self._reap()  # sends completed meanwhile: free their buffers
+        try:
+            while not test():
+                now = clock()
+                if not nap or now - start < _YIELD_FOR:
+                    yield_()
+                else:
+                    sleep(_NAP)
+                if now > report and nap and self._job is not None:  # (data streaming in is progress)
+                    self._status(op, src, tag)
+                    written, report = True, math.inf
+        finally:
+            if written:
+                try:
+                    os.unlink(self._job / f"status{self.rank}.json")
+                except OSError:
+                    pass
+
+    def _status(self, op: str, src: int, tag: int) -> None:
+        """Write what this rank waits for, where, and its message counts (atomically)."""
+        import json
+
+        self._episode += 1
+        where = _user_line(sys._getframe(2))
+        status = {"op": op, "src": src, "tag": tag, "episode": self._episode, "where": where,
+                  "sent": self._msgs_to, "received": self._msgs_from}
+        path = self._job / f"status{self.rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status))
+        os.replace(tmp, path)
 
     def _finish(self) -> str:
         """After fn returned on every rank: find (and drain) messages nobody received. Collective."""
@@ -830,13 +986,13 @@ class MPIComm(Communicator):
         for src in range(self.size):
             for _ in range(int(expected[src]) - self._msgs_from[src]):
                 status = MPI.Status()
-                self._c.Probe(src, MPI.ANY_TAG, status)
-                buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-                self._c.Recv([buf, MPI.BYTE], src, status.Get_tag())
-                lines.append(f"rank {src} -> rank {self.rank}, tag {status.Get_tag()}: 1 message(s), "
-                             f"{buf.size - _HEADER} bytes")
+                self._c.Recv([self._head, MPI.BYTE], src, MPI.ANY_TAG, status)
+                n = _layout(self._head[:_HEADER].tobytes())[2]
+                if n > _INLINE:
+                    self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, status.Get_tag())
+                lines.append(f"rank {src} -> rank {self.rank}, tag {status.Get_tag()}: 1 message(s), {n} bytes")
         MPI.Request.Waitall([r for r, _ in self._pending])
-        self._pending = []
+        self._pending.clear()
         everyone = self._c.allgather(lines)
         return "\n  ".join(sorted(line for part in everyone for line in part))
 
@@ -875,23 +1031,42 @@ def mpi_status() -> tuple[bool, str]:
     return _MPI_STATUS
 
 
-def _launch(cmd: list[str], timeout: float) -> tuple[int, str]:
-    """Run cmd in its own process group; on timeout (or any interruption) kill the whole group."""
+class _Stop(Exception):
+    """Raised by a launch's watch function to end the launch (the job is killed first)."""
+
+
+def _launch(cmd: list[str], timeout: float, watch: Callable[[], None] | None = None) -> tuple[int, str]:
+    """Run cmd in a session of its own and return (exit code, output). While it runs, call
+    watch() every 20-200 ms (it may raise to end the run). Past `timeout`, or on any exception in
+    this process (KeyboardInterrupt included), mpiexec and every process under it are killed
+    first; a timeout raises TimeoutError."""
     env = {**os.environ, **MPI_ENV}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, out
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, _ = proc.communicate()
-        raise TimeoutError(f"`{' '.join(cmd[:3])} ... {cmd[-1]}` ran past {timeout:g} s; it was killed with all "
-                           f"its processes (a deadlock? every rank blocked in recv?). Output:\n{out[-2000:]}") from None
-    finally:
-        if proc.poll() is None:
-            _kill_group(proc)
-            proc.wait()
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                text=True, start_new_session=True)
+        try:
+            deadline, pause = time.monotonic() + timeout, 0.02
+            while True:
+                try:
+                    proc.wait(timeout=max(min(pause, deadline - time.monotonic()), 0))
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"`{' '.join(cmd[:3])} ...` ran past {timeout:g} s; it was killed with all "
+                                       "its processes")
+                if watch is not None:
+                    watch()
+                pause = min(pause * 1.5, 0.2)
+        finally:
+            while proc.poll() is None:  # a second Ctrl-C must not leave the job running
+                try:
+                    _kill_group(proc)
+                    proc.wait()
+                except KeyboardInterrupt:
+                    pass
+        out.seek(0)
+        return proc.returncode, out.read()
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -996,19 +1171,31 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
         job = Path(tmp)
         (job / "job.pkl").write_bytes(_dumps((fn, args, kwargs)))
         (job / "limit").write_text(repr(float(timeout)))
+        (job / "launcher").write_text(str(os.getpid()))
         t0 = time.perf_counter()
+        watch = _DeadlockWatch(job, nranks)
         try:
-            rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout)
+            rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout, watch)
+        except _Stop:
+            raise DeadlockError(watch.report) from None
         except TimeoutError as exc:
             late = [r for r in range(nranks) if not (job / f"returned{r}").exists()]
+            statuses = watch.read()
             lines = []
             for r in late:
-                where = _mpi_where(job / f"stack{r}.txt")
-                lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
+                st = statuses.get(r)
+                if st is not None and st["op"] != "returned":
+                    lines.append(f"  rank {r} waits in {_what(st)}" + (f", at {w}" if (w := _where(st)) else ""))
+                else:
+                    try:
+                        file, line, name = (job / f"where{r}").read_text().split("\t")
+                        where = _where({"where": (file, int(line), name)})
+                    except (OSError, ValueError):
+                        where = _mpi_where(job / f"stack{r}.txt")
+                    lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
             who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, late))
             raise RunTimeoutError(f"{who} of an MPI run with {nranks} ranks did not finish within {timeout:g} s "
-                                  "(an infinite loop, or a recv that no send matches?):\n" + "\n".join(lines)
-                                  + f"\n{exc}", timeout, late) from None
+                                  "(an infinite loop?):\n" + "\n".join(lines) + f"\n{exc}", timeout, late) from None
         wall = time.perf_counter() - t0
         records = {}
         for r in range(nranks):
@@ -1035,6 +1222,116 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
                      max(s["time"] for s in stats), out)
 
 
+class _DeadlockWatch:
+    """The launcher's deadlock check, called while mpiexec runs. Reads the ranks' status files
+    (MPIComm._status: a rank waiting for 0.1 s or more) and returned files (final counts). A
+    deadlock: every rank that has not returned waits, each waits in recv for a rank that waits
+    too or has returned, or in a barrier that a returned or receiving rank will never reach; and
+    nothing is in flight on the edges waited on (the sender's count of messages to the waiting
+    rank equals the waiting rank's count from it). The statuses must read the same twice, 0.2 s
+    apart (2 s when messages are in flight: those must have been of other tags)."""
+
+    def __init__(self, job: Path, nranks: int):
+        self.job, self.nranks, self.report = job, nranks, ""
+        self.seen: tuple | None = None
+        self.since = 0.0
+
+    def read(self) -> dict[int, dict]:
+        import json
+
+        out = {}
+        for r in range(self.nranks):
+            for name in (f"returned{r}", f"status{r}.json"):
+                try:
+                    text = (self.job / name).read_text()
+                except OSError:
+                    continue
+                try:
+                    out[r] = json.loads(text)
+                except ValueError:
+                    continue
+                break
+        return out
+
+    def __call__(self) -> None:
+        st = self.read()
+        key = tuple(sorted((r, repr(s)) for r, s in st.items()))
+        now = time.monotonic()
+        if key != self.seen:
+            self.seen, self.since = key, now
+        verdict = self.verdict(st)
+        if verdict is None:
+            return
+        report, in_flight = verdict
+        if now - self.since >= (2.0 if in_flight else 0.2):
+            self.report = report
+            raise _Stop()
+
+    def verdict(self, st: dict[int, dict]) -> tuple[str, bool] | None:
+        """(report, whether messages are in flight on waited edges) if every rank that has not
+        returned waits and none of them can move, else None."""
+        n = self.nranks
+        recv = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
+        orphans = [r for r, src in recv.items() if st.get(src, {}).get("op") == "returned"
+                   and st[src]["sent"][r] == st[r]["received"][src]]
+        in_flight: set[int] = set()
+        if not orphans:  # nobody waits for a rank that has returned, owing it nothing
+            if len(st) < n or all(s["op"] == "returned" for s in st.values()):
+                return None  # a rank is running (or all have returned)
+            if all(s["op"] == "barrier" for s in st.values()):
+                return None  # the barrier completes
+            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
+            movable, grew = set(in_flight), True  # a message in flight may be the one awaited
+            while grew:
+                more = {r for r, src in recv.items() if src in movable} - movable
+                movable |= more
+                grew = bool(more)
+            if movable - in_flight:
+                return None  # ranks wait for ranks that may still receive and go on
+        lines = []
+        for r in range(n):
+            s = st.get(r)
+            if s is None:
+                lines.append(f"  rank {r} is running")
+            elif s["op"] == "returned":
+                lines.append(f"  rank {r} has returned")
+            else:
+                lines.append(f"  rank {r} waits in {_what(s)}" + (f", at {w}" if (w := _where(s)) else "")
+                             + (f", but rank {s['src']} has returned: that message will never come"
+                                if r in orphans else ""))
+        nxt = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
+        cycle = ""
+        for start in sorted(nxt):
+            path, r = [start], start
+            while r in nxt and nxt[r] not in path:
+                r = nxt[r]
+                path.append(r)
+            if r in nxt and nxt[r] == start and len(path) > 1:
+                cycle = "\n  cycle: " + " -> ".join(f"rank {p}" for p in path + [start])
+                break
+        pending = [f"    rank {src} -> rank {dst}: {k} message(s)" for dst, s in sorted(st.items())
+                   if s["op"] != "returned" for src in sorted(st)
+                   if (k := st[src]["sent"][dst] - s["received"][src]) > 0]
+        hint = ("\n  sent but not received (wrong peer or tag?):\n" + "\n".join(pending)) if pending else ""
+        what = "a rank waits for a rank that has returned" if orphans else "every running rank is blocked"
+        return (f"deadlock in an MPI run with {n} ranks: {what} (seen by the launcher in the ranks' status "
+                "files; the job was killed)\n" + "\n".join(lines) + cycle + hint, bool(in_flight))
+
+
+def _what(status: dict) -> str:
+    if status["op"] == "recv":
+        return f"recv(src={status['src']}, tag={status['tag']})"
+    return f"{status['op']}()"
+
+
+def _where(status: dict) -> str:
+    if not status.get("where"):
+        return ""
+    file, lineno, name = status["where"]
+    return f"{_file_label(file)}, line {lineno} in {name}" + (
+        f": `{src}`" if (src := linecache.getline(file, lineno).strip()) else "")
+
+
 def _mpi_where(stack_file: Path) -> str:
     """The innermost frame outside minitorch.comm and mpi4py in a rank's faulthandler dump."""
     try:
@@ -1051,8 +1348,44 @@ def _mpi_where(stack_file: Path) -> str:
     return ""
 
 
+def _watch_launcher(pid: int, job: Path, rank: int, main: int) -> None:
+    """A thread in each rank. Every half second: exit at once if the process that called `run`
+    has gone (killed, restarted) or this rank's parent (hydra's proxy) has; and once the rank has
+    run for a second, write the line of the user's code its main thread is at (for a time
+    limit's report; faulthandler's dump shortly before the limit covers a rank stuck in C)."""
+    parent, start, last = os.getppid(), time.monotonic(), None
+    while True:
+        time.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(3)
+        except PermissionError:
+            pass
+        if os.getppid() != parent:
+            os._exit(3)
+        if time.monotonic() - start > 1.0:
+            where = _user_line(sys._current_frames().get(main))
+            if where != last and where is not None:
+                tmp = job / f".where{rank}"
+                tmp.write_text("\t".join(map(str, where)))
+                os.replace(tmp, job / f"where{rank}")
+                last = where
+
+
+def _user_line(frame: Any) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame outside this module, mpi4py and threading."""
+    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__)
+                                 or "mpi4py" in frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name in ("_mpi_worker", "<module>"):
+        return None
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name
+
+
 def _mpi_worker(job_dir: str) -> None:
     """Entry point of each rank under mpiexec (see _run_mpi)."""
+    import json
     import pickle
 
     import cloudpickle
@@ -1064,6 +1397,8 @@ def _mpi_worker(job_dir: str) -> None:
     record: dict[str, Any] = {"result": None, "error": None, "traceback": ""}
     comm = None
     try:
+        threading.Thread(target=_watch_launcher, daemon=True,
+                         args=(int((job / "launcher").read_text()), job, rank, threading.get_ident())).start()
         fn, args, kwargs = pickle.loads((job / "job.pkl").read_bytes())
         # Shortly before the parent's time limit, write where this rank is (for its error message).
         import faulthandler
@@ -1071,13 +1406,16 @@ def _mpi_worker(job_dir: str) -> None:
         stack = open(job / f"stack{rank}.txt", "w")
         limit = float((job / "limit").read_text())
         faulthandler.dump_traceback_later(max(limit - 2.0, 0.7 * limit), file=stack)
-        comm = MPIComm(world)
+        comm = MPIComm(world, job)
         record["result"] = fn(comm, *args, **kwargs)
         record["time"] = comm.time  # when fn returned (before the end-of-run checks)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then the run is aborted
         record["error"], record["traceback"] = exc, traceback.format_exc()
     finally:
-        (job / f"returned{rank}").touch()
+        returned = job / f"returned{rank}"
+        counts = {"op": "returned", "sent": comm._msgs_to if comm is not None else [0] * world.Get_size()}
+        returned.with_suffix(".tmp").write_text(json.dumps(counts))
+        os.replace(returned.with_suffix(".tmp"), returned)
     if record["error"] is None:
         unreceived = comm._finish()
         if unreceived:

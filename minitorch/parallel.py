@@ -6,6 +6,8 @@ Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 
+import os
+import time
 import tracemalloc
 from typing import Any, Callable, NamedTuple
 
@@ -97,6 +99,67 @@ def ring_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
     Returns a new array of x's shape and dtype."""
     x = np.asarray(x)
     return ring_allgather(comm, ring_reduce_scatter(comm, x)).reshape(x.shape)
+
+
+def mpi4py_ring_allreduce(world: Any, x: np.ndarray) -> np.ndarray:
+    """The ring all-reduce of `ring_allreduce` on an mpi4py communicator (`MPI.COMM_WORLD`),
+    with `Sendrecv` of NumPy chunks: the same steps, chunks and sums, nothing in between."""
+    flat = np.asarray(x).reshape(-1)
+    size, rank = world.Get_size(), world.Get_rank()
+    parts = [flat[lo:hi].copy() for lo, hi in chunk_bounds(flat.size, size)]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for s in range(size - 1):
+        into = np.empty_like(parts[(rank - s - 2) % size])
+        world.Sendrecv(parts[(rank - s - 1) % size], right, recvbuf=into, source=left)
+        parts[(rank - s - 2) % size] += into
+    for s in range(size - 1):
+        world.Sendrecv(parts[(rank - s) % size], right, recvbuf=parts[(rank - s - 1) % size], source=left)
+    return np.concatenate(parts).reshape(x.shape)
+
+
+def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
+                      ring: Callable | None = None) -> list[tuple[int, float, float, float]]:
+    """On every rank of an MPI run: per size (bytes of float64), the seconds per all-reduce of
+    `ring(comm, x)` (default: ring_allreduce), of `mpi4py_ring_allreduce` and of `MPI.Allreduce`,
+    each the best of 3 trials of about `budget` seconds (the repetitions agreed by all ranks)."""
+    from mpi4py import MPI
+
+    ring = ring or ring_allreduce
+    world = MPI.COMM_WORLD
+    out = []
+    for nbytes in sizes:
+        x = np.random.default_rng(comm.rank).standard_normal(nbytes // 8)
+        y = np.empty_like(x)
+        ops = [lambda: ring(comm, x), lambda: mpi4py_ring_allreduce(world, x), lambda: world.Allreduce(x, y)]
+        best = []
+        for op in ops:
+            op()  # warm up
+            world.Barrier()
+            t0 = time.perf_counter()
+            op()
+            reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
+            trials = []
+            for _ in range(3):
+                world.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    op()
+                world.Barrier()
+                trials.append((time.perf_counter() - t0) / reps)
+            best.append(min(trials))
+        if not (np.array_equal(ring(comm, x), mpi4py_ring_allreduce(world, x)) and np.allclose(ring(comm, x), y)):
+            raise AssertionError(f"rank {comm.rank}: the rings or MPI.Allreduce disagree at {nbytes} bytes")
+        out.append((nbytes, *best))
+    return out
+
+
+def machine_load() -> str:
+    """'N cores, load a/b/c' (1, 5 and 15-minute load averages, where the OS gives them)."""
+    try:
+        load = "load " + "/".join(f"{v:.1f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        load = "load unknown"
+    return f"{os.cpu_count()} cores, {load}"
 
 
 class Cost(NamedTuple):

@@ -1,0 +1,213 @@
+"""Lesson 12's MPI engine (minitorch.comm, engine="mpi"): its message semantics against the
+simulator's, bit for bit; its deadlock reports; and that nothing survives a deadlock, a time
+limit, a Ctrl-C or the death of the process that called `run`. Each MPI launch costs 1-2 s here,
+so every test makes one (two for the interrupt tests: one per signal).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minitorch import comm as mc
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+pytestmark = pytest.mark.skipif(not mc.mpi_status()[0], reason=f"MPI cannot start here: {mc.mpi_status()[1]}")
+
+
+def kill_left(marker: str) -> list[str]:
+    """Kill (SIGKILL) the processes whose command line contains `marker`; return what they were,
+    so that a failing test leaves nothing spinning."""
+    left = job_processes(marker)
+    for line in left:
+        try:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def job_processes(marker: str) -> list[str]:
+    """'pid cmdline' of every process whose command line contains `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if marker.encode() in cmd and int(pid) != os.getpid():
+            found.append(pid + " " + cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+@pytest.fixture
+def job_dir(tmp_path, monkeypatch):
+    """MPI jobs' files (and so their processes' command lines) under tmp_path; afterwards, none
+    of their processes may be left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield tmp_path
+    left = kill_left(str(tmp_path))
+    assert not left, "processes of the MPI job are still running:\n" + "\n".join(left)
+
+
+# (array, view): rank 0 sends view(its own copy of array), then zeroes that copy
+CASES = [(np.float64(3.5), None), (np.array(-2, np.int16), None), (np.zeros((0, 3)), None),
+         (np.zeros(0, np.uint8), None),
+         (np.arange(24.0).reshape(4, 6), lambda a: a[:, ::2]),                 # not contiguous
+         (np.arange(3000, dtype=np.float32).reshape(10, 300), lambda a: a.T),  # transposed, 12000 bytes
+         (np.arange(1024, dtype=np.float64), None),                            # exactly the inline limit
+         (np.arange(1025, dtype=np.float64), lambda a: a[::-1]),               # just past it, reversed
+         (np.ones((3, 5000), np.complex128) * (1 + 2j), None), (np.array([True, False, True]), None),
+         (np.arange(6, dtype=">i4"), None), (np.arange(7, dtype=np.uint64) * 2**60, None),
+         (np.linspace(0, 1, 72).reshape(2, 3, 1, 2, 2, 3), None)]
+
+
+def sent(i, array):
+    view = CASES[i][1]
+    return array if view is None else view(array)
+
+
+def semantics(comm):
+    """Rank 0 sends every case with its own tag, zeroing its array right after the send
+    (buffered sends), then 200 small messages with one tag; rank 1 receives the cases' tags in
+    reverse order (matching by tag), then the 200 in order, then answers."""
+    if comm.rank == 0:
+        for i, (array, _) in enumerate(CASES):
+            mine = np.array(array)
+            comm.send(sent(i, mine), 1, tag=i)
+            mine[...] = 0
+        for k in range(200):
+            comm.send(np.full(3, k), 1, tag=99)
+        return comm.recv(1, tag=7)
+    got = {i: comm.recv(0, tag=i) for i in reversed(range(len(CASES)))}
+    stream = [int(comm.recv(0, tag=99)[0]) for _ in range(200)]
+    comm.send(np.arange(5), 0, tag=7)
+    return [got[i] for i in range(len(CASES))], stream
+
+
+def test_messages_match_the_simulator_bit_for_bit(job_dir):
+    sim = mc.run(semantics, 2)
+    real = mc.run(semantics, 2, engine="mpi", timeout=60)
+    arrays, stream = real.results[1]
+    assert stream == list(range(200)), f"messages with one tag must arrive in the order sent, got {stream}"
+    for i, (a, b) in enumerate(zip(sim.results[1][0], arrays)):
+        assert b.dtype == a.dtype and b.shape == a.shape and np.array_equal(a, b), \
+            f"case {i}: MPI gave {b.dtype} {b.shape} {b!r}, the simulator {a.dtype} {a.shape} {a!r}"
+        expected = sent(i, np.asarray(CASES[i][0]))
+        assert b.dtype == expected.dtype and b.shape == expected.shape and np.array_equal(b, expected), \
+            f"case {i}: rank 1 got {b!r}, rank 0 sent {expected!r} (and changed its array after the send)"
+        assert b.flags.c_contiguous and b.flags.writeable, f"case {i}: {b.flags}"
+    assert np.array_equal(real.results[0], np.arange(5))
+    assert real.stats[0]["msgs_sent"] == sim.stats[0]["msgs_sent"] == len(CASES) + 200
+    assert real.stats[0]["bytes_sent"] == sim.stats[0]["bytes_sent"]
+    assert real.stats[1]["recv_from"] == sim.stats[1]["recv_from"]
+
+
+def cycle(comm):
+    comm.recv((comm.rank + 1) % comm.size, tag=3)
+
+
+def test_a_deadlock_names_every_rank_and_is_found_early(job_dir):
+    t0 = time.monotonic()
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(cycle, 3, engine="mpi", timeout=60)
+    took = time.monotonic() - t0
+    text = str(info.value)
+    for r in range(3):
+        assert f"rank {r} waits in recv(src={(r + 1) % 3}, tag=3), at {__file__}, line " in text, text
+    assert "in cycle: `comm.recv((comm.rank + 1) % comm.size, tag=3)`" in text, text
+    assert "cycle: rank 0 -> rank 1 -> rank 2 -> rank 0" in text, text
+    assert "Output" not in text and "BAD TERMINATION" not in text and "====" not in text, text
+    assert took < 15, f"a deadlock of 3 ranks took {took:.1f} s to report (limit 60 s): the launcher should see it"
+
+
+def wrong_tag_then_barrier(comm):
+    if comm.rank == 0:
+        comm.send(np.ones(2), 1, tag=1)
+        comm.barrier()
+    elif comm.rank == 1:
+        comm.recv(0, tag=2)
+    return comm.rank
+
+
+def test_a_wrong_tag_a_barrier_and_a_returned_rank(job_dir):
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(wrong_tag_then_barrier, 3, engine="mpi", timeout=60)
+    text = str(info.value)
+    assert "rank 0 waits in barrier(), at " in text and "in wrong_tag_then_barrier: `comm.barrier()`" in text, text
+    assert "rank 1 waits in recv(src=0, tag=2), at " in text and "rank 2 has returned" in text, text
+    assert "sent but not received (wrong peer or tag?):\n    rank 0 -> rank 1: 1 message(s)" in text, text
+
+
+def spin_and_wait(comm):
+    if comm.rank == 0:
+        while True:
+            pass
+    return comm.recv(0)
+
+
+def test_a_time_limit_names_the_ranks_and_what_they_do(job_dir):
+    with pytest.raises(mc.RunTimeoutError) as info:
+        mc.run(spin_and_wait, 2, engine="mpi", timeout=5)
+    text, err = str(info.value), info.value
+    assert err.ranks == [0, 1] and err.time_limit == 5, (err.ranks, err.time_limit)
+    assert "rank 0 had not returned; near the limit it was at " in text and "`while True:`" in text, text
+    assert "rank 1 waits in recv(src=0, tag=0), at " in text and "in spin_and_wait" in text, text
+    assert "killed with all its processes" in text, text
+
+
+INTERRUPTED = r"""
+import sys, time
+from pathlib import Path
+from minitorch import comm as mc
+
+def job(comm, ready):
+    Path(ready, f"rank{comm.rank}").touch()
+    if comm.rank == 0:
+        while True:      # busy in Python code
+            pass
+    return comm.recv(0)  # waits in MPI
+
+mc.run(job, 3, sys.argv[1], engine="mpi", timeout=120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "launcher-killed"])
+def test_one_interrupt_stops_the_whole_job(tmp_path, sig):
+    """Ctrl-C (SIGINT: KeyboardInterrupt where `run` waits) kills mpiexec and every rank; if the
+    process that called `run` dies without a word (SIGKILL, a kernel restart), the ranks see it
+    and exit, and mpiexec with them."""
+    script, ready = tmp_path / "interrupted.py", tmp_path / "ready"
+    script.write_text(INTERRUPTED)
+    ready.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(script), str(ready)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(ready.iterdir())) < 3 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(list(ready.iterdir())) == 3, f"the ranks did not start: {proc.communicate(timeout=60)[0]}"
+        time.sleep(0.3)  # rank 1 and 2 are now waiting in recv, rank 0 spinning
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=30)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in out, out
+    deadline = time.monotonic() + 5  # a rank's watchdog looks every 0.5 s
+    while job_processes(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = kill_left(str(tmp_path))
+    assert not left, f"after {sig.name} these processes of the MPI job still run:\n" + "\n".join(left)
