@@ -167,9 +167,13 @@ def test_a_time_limit_names_the_ranks_and_what_they_do(job_dir):
 
 
 INTERRUPTED = r"""
-import sys, time
+import signal, sys, time
 from pathlib import Path
 from minitorch import comm as mc
+
+# Ctrl-C raises KeyboardInterrupt, as in a terminal or a Jupyter kernel, even where this test was
+# started in the background of a non-interactive shell (which ignores SIGINT, and children inherit it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def job(comm, ready):
     Path(ready, f"rank{comm.rank}").touch()
