@@ -198,12 +198,13 @@ def test_a_gpu_cell_must_start_with_require_gpu(course):
 
 def test_make_demo_scales_its_cell_limit_and_says_which_cell_ran_past_it(course):
     src = course / "solutions" / "01_sample.py"
-    src.write_text(src.read_text() + '\n# %% tags=["demo"]\nimport time\ntime.sleep(60)  # a lecture demo too slow here\n')
+    src.write_text(src.read_text() + '\n# %% tags=["demo"]\nimport time\ntime.sleep(600)  # a lecture demo too slow here\n')
     assert build(course).returncode == 0
-    env = {**os.environ, "MT_ROOT": str(course), "MT_DEMO_CELL_LIMIT": "4", "MT_TIME_SCALE": "1.5"}
+    # every other cell (check cells run pytest) must fit in the limit even on a loaded machine
+    env = {**os.environ, "MT_ROOT": str(course), "MT_DEMO_CELL_LIMIT": "20", "MT_TIME_SCALE": "1.5"}
     proc = subprocess.run([sys.executable, "-m", "course.maintain", "demo", "01"], cwd=course, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "`import time`) ran past the per-cell limit of 6 s (4 s on the course's reference machine, x1.50" in out, out
+    assert "`import time`) ran past the per-cell limit of 30 s (20 s on the course's reference machine, x1.50" in out, out
     assert "build/demo/01_sample.ipynb" in out and (course / "build" / "demo" / "01_sample.ipynb").exists()
