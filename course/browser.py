@@ -180,6 +180,7 @@ def run_all(page, lab: Lab, name: str, n_cells: int, limit: float) -> tuple[list
 def judge(lesson: Lesson, cells: list[dict], solution: bool, gpu_reason: str | None) -> list[str]:
     """What is wrong with what the page shows, against the notebook's cells and tags."""
     from course.build import solution_notebook, student_notebook
+    from course.maintain import GPU_SKIP, check_cell_exercise, check_cell_says_what_it_must
 
     nb = solution_notebook(lesson) if solution else student_notebook(lesson)
     problems = []
@@ -195,13 +196,11 @@ def judge(lesson: Lesson, cells: list[dict], solution: bool, gpu_reason: str | N
             break
         if "Traceback" in seen["text"] or re.search(r"^\w+(Error|Exception): ", seen["stderr"], re.M):
             problems.append(f"{where} shows an error:\n{seen['text'][-800:]}")
-        m = re.fullmatch(r"""check\(["']([\d.]+)["']\)""", cell.source.strip()) if "check" in tags(cell) else None
-        if m:
-            want = (rf"Exercise {re.escape(m.group(1))}: (all \d+ tests passed|skipped: needs a CUDA GPU)" if solution
-                    else rf"Exercise {re.escape(m.group(1))}: not attempted yet")
-            if not re.match(want, seen["text"].strip()):
-                problems.append(f"{where}: the check cell should match {want!r} but shows:\n{seen['text'][:600]}")
-        if "gpu" in tags(cell) and gpu_reason and not seen["text"].startswith("skipped: this cell needs a CUDA GPU"):
+        ex = check_cell_exercise(cell)
+        if ex and not check_cell_says_what_it_must(ex, seen["text"], stub=not solution):
+            want = "all tests passed" if solution else "not attempted"
+            problems.append(f"{where}: the check cell should say {want} but shows:\n{seen['text'][:600]}")
+        if "gpu" in tags(cell) and gpu_reason and not seen["text"].startswith(GPU_SKIP):
             problems.append(f"{where}: a gpu cell should say why it skipped, but shows:\n{seen['text'][:400]}")
     return problems
 

@@ -45,6 +45,23 @@ def _cell_text(cell) -> str:
 
 
 DEMO_CELL_LIMIT = float(os.environ.get("MT_DEMO_CELL_LIMIT", 900))  # s per cell on the reference machine
+GPU_SKIP = "skipped: this cell needs a CUDA GPU"  # how a `gpu` cell begins its output where no GPU works
+
+
+def check_cell_exercise(cell) -> str | None:
+    """The exercise a check cell (`check("L.K")`, tagged check) grades, else None."""
+    from course.source import tags
+
+    m = re.fullmatch(r"""check\(["']([\d.]+)["']\)""", cell.source.strip()) if "check" in tags(cell) else None
+    return m.group(1) if m else None
+
+
+def check_cell_says_what_it_must(exercise: str, text: str, stub: bool) -> bool:
+    """On the stub notebook a check cell says its exercise is not attempted; on the solution, that
+    all its tests passed (or were skipped for want of a GPU)."""
+    ex = re.escape(exercise)
+    want = rf"Exercise {ex}: not attempted yet" if stub else rf"Exercise {ex}: (all \d+ tests passed|skipped: needs a CUDA GPU)"
+    return re.match(want, text.strip()) is not None
 
 
 def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = False) -> tuple[bool, str, dict[str, str], list[dict]]:
@@ -110,13 +127,13 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
         if cell.cell_type != "code":
             continue
         text = _cell_text(cell)
-        m = re.fullmatch(r"""check\(["']([\d.]+)["']\)""", cell.source.strip()) if "check" in tags(cell) else None
-        if m:
-            checks[m.group(1)] = text
+        ex = check_cell_exercise(cell)
+        if ex:
+            checks[ex] = text
         if not message and "Traceback (most recent call last)" in text:
             message = f"cell {i} printed a traceback although Run All went on:\n{text[-1500:]}"
         if not message and "gpu" in tags(cell) and not ok_gpu and i in running and \
-                not text.startswith("skipped: this cell needs a CUDA GPU"):
+                not text.startswith(GPU_SKIP):
             message = f"gpu cell {i} should say it skipped (no GPU here: {reason}), but printed:\n{text[:500]}"
     return not message, message, checks, tests
 
@@ -131,15 +148,8 @@ def _check_cell_problems(checks: dict[str, str], lesson: Lesson, stub: bool) -> 
         if ex not in checks:
             problems.append(f"exercise {ex} has no check cell `check(\"{ex}\")`")
     for ex, text in checks.items():
-        first = text.splitlines()[0] if text else "(nothing printed)"
-        if stub:
-            good = first.startswith(f"Exercise {ex}: not attempted yet")
-            want = "not attempted"
-        else:
-            good = bool(re.match(rf"Exercise {re.escape(ex)}: (all \d+ tests passed|skipped: needs a CUDA GPU)", first))
-            want = "all tests passed"
-        if not good:
-            where = "stub" if stub else "solution"
+        if not check_cell_says_what_it_must(ex, text, stub):
+            where, want = ("stub", "not attempted") if stub else ("solution", "all tests passed")
             problems.append(f"the check cell of exercise {ex} in the {where} notebook should say {want}, "
                             f"but says:\n{text[:1200]}")
     return problems
