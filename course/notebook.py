@@ -11,6 +11,8 @@ Run All go on:
   communicator included): `needs exercise 9.3 (causal_mask), not done yet`;
 - `require_gpu()` (the first line of every `gpu` cell) where no GPU works:
   `skipped: this cell needs a CUDA GPU (no NVIDIA driver ...)`;
+- a cell that compiles CUDA C to PTX where NVRTC cannot run (macOS, no `gpu` extra):
+  `skipped: NVRTC cannot compile here (...)`;
 - an error in a cell that reads a name a cell skipped this way would have made (a NameError, or
   an error from the half-made value: an empty dict the skipped cell had started to fill):
   `needs `losses` from an earlier cell, which needs exercise 9.3 (causal_mask), not done yet`.
@@ -126,11 +128,12 @@ class _Hooks:
 
     def one_line(self, value: BaseException) -> str | None:
         """The line that stands for this error, or None for a real error (a traceback)."""
-        if isinstance(value, SkipCell):
-            return f"skipped: {value}"
         found = stub_exercise(value)
         withheld = _withheld(value)
-        if withheld:
+        if isinstance(value, SkipCell) or _nvrtc_missing(value):
+            line = f"skipped: {value}"
+            why = f"was skipped ({value})"
+        elif withheld:
             why = line = withheld
         elif found:
             why = line = f"needs exercise {found[0]} ({found[1]}), not done yet"
@@ -145,6 +148,15 @@ class _Hooks:
         for name in defined_names(self.cell):
             self.incomplete.setdefault(name, why)
         return line
+
+
+def _nvrtc_missing(value: BaseException) -> bool:
+    """course.cuda_c.compile_ptx where NVRTC cannot run (its wheels exist for Linux only)."""
+    if type(value).__name__ != "NvrtcUnavailable":  # cheap test first: most errors are not it
+        return False
+    from course.cuda_c import NvrtcUnavailable
+
+    return isinstance(value, NvrtcUnavailable)
 
 
 def _withheld(value: BaseException) -> str | None:

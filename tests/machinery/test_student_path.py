@@ -79,6 +79,34 @@ def test_run_all_goes_past_unwritten_exercises_and_gpu_cells(tmp_path):
     assert cells[10]["text"] == "the end"
 
 
+def test_run_all_goes_past_cuda_c_cells_where_nvrtc_cannot_run(tmp_path, monkeypatch):
+    """macOS has no NVRTC wheel: a cell compiling CUDA C to PTX skips, saying why, and so do the
+    cells that read what it made; the emulator's cells and the rest of the notebook still run."""
+    monkeypatch.setenv("MT_NO_NVRTC", "1")
+    cells = run_all([
+        PRELUDE,
+        "from course.cuda_c import compile_ptx, ptx_stats\nptx = compile_ptx('__global__ void k(float *x) { x[0] = 1; }')",
+        "stats = ptx_stats(ptx)",
+        "print('the end')",
+    ], tmp_path)
+    assert all(c["ran"] for c in cells), cells
+    assert cells[1]["text"].startswith("skipped: NVRTC is switched off (MT_NO_NVRTC=1)"), cells[1]
+    assert cells[2]["text"].startswith("needs `ptx` from an earlier cell, which was skipped (NVRTC"), cells[2]
+    assert cells[3]["text"] == "the end"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("number", ["08", "09"])
+def test_cuda_c_lessons_run_to_the_end_without_nvrtc(number, monkeypatch):
+    """Lessons 08 and 09's solution notebooks as Run All where NVRTC cannot run (macOS): to the end."""
+    from course.maintain import BUILD, execute_notebook
+    from course.source import find_lesson
+
+    monkeypatch.setenv("MT_NO_NVRTC", "1")
+    ok, message, _, _ = execute_notebook(find_lesson(number), BUILD / "no-nvrtc", small=True)
+    assert ok, message
+
+
 def test_real_errors_still_stop_run_all_with_their_traceback(tmp_path):
     cells = run_all([PRELUDE, "x = 1\nprint(y_typo)", "print('must not run')"], tmp_path)
     assert "NameError" in cells[1]["text"] and not cells[2]["ran"], cells
