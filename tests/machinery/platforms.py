@@ -114,6 +114,16 @@ def pins(path: Path, env: dict[str, str]) -> dict[str, str]:
             for l in constraint_lines(path, env)}
 
 
+def borrowed_pins(of: str, on: str = "linux-x86_64", python: str = "3.12") -> list[str]:
+    """Constraints for platform `on` with the versions platform `of` pins differently (numba 0.62.1,
+    llvmlite, NumPy 2.3 for Intel Macs): how `.ci/run` tests another platform's set on this one.
+    Packages that exist only on `of` (appnope) are left out."""
+    by_name = {p.name: p for p in PLATFORMS}
+    here = pins(ROOT / by_name[on].constraints, by_name[on].env(python))
+    there = pins(ROOT / by_name[of].constraints, by_name[of].env(python))
+    return [f"{n}=={there.get(n, v)}" for n, v in sorted(here.items())]
+
+
 def _bare(req: Requirement) -> str:
     r = Requirement(str(req))
     r.marker = None
@@ -214,6 +224,10 @@ def table(results: list[Resolution]) -> str:
 
 if __name__ == "__main__":
     import time
+
+    if sys.argv[1:2] == ["--pins-of"]:  # `platforms.py --pins-of macos-x86_64`: that set, for this machine
+        print("\n".join(borrowed_pins(sys.argv[2])))
+        sys.exit(0)
 
     ok, why = index_reachable()
     if not ok:
