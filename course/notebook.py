@@ -17,8 +17,9 @@ Run All go on:
   an error from the half-made value: an empty dict the skipped cell had started to fill):
   `needs `losses` from an earlier cell, which needs exercise 9.3 (causal_mask), not done yet`.
 
-Every other error shows its usual traceback and stops Run All, as it should. Figures a skipped
-cell had started are closed, so no empty plot is left behind. Outside IPython (the grader's
+Every other error shows its usual traceback and stops Run All, as it should. What a skipped cell
+showed before it stopped (a progress bar at 0 %, figures it had started) is cleared, so only its
+one line is left. Outside IPython (the grader's
 loader, plain Python) nothing is installed and the exceptions propagate.
 """
 
@@ -123,6 +124,7 @@ class _Hooks:
             return shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         self.skipped = True
         _close_new_figures()
+        _clear_cell_output()
         print(line)
         return None
 
@@ -180,6 +182,20 @@ def _close_new_figures() -> None:
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         plt.close("all")
+
+
+def _clear_cell_output() -> None:
+    """Remove what a skipped cell showed before it stopped (a progress bar at 0 %, a half table):
+    the one line says it all."""
+    import sys
+
+    progress = sys.modules.get("tqdm")
+    if progress is not None:  # bars the cell left open would redraw themselves after the clear
+        for bar in list(getattr(progress.tqdm, "_instances", ())):
+            bar.disable = True
+    from IPython.display import clear_output
+
+    clear_output()
 
 
 _installed: dict[int, _Hooks] = {}

@@ -42,7 +42,8 @@ def run_all(cells: list[str], tmp_path: Path) -> list[dict]:
             text += o.get("text", "") + o.get("data", {}).get("text/plain", "")
             text += f"{o['ename']}: {o['evalue']}" if o.output_type == "error" else ""
             images += "image/png" in o.get("data", {})
-        out.append({"ran": cell.execution_count is not None, "text": text.strip(), "images": images})
+        widgets = sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in cell.outputs)
+        out.append({"ran": cell.execution_count is not None, "text": text.strip(), "images": images, "widgets": widgets})
     return out
 
 
@@ -64,10 +65,13 @@ def test_run_all_goes_past_unwritten_exercises_and_gpu_cells(tmp_path):
         "roofs = {}\nfor k in (1, 2):\n    roofs[k] = causal_mask(k)",  # a dict half filled ...
         "fig, axes = plt.subplots(1, len(roofs))",  # ... fails later: a consequence, not an error
         "roofs = {1: 2}",  # made whole again: errors that read it are the student's own again
+        "from tqdm.auto import tqdm\nprint('partial')\nfor i in tqdm(range(3)):\n    causal_mask(i)",  # a bar at 0 %
         "print('the end')",
     ], tmp_path)
     assert all(c["ran"] for c in cells), cells
     assert cells[1]["text"] == "needs exercise 9.1 (causal_mask), not done yet", cells[1]
+    assert cells[10]["text"] == "needs exercise 9.1 (causal_mask), not done yet", "no bar, no partial output: " + cells[10]["text"]
+    assert cells[10]["widgets"] == 0, cells[10]
     assert cells[1]["images"] == 0, "a skipped plotting cell must not leave an empty figure"
     assert cells[2]["text"] == ("needs `mask` from an earlier cell, which needs exercise 9.1 (causal_mask), "
                                 "not done yet")
@@ -76,7 +80,7 @@ def test_run_all_goes_past_unwritten_exercises_and_gpu_cells(tmp_path):
     assert cells[6]["text"] == "needs exercise 9.1 (causal_mask), not done yet"
     assert cells[8]["text"] == "needs `roofs` from an earlier cell, which needs exercise 9.1 (causal_mask), not done yet"
     assert cells[8]["images"] == 0
-    assert cells[10]["text"] == "the end"
+    assert cells[11]["text"] == "the end"
 
 
 def test_run_all_goes_past_cuda_c_cells_where_nvrtc_cannot_run(tmp_path, monkeypatch):
