@@ -820,9 +820,11 @@ print("NumPy int8 @ int8:", (a8 @ b8).item(), (a8 @ b8).dtype, "   exact:", (a8.
 # multiplies 16 pairs of int16 and adds adjacent products into 8 int32 (and `vpmaddubsw` does
 # uint8 x int8 -> int16 pairs); AVX-512 VNNI fuses the add into the accumulator
 # (`vpdpwssd` for int16 pairs, `vpdpbusd` for four uint8 x int8 products per int32 lane).
-# Arm has `sdot` (four int8 products into an int32 lane) and `smlal` (widening multiply-
-# accumulate). LLVM recognises a dot product written the plain way, with int8 loads widened
-# and an int32 sum, and emits these instructions.
+# Arm has `smull`/`smlal` (widening multiply, and multiply-accumulate) on every 64-bit core, and
+# `sdot` (four int8 products into an int32 lane) on cores with Armv8.2's optional dot-product
+# extension (Apple M1 on, Neoverse N1 on); LLVM emits `sdot` only when the target CPU it is given
+# has it (Numba gives it the host's). LLVM recognises a dot product written the plain way, with
+# int8 loads widened and an int32 sum, and emits these instructions.
 #
 # **Exercise 10.6.** Write the Numba kernel `int8_dot(x, y)`: the dot product of two 1-D int8
 # arrays of equal length, accumulated and returned as an int32 (`np.int32(0)` to start, and
@@ -991,9 +993,13 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 # micro-kernel keeps a block of outputs in registers and reuses every load. Blocking the int8
 # loop the same way (4 rows of A by 2 rows of B^T, eight int32 sums per pass over k) gave 1.2x
 # lesson 06's kernel in a quick experiment, but LLVM then vectorised it with 32-bit multiplies
-# (`vpmulld`), not `vpmaddwd`: it recognises the widening pattern only in a single dot-product
-# reduction. Fast int8 on a CPU needs both, which is why libraries write these kernels with
-# intrinsics or assembly (oneDNN, FBGEMM).
+# (`vpmulld`), not `vpmaddwd`. The reason is in LLVM's x86 back end (its `X86PartialReduction`
+# pass): it turns widened multiplies feeding a sum into `vpmaddwd` only if each widened operand
+# is used once, and in a blocked loop every loaded row feeds several sums. Fast int8 on a CPU
+# needs both, which is why libraries write these kernels with intrinsics or assembly (oneDNN,
+# FBGEMM), or choose a data layout that makes the pairs explicit: B packed as int16 pairs
+# `(b[2k, j], b[2k+1, j])` side by side, multiplied by matching pairs of A and added, which LLVM
+# matches to `vpmaddwd` (and VNNI's `vpdpwssd`) in a loop over columns.
 
 # %% [markdown]
 # ### The same GEMM on a GPU: `__dp4a`
