@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 
 _STUB = re.compile(r"Exercise (\d+\.\d+): ([\w.<>]+)")
 
@@ -35,10 +36,9 @@ class SkipCell(Exception):
     """Raised to skip the rest of a notebook cell with a one-line reason (see require_gpu)."""
 
 
-def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
-    """(exercise id, function) if `exc` or an exception in its chain is an unwritten exercise's
-    stub: a NotImplementedError("Exercise L.K: name"), or an error whose text carries one (a
-    rank's error sent back from another process as text)."""
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and every exception it was raised from or during, and those of an exception group,
+    each once (depth first)."""
     seen: set[int] = set()
     todo = [exc]
     while todo:
@@ -46,12 +46,20 @@ def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
+        yield e
+        todo += [*getattr(e, "exceptions", ())[::-1], e.__context__, e.__cause__]
+
+
+def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
+    """(exercise id, function) if `exc` or an exception in its chain is an unwritten exercise's
+    stub: a NotImplementedError("Exercise L.K: name"), or an error whose text carries one (a
+    rank's error sent back from another process as text)."""
+    for e in exception_chain(exc):
         text = str(e)
         if isinstance(e, NotImplementedError) or "NotImplementedError" in text:
             m = _STUB.search(text)
             if m:
                 return m.group(1), m.group(2)
-        todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
     return None
 
 

@@ -53,13 +53,12 @@ def _feedback(report, call=None, item=None):
 def time_limit_error(exc: BaseException | None) -> BaseException | None:
     """`exc`, or the exception it was raised from or during, that reports a time limit: one with
     a numeric `time_limit` attribute (seconds). None if there is none."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        limit = getattr(exc, "time_limit", None)
+    from course.notebook import exception_chain
+
+    for e in exception_chain(exc):
+        limit = getattr(e, "time_limit", None)
         if isinstance(limit, (int, float)) and not isinstance(limit, bool):
-            return exc
-        exc = exc.__cause__ or exc.__context__
+            return e
     return None
 
 

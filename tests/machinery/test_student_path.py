@@ -120,6 +120,17 @@ def test_real_errors_still_stop_run_all_with_their_traceback(tmp_path):
     assert "TypeError" in cells[3]["text"] and not cells[4]["ran"], cells
 
 
+def test_exception_chain_visits_causes_contexts_and_groups_once():
+    from course.notebook import exception_chain
+
+    a, b, c, d = ValueError("a"), KeyError("b"), OSError("c"), TypeError("d")
+    a.__cause__, a.__context__ = b, c
+    b.__context__ = a  # a cycle
+    group = ExceptionGroup("g", [d, a])
+    assert [str(e) for e in exception_chain(group)] == ["g (2 sub-exceptions)", "d", "a", "'b'", "c"]
+    assert list(exception_chain(None)) == []
+
+
 def test_stub_exercise_finds_the_stub_in_any_chain():
     from course.notebook import defined_names, stub_exercise
 
