@@ -1,6 +1,6 @@
 """Lesson 09: tiled (FlashAttention-style) attention against naive attention.
 
-Causal attention of one head, float32, d = 64, N = 512 ... 4096:
+Causal attention of one head, float32, d = 64, N = 256 ... 4096:
 - naive: NumPy (BLAS matmuls, the N x N score matrix materialised; minitorch.attention.attention_np),
 - tiled: lesson 09's Numba kernel (minitorch.attention.flash_attention_forward, query tiles on all
   cores, tiles of 64 x 64), which skips the key tiles the causal mask hides.
@@ -107,7 +107,7 @@ def plot(rows: list[dict], out_dir: Path) -> None:
 def main(out_dir: Path) -> None:
     import numba
 
-    sizes = [512, 1024] if SMALL else [512, 1024, 2048, 4096]
+    sizes = [256, 1024] if SMALL else [256, 512, 1024, 2048, 4096]
     print(f"causal attention forward, one head, d = {D}, float32; tiled on {numba.config.NUMBA_NUM_THREADS} "
           f"threads, OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
     print(f"{'N':>5} {'naive ms':>9} {'tiled ms':>9} {'t ratio':>8} {'naive MiB':>10} {'tiled MiB':>10} "

@@ -346,7 +346,7 @@ def flash_forward_tile(q, k, v, scale, causal, i0, i1, block_k, o, lse):
                 continue  # this row sees nothing of this tile
             m_new = m[r]
             for j in range(j0, stop):
-                dot = 0.0
+                dot = q.dtype.type(0)  # the inputs' dtype: a 0.0 would sum float32 in float64, half the SIMD lanes
                 for p in range(d):
                     dot += q[i, p] * k[j, p]
                 s[j - j0] = dot * scale
@@ -432,11 +432,11 @@ def flash_backward_tile(q, k, v, do, lse, delta, scale, causal, j0, j1, dq, dk, 
             continue
         stop = min(j1, i + offset + 1) if causal else j1
         for j in range(j0, stop):
-            dot = 0.0
+            dot = q.dtype.type(0)  # sums in the inputs' dtype (a 0.0 would make them float64)
             for c in range(d):
                 dot += q[i, c] * k[j, c]
             p = math.exp(dot * scale - lse[i])
-            dp = 0.0
+            dp = q.dtype.type(0)
             for c in range(dvd):
                 dp += do[i, c] * v[j, c]
                 dv_tile[j - j0, c] += p * do[i, c]

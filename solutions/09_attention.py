@@ -1575,7 +1575,7 @@ def flash_forward_tile(q, k, v, scale, causal, i0, i1, block_k, o, lse):
                 continue  # this row sees nothing of this tile
             m_new = m[r]
             for j in range(j0, stop):
-                dot = 0.0
+                dot = q.dtype.type(0)  # the inputs' dtype: a 0.0 would sum float32 in float64, half the SIMD lanes
                 for p in range(d):
                     dot += q[i, p] * k[j, p]
                 s[j - j0] = dot * scale
@@ -1635,18 +1635,18 @@ for n_ in (256, 512, 1024) if SMALL else (512, 1024, 2048, 4096):
 
 # %% [markdown]
 # Time, on one head with d = 64 and a causal mask, float32. The tiled kernel does half of the
-# naive FLOPs (it skips the hidden tiles) but with scalar exponentials and Numba's loops; naive
-# attention does all of them with BLAS and vectorised NumPy but moves N^2 floats several times.
-# The cell prints the load and the threads, then the ratio for each N: it depends on both.
-# Measured on the 2-core machine of this course at a load of 1.9: with one BLAS and Numba thread
-# (what `make lab` sets) the tiled forward was 1.9 to 2.1x faster than naive at every N from 512
-# to 4096; with two threads 1.1 to 1.8x (naive's BLAS gains more from the second core);
-# `make bench L=attention` gave 0.95 to 1.74x on two threads, and single runs of this cell as
-# low as 0.6x for one N. Its peak memory is 21x (N = 512) to 181x (N = 4096) smaller.
+# naive FLOPs (it skips the hidden tiles) but one dot product at a time, with scalar
+# exponentials; naive attention does all of them with BLAS and vectorised NumPy but moves N^2
+# floats several times. So naive wins where N^2 floats still fit in the caches (N = 256: 256 KiB
+# of scores) and the tiled kernel wins from there on, by more as N grows. The cell prints the
+# load and the threads, then the ratio for each N: it depends on both. One detail decides a
+# factor of about 1.5: the kernel's sums start from `q.dtype.type(0)`, not `0.0`, because Numba
+# types `0.0` as float64 and would then widen every float32 product to float64, half as many
+# per SIMD instruction.
 
 # %% tags=["demo"]
 print(load_report())
-for n_ in (512, 1024) if SMALL else (512, 1024, 2048, 4096):
+for n_ in (256, 1024) if SMALL else (256, 512, 1024, 2048, 4096):
     q, k, v = (rng.standard_normal((1, n_, 64)).astype(np.float32) for _ in range(3))
     t_naive = benchmark(naive_causal, q, k, v, repeat=3).min
     t_flash = benchmark(flash_attention_forward, q, k, v, True, repeat=3).min
@@ -1744,11 +1744,11 @@ def flash_backward_tile(q, k, v, do, lse, delta, scale, causal, j0, j1, dq, dk, 
             continue
         stop = min(j1, i + offset + 1) if causal else j1
         for j in range(j0, stop):
-            dot = 0.0
+            dot = q.dtype.type(0)  # sums in the inputs' dtype (a 0.0 would make them float64)
             for c in range(d):
                 dot += q[i, c] * k[j, c]
             p = math.exp(dot * scale - lse[i])
-            dp = 0.0
+            dp = q.dtype.type(0)
             for c in range(dvd):
                 dp += do[i, c] * v[j, c]
                 dv_tile[j - j0, c] += p * do[i, c]
