@@ -503,3 +503,122 @@ def ep_dp_train_step(comm: Communicator, dp_comm: Communicator, model: ExpertPar
             g = p.grad.data if p.grad is not None else np.zeros_like(p.data)
             p.data -= lr * allreduce(group, g)
     return loss.item()
+
+
+from dataclasses import dataclass
+
+from minitorch.model_parallel import ClusterSpec, Estimate, link_for, ring_allreduce_time
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """An MoE transformer for planning: n_layer layers of width d_model, n_head query and n_kv_head
+    key/value heads, n_experts experts of d_ff (SwiGLU: 3 matrices), top-k routing, vocabulary
+    vocab (untied output layer); global batch of `batch` sequences of seq_len tokens."""
+    name: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    d_ff: int
+    n_experts: int
+    k: int
+    vocab: int
+    seq_len: int
+    batch: int
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of all experts of all layers."""
+        return self.n_layer * self.n_experts * 3 * self.d_model * self.d_ff
+
+    @property
+    def dense_params(self) -> int:
+        """Everything else: attention, router and two norms per layer, embeddings, output layer, final norm."""
+        d = self.d_model
+        attn = 2 * d * d + 2 * d * (d * self.n_kv_head // self.n_head)
+        return self.n_layer * (attn + d * self.n_experts + 2 * d) + 2 * self.vocab * d + d
+
+    @property
+    def total_params(self) -> int:
+        return self.dense_params + self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: the dense part and k experts per layer."""
+        return self.dense_params + self.expert_params * self.k // self.n_experts
+
+
+MIXTRAL_8X7B = MoESpec("Mixtral 8x7B", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336, n_experts=8,
+                       k=2, vocab=32000, seq_len=4096, batch=512)
+
+
+def _ep_job(comm: Communicator, model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable) -> None:
+    """One rank of simulate_ep's skeleton (no arithmetic: FLOPs charged, messages of the right sizes)."""
+    n = comm.size
+    d_i, e_i = divmod(comm.rank, ep)
+    ep_group = comm.group([d_i * ep + j for j in range(ep)])
+    dp_group = comm.group([x * ep + e_i for x in range(n // ep)])
+    b = model.batch * model.seq_len // n
+    rows = model.k * b // ep
+    block = np.zeros((ep * rows, 2 * model.d_model), np.uint8)
+    counts = [rows] * ep
+    per_layer = model.active_params / model.n_layer
+    for kind, flops in (("F", 2 * per_layer * b), ("B", 4 * per_layer * b)):
+        for _ in range(model.n_layer):
+            comm.compute(flops=flops, kind=kind)
+            for _ in range(2):
+                a2a(ep_group, block, counts, counts)
+    ring_allreduce(dp_group, np.zeros(2 * model.expert_params // ep, np.uint8))
+    ring_allreduce(comm, np.zeros(2 * model.dense_params, np.uint8))
+
+
+def simulate_ep(model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable | None = None) -> RunResult:
+    """Run one EP x DP training step of `model` as a skeleton on the simulator (the cluster's alpha,
+    beta, flop_rate; one kind of link, so the node link must equal the network's): per layer the
+    forward FLOPs then two all-to-alls of the routed rows, the same for the backward (twice the
+    FLOPs), then ring all-reduces of the 16-bit expert gradients over the DP group and of the dense
+    gradients over all ranks. a2a: the all-to-all (default all_to_all). Small models only: the
+    messages are real arrays."""
+    if cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta):
+        raise ValueError("simulate_ep has one kind of link: give a cluster whose node link equals its network")
+    if cluster.n_ranks % ep or model.n_experts % ep or (model.batch * model.seq_len) % cluster.n_ranks \
+            or (model.k * model.batch * model.seq_len // cluster.n_ranks) % ep:
+        raise ValueError(f"simulate_ep: ep={ep} must divide the {cluster.n_ranks} ranks, the {model.n_experts} experts "
+                         "and the routed rows per rank, and the ranks the batch's tokens")
+    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, alpha=cluster.alpha,
+               beta=cluster.beta, flop_rate=cluster.flop_rate)
+
+
+def estimate_ep(model: MoESpec, cluster: ClusterSpec, ep: int) -> Estimate:
+    """Memory per rank (bytes) and step time (seconds) of expert groups of `ep` ranks (dp =
+    n_ranks / ep replicas), by the formulas above. ValueError naming the problem unless ep >= 1
+    divides cluster.n_ranks and model.n_experts."""
+    n = cluster.n_ranks
+    ep = check_int("estimate_ep", "ep", ep, 1)
+    if n % ep or model.n_experts % ep:
+        raise ValueError(f"estimate_ep: ep={ep} must divide the {n} ranks and the {model.n_experts} experts")
+    dp = n // ep
+    p_dense, p_exp = model.dense_params, model.expert_params
+    memory = 4 * (p_dense + p_exp / ep) + 12 * (p_dense / n + p_exp / (ep * dp))
+    b = model.batch * model.seq_len / n
+    compute = 6 * model.active_params * b / cluster.flop_rate
+    alpha, beta = link_for(cluster, ep)
+    t_a2a = (ep - 1) * (alpha + model.k * b * 2 * model.d_model / ep * beta)
+    grads = (ring_allreduce_time(dp, 2 * p_exp / ep, *link_for(cluster, n))
+             + ring_allreduce_time(n, 2 * p_dense, *link_for(cluster, n)))
+    return Estimate(memory, compute + 4 * model.n_layer * t_a2a + grads)
+
+
+def best_ep(model: MoESpec, cluster: ClusterSpec) -> tuple[int, Estimate]:
+    """The fastest ep (dividing n_ranks and n_experts) whose memory fits cluster.memory; ties: the
+    smaller ep. ValueError naming the smallest memory needed if none fits."""
+    options = [(estimate_ep(model, cluster, ep), ep) for ep in range(1, cluster.n_ranks + 1)
+               if cluster.n_ranks % ep == 0 and model.n_experts % ep == 0]
+    fits = [(est.time, ep, est) for est, ep in options if est.memory <= cluster.memory]
+    if not fits:
+        est, ep = min(options, key=lambda o: o[0].memory)
+        raise ValueError(f"best_ep: no ep fits {model.name} in {cluster.memory / 1e9:.3g} GB per rank; the smallest, "
+                         f"ep={ep}, needs {est.memory / 1e9:.3g} GB")
+    _, ep, est = min(fits, key=lambda f: (f[0], f[1]))
+    return ep, est

@@ -946,3 +946,226 @@ print("max |EP - one process|:", np.abs(np.concatenate([r[0] for r in ep_run.res
 print("bytes sent per rank:", ep_run.bytes_sent(), f"simulated step {ep_run.time * 1e6:.1f} us")
 ep_run.plot(title="expert parallelism: dispatch and combine all-to-alls, forward and backward")
 plt.show()
+
+# %% [markdown]
+# ## 6. Expert parallelism in the planner
+#
+# Lesson 13's planner chose data, tensor and pipeline parallelism for a dense GPT. An MoE model
+# adds a choice: over how many ranks (`ep`) to spread each layer's experts. More ranks per expert
+# group means fewer expert parameters per rank (memory), but more of every token's hidden state
+# leaves the rank, over more messages, and beyond one node over slower links (time).
+#
+# The model (`MoESpec`, given) counts parameters as Mixtral does: per layer, attention with
+# grouped KV heads, a router, and E experts of three `d x d_ff` matrices (SwiGLU); embeddings and
+# an untied output layer. For Mixtral 8x7B (Jiang et al. 2024) that gives the paper's 46.7 B
+# total and 12.9 B active parameters.
+#
+# The plan: `n` ranks, expert groups of `ep` consecutive ranks (`dp = n / ep` replicas), the
+# non-expert part data-parallel over all n ranks, every rank with `b = batch * seq_len / n`
+# tokens. With 16-bit weights and gradients and the 12 bytes per parameter of fp32 master
+# weights and Adam moments sharded over each parameter's data-parallel group (ZeRO-1, lesson 12):
+#
+# - memory per rank = `4 P_rank + 12 (P_dense / n + P_experts / (ep * dp))` with
+#   `P_rank = P_dense + P_experts / ep` (activations left out: assume full recomputation);
+# - compute = `6 * P_active * b / flop_rate` (the 6ND rule of lesson 04);
+# - all-to-all: 4 per layer (dispatch and combine, forward and backward), each sending `k * b`
+#   rows of `2 d` bytes spread evenly over the ep ranks: `t_a2a = (ep - 1)(alpha + k b 2 d / ep * beta)`
+#   on the link `link_for(cluster, ep)` (NVLink when the group fits in a node);
+# - gradients: lesson 12's ring all-reduce of the 16-bit expert gradients over the DP group
+#   (`2 P_experts / ep` bytes, on the network link unless the whole cluster is one node) and of
+#   the dense gradients over all n ranks;
+# - time = compute + `4 * n_layer * t_a2a` + both all-reduces (nothing overlapped).
+#
+# `best_ep` tries every ep that divides both n and E, keeps those whose memory fits, and picks
+# the fastest (ties: the smaller ep). `simulate_ep` (given) runs the same step as a skeleton on
+# the communicator's simulator, messages of the right sizes and FLOPs charged, to check the
+# formulas.
+#
+# **Exercise 16.6.** Write `estimate_ep` and `best_ep`.
+
+# %%
+#| export
+from dataclasses import dataclass
+
+from minitorch.model_parallel import ClusterSpec, Estimate, link_for, ring_allreduce_time
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """An MoE transformer for planning: n_layer layers of width d_model, n_head query and n_kv_head
+    key/value heads, n_experts experts of d_ff (SwiGLU: 3 matrices), top-k routing, vocabulary
+    vocab (untied output layer); global batch of `batch` sequences of seq_len tokens."""
+    name: str
+    n_layer: int
+    d_model: int
+    n_head: int
+    n_kv_head: int
+    d_ff: int
+    n_experts: int
+    k: int
+    vocab: int
+    seq_len: int
+    batch: int
+
+    @property
+    def expert_params(self) -> int:
+        """Parameters of all experts of all layers."""
+        return self.n_layer * self.n_experts * 3 * self.d_model * self.d_ff
+
+    @property
+    def dense_params(self) -> int:
+        """Everything else: attention, router and two norms per layer, embeddings, output layer, final norm."""
+        d = self.d_model
+        attn = 2 * d * d + 2 * d * (d * self.n_kv_head // self.n_head)
+        return self.n_layer * (attn + d * self.n_experts + 2 * d) + 2 * self.vocab * d + d
+
+    @property
+    def total_params(self) -> int:
+        return self.dense_params + self.expert_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: the dense part and k experts per layer."""
+        return self.dense_params + self.expert_params * self.k // self.n_experts
+
+
+MIXTRAL_8X7B = MoESpec("Mixtral 8x7B", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, d_ff=14336, n_experts=8,
+                       k=2, vocab=32000, seq_len=4096, batch=512)
+
+
+def _ep_job(comm: Communicator, model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable) -> None:
+    """One rank of simulate_ep's skeleton (no arithmetic: FLOPs charged, messages of the right sizes)."""
+    n = comm.size
+    d_i, e_i = divmod(comm.rank, ep)
+    ep_group = comm.group([d_i * ep + j for j in range(ep)])
+    dp_group = comm.group([x * ep + e_i for x in range(n // ep)])
+    b = model.batch * model.seq_len // n
+    rows = model.k * b // ep
+    block = np.zeros((ep * rows, 2 * model.d_model), np.uint8)
+    counts = [rows] * ep
+    per_layer = model.active_params / model.n_layer
+    for kind, flops in (("F", 2 * per_layer * b), ("B", 4 * per_layer * b)):
+        for _ in range(model.n_layer):
+            comm.compute(flops=flops, kind=kind)
+            for _ in range(2):
+                a2a(ep_group, block, counts, counts)
+    ring_allreduce(dp_group, np.zeros(2 * model.expert_params // ep, np.uint8))
+    ring_allreduce(comm, np.zeros(2 * model.dense_params, np.uint8))
+
+
+def simulate_ep(model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable | None = None) -> RunResult:
+    """Run one EP x DP training step of `model` as a skeleton on the simulator (the cluster's alpha,
+    beta, flop_rate; one kind of link, so the node link must equal the network's): per layer the
+    forward FLOPs then two all-to-alls of the routed rows, the same for the backward (twice the
+    FLOPs), then ring all-reduces of the 16-bit expert gradients over the DP group and of the dense
+    gradients over all ranks. a2a: the all-to-all (default all_to_all). Small models only: the
+    messages are real arrays."""
+    if cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta):
+        raise ValueError("simulate_ep has one kind of link: give a cluster whose node link equals its network")
+    if cluster.n_ranks % ep or model.n_experts % ep or (model.batch * model.seq_len) % cluster.n_ranks \
+            or (model.k * model.batch * model.seq_len // cluster.n_ranks) % ep:
+        raise ValueError(f"simulate_ep: ep={ep} must divide the {cluster.n_ranks} ranks, the {model.n_experts} experts "
+                         "and the routed rows per rank, and the ranks the batch's tokens")
+    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, alpha=cluster.alpha,
+               beta=cluster.beta, flop_rate=cluster.flop_rate)
+
+# %%
+#| export
+#| exercise 16.6
+def estimate_ep(model: MoESpec, cluster: ClusterSpec, ep: int) -> Estimate:
+    """Memory per rank (bytes) and step time (seconds) of expert groups of `ep` ranks (dp =
+    n_ranks / ep replicas), by the formulas above. ValueError naming the problem unless ep >= 1
+    divides cluster.n_ranks and model.n_experts."""
+    ### BEGIN SOLUTION
+    n = cluster.n_ranks
+    ep = check_int("estimate_ep", "ep", ep, 1)
+    if n % ep or model.n_experts % ep:
+        raise ValueError(f"estimate_ep: ep={ep} must divide the {n} ranks and the {model.n_experts} experts")
+    dp = n // ep
+    p_dense, p_exp = model.dense_params, model.expert_params
+    memory = 4 * (p_dense + p_exp / ep) + 12 * (p_dense / n + p_exp / (ep * dp))
+    b = model.batch * model.seq_len / n
+    compute = 6 * model.active_params * b / cluster.flop_rate
+    alpha, beta = link_for(cluster, ep)
+    t_a2a = (ep - 1) * (alpha + model.k * b * 2 * model.d_model / ep * beta)
+    grads = (ring_allreduce_time(dp, 2 * p_exp / ep, *link_for(cluster, n))
+             + ring_allreduce_time(n, 2 * p_dense, *link_for(cluster, n)))
+    return Estimate(memory, compute + 4 * model.n_layer * t_a2a + grads)
+    ### END SOLUTION
+
+
+def best_ep(model: MoESpec, cluster: ClusterSpec) -> tuple[int, Estimate]:
+    """The fastest ep (dividing n_ranks and n_experts) whose memory fits cluster.memory; ties: the
+    smaller ep. ValueError naming the smallest memory needed if none fits."""
+    ### BEGIN SOLUTION
+    options = [(estimate_ep(model, cluster, ep), ep) for ep in range(1, cluster.n_ranks + 1)
+               if cluster.n_ranks % ep == 0 and model.n_experts % ep == 0]
+    fits = [(est.time, ep, est) for est, ep in options if est.memory <= cluster.memory]
+    if not fits:
+        est, ep = min(options, key=lambda o: o[0].memory)
+        raise ValueError(f"best_ep: no ep fits {model.name} in {cluster.memory / 1e9:.3g} GB per rank; the smallest, "
+                         f"ep={ep}, needs {est.memory / 1e9:.3g} GB")
+    _, ep, est = min(fits, key=lambda f: (f[0], f[1]))
+    return ep, est
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("16.6")
+
+# %% [markdown]
+# Mixtral 8x7B (global batch 512 x 4096 tokens) on 64 H100s (80 GB, 400 TFLOP/s of bf16 at a
+# realistic utilisation), in nodes of 8 with NVLink inside and one 400 Gb/s NIC per GPU between
+# (the links of [interconnects](../hardware_notes/interconnects.md#alpha-and-beta-for-lessons-12-13)),
+# and the same GPUs in nodes of 4: with 4-GPU nodes, ep = 8 sends its all-to-alls over the
+# network and the planner's pick changes.
+
+# %% tags=["demo"]
+m = MIXTRAL_8X7B
+print(f"{m.name}: {m.total_params / 1e9:.1f} B parameters, {m.active_params / 1e9:.1f} B active per token")
+for node in (8, 4):
+    h100s = ClusterSpec(n_ranks=64, memory=80e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9, node_size=node,
+                        alpha_node=3.4e-6, beta_node=1 / 450e9)
+    print(f"\n64 H100s in nodes of {node}:")
+    print(f"{'ep':>3} {'memory/rank':>12} {'step':>9} {'all-to-all share':>17}")
+    for ep in (1, 2, 4, 8):
+        est = estimate_ep(m, h100s, ep)
+        alpha, beta = link_for(h100s, ep)
+        b = m.batch * m.seq_len / 64
+        a2a_time = 4 * m.n_layer * (ep - 1) * (alpha + m.k * b * 2 * m.d_model / ep * beta)
+        print(f"{ep:>3} {est.memory / 1e9:>10.1f}GB {est.time:>8.2f}s {a2a_time / est.time:>16.1%}"
+              + ("" if est.memory <= h100s.memory else "   does not fit"))
+    ep, est = best_ep(m, h100s)
+    print(f"planner's pick: ep = {ep} ({est.memory / 1e9:.1f} GB per rank, {est.time:.2f} s per step)")
+
+# %% [markdown]
+# And the formulas against the simulator, on a model small enough to run as a skeleton (the
+# simulator has one kind of link, so the cluster has one):
+
+# %% tags=["demo"]
+small = MoESpec("small", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=128, n_experts=8, k=2, vocab=128,
+                seq_len=32, batch=16)
+cl = ClusterSpec(n_ranks=8, memory=1e12, flop_rate=1e11, alpha=5e-6, beta=1e-9)
+for ep in (1, 2, 4, 8):
+    sim_t = simulate_ep(small, cl, ep).time
+    est_t = estimate_ep(small, cl, ep).time
+    print(f"ep = {ep}: estimate {est_t * 1e3:.4f} ms, simulated {sim_t * 1e3:.4f} ms, ratio {sim_t / est_t:.6f}")
+
+# %% [markdown]
+# ## Where to go from here
+#
+# - **Real kernels.** MegaBlocks (Gale et al. 2023) runs the grouped GEMM as block-sparse
+#   matrix products on GPUs; PyTorch now has `torch._grouped_mm`, and vLLM and SGLang fuse
+#   routing, permutation and the expert GEMMs into one kernel ("fused MoE").
+# - **Faster all-to-all.** DeepEP (DeepSeek 2025) sends each token once per node over InfiniBand
+#   and forwards it over NVLink inside the node, and overlaps the exchanges with computation;
+#   DeepSeek-V3 limits each token to experts on at most 4 nodes for the same reason.
+# - **Shared experts and fine-grained experts** (DeepSeek-MoE): many small experts plus one that
+#   every token uses; the planner's formulas carry over with two expert kinds.
+#
+# Sources: Shazeer et al. 2017, "Outrageously large neural networks: the sparsely-gated
+# mixture-of-experts layer"; Lepikhin et al. 2021, "GShard"; Fedus, Zoph and Shazeer 2022,
+# "Switch Transformers"; Zoph et al. 2022, "ST-MoE" (router z-loss); Jiang et al. 2024,
+# "Mixtral of experts"; DeepSeek-AI 2024, "DeepSeek-V3 technical report" (auxiliary-loss-free
+# balancing); Wang et al. 2024, "Auxiliary-loss-free load balancing strategy for mixture-of-
+# experts"; Gale et al. 2023, "MegaBlocks: efficient sparse training with mixture-of-experts";
+# Tazi et al. 2025, "The Ultra-Scale Playbook" (Hugging Face), section on expert parallelism.

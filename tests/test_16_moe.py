@@ -174,6 +174,19 @@ def oracle_a2a(comm, x, send_counts, recv_counts, tag=0):
     return np.concatenate(parts, axis=0)
 
 
+def oracle_pairwise_a2a(comm, x, send_counts, recv_counts, tag=0):
+    """The pairwise exchange's schedule (the one the cost formula describes), written by the test."""
+    x = np.asarray(x)
+    n, r = comm.size, comm.rank
+    off = np.concatenate([[0], np.cumsum(np.asarray(send_counts).reshape(-1))]).astype(int)
+    parts = [None] * n
+    parts[r] = x[off[r]:off[r + 1]].copy()
+    for s in range(1, n):
+        comm.send(x[off[(r + s) % n]:off[(r + s) % n + 1]], (r + s) % n, tag=tag + 60)
+        parts[(r - s) % n] = comm.recv((r - s) % n, tag=tag + 60)
+    return np.concatenate(parts, axis=0)
+
+
 def layer_np(lesson, layer):
     return layer.router.numpy(), layer.w1.numpy(), layer.w2.numpy()
 
@@ -812,3 +825,79 @@ def test_mpi_all_to_all(lesson, mpi_runs):
 @pytest.mark.exercise("16.5")
 def test_mpi_expert_parallel(lesson, mpi_runs):
     mpi_runs.check("test_mpi_expert_parallel")
+
+
+# ---------------------------------------------------------------- 16.6 EP in the planner
+
+
+def planner_specs(lesson):
+    small = lesson.MoESpec("small", n_layer=2, d_model=16, n_head=4, n_kv_head=2, d_ff=24, n_experts=8, k=2, vocab=40,
+                           seq_len=8, batch=8)
+    odd = lesson.MoESpec("odd", n_layer=3, d_model=12, n_head=3, n_kv_head=1, d_ff=20, n_experts=6, k=3, vocab=30,
+                         seq_len=6, batch=4)
+    return small, odd
+
+
+def ep_formula(model, n, ep, flop_rate, links, node_size):
+    """The test's own reading of the formulas: links = {"node": (a, b), "net": (a, b)}."""
+    def link(span):
+        return links["node"] if span <= node_size and node_size % span == 0 else links["net"]
+
+    def ring(p, nbytes, a, b):
+        return 2 * (p - 1) * (a + nbytes / p * b) if p > 1 else 0.0
+    dp = n // ep
+    pd, pe = model.dense_params, model.expert_params
+    mem = 4 * (pd + pe / ep) + 12 * (pd / n + pe / n)
+    b = model.batch * model.seq_len / n
+    a, be = link(ep)
+    t = 6 * model.active_params * b / flop_rate + 4 * model.n_layer * (ep - 1) * (a + model.k * b * 2 * model.d_model / ep * be)
+    t += ring(dp, 2 * pe / ep, *link(n)) + ring(n, 2 * pd, *link(n))
+    return mem, t
+
+
+@pytest.mark.exercise("16.6")
+def test_mixtral_counts_are_the_papers(lesson):
+    m = lesson.MIXTRAL_8X7B
+    assert round(m.total_params / 1e9, 1) == 46.7 and round(m.active_params / 1e9, 1) == 12.9
+    cl = lesson.ClusterSpec(n_ranks=64, memory=80e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9, node_size=8,
+                            alpha_node=3.4e-6, beta_node=1 / 450e9)
+    links = {"node": (3.4e-6, 1 / 450e9), "net": (14e-6, 1 / 50e9)}
+    for ep in (1, 2, 4, 8):
+        got = lesson.estimate_ep(m, cl, ep)
+        mem, t = ep_formula(m, 64, ep, 400e12, links, 8)
+        assert math.isclose(got.memory, mem, rel_tol=1e-9) and math.isclose(got.time, t, rel_tol=1e-9), \
+            f"Mixtral 8x7B on 64 H100s (nodes of 8), ep={ep}: expected memory {mem / 1e9:.4f} GB and time {t:.6f} s " \
+            f"from the formulas, got {got.memory / 1e9:.4f} GB, {got.time:.6f} s"
+
+
+@pytest.mark.exercise("16.6")
+def test_best_ep_picks_the_fastest_that_fits_and_changes_with_the_node(lesson):
+    m = lesson.MIXTRAL_8X7B
+    links = {"node": (3.4e-6, 1 / 450e9), "net": (14e-6, 1 / 50e9)}
+    for node in (8, 4, 2):
+        cl = lesson.ClusterSpec(n_ranks=64, memory=80e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9, node_size=node,
+                                alpha_node=3.4e-6, beta_node=1 / 450e9)
+        table = {ep: ep_formula(m, 64, ep, 400e12, links, node) for ep in (1, 2, 4, 8)}
+        want = min((t, ep) for ep, (mem, t) in table.items() if mem <= 80e9)[1]
+        ep, est = lesson.best_ep(m, cl)
+        assert ep == want, f"nodes of {node}: (memory GB, time s) per ep {({e: (round(a / 1e9, 1), round(b, 3)) for e, (a, b) in table.items()})}: " \
+                           f"the fastest that fits in 80 GB is ep={want}, got ep={ep}"
+    tight = lesson.ClusterSpec(n_ranks=64, memory=20e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9)
+    with pytest.raises(ValueError, match=r"GB"):
+        lesson.best_ep(m, tight)
+    with pytest.raises(ValueError, match=r"ep"):
+        lesson.estimate_ep(m, tight, 3)
+
+
+@pytest.mark.exercise("16.6")
+@pytest.mark.parametrize("which,n", [(0, 8), (0, 4), (1, 6)])
+def test_estimate_ep_matches_the_simulator(lesson, which, n):
+    model = planner_specs(lesson)[which]
+    cl = lesson.ClusterSpec(n_ranks=n, memory=1e12, flop_rate=1e9, alpha=5e-6, beta=1e-9)
+    for ep in range(1, n + 1):
+        if n % ep or model.n_experts % ep or (model.k * model.batch * model.seq_len // n) % ep:
+            continue
+        sim_t = lesson.simulate_ep(model, cl, ep, a2a=oracle_pairwise_a2a).time
+        est = lesson.estimate_ep(model, cl, ep)
+        assert math.isclose(est.time, sim_t, rel_tol=1e-6), \
+            f"{model.name} on {n} ranks, ep={ep}: the simulator's step takes {sim_t:.9g} s, the estimate says {est.time:.9g} s"
