@@ -399,9 +399,11 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
     offsets = np.concatenate([[0], np.cumsum(send)])
     parts: list = [None] * n
     parts[r] = x[offsets[r]:offsets[r + 1]].copy()
-    for s in range(1, n):
-        dst, src = (r + s) % n, (r - s) % n
+    for s in range(1, n):  # sends are buffered: post them all, then receive in the same order
+        dst = (r + s) % n
         comm.send(x[offsets[dst]:offsets[dst + 1]], dst, tag=tag)
+    for s in range(1, n):
+        src = (r - s) % n
         got = comm.recv(src, tag=tag)
         if got.shape[1:] != x.shape[1:] or got.shape[0] != recv[src] or got.dtype != x.dtype:
             raise ValueError(f"{what}: rank {r} expected {recv[src]} rows of shape {x.shape[1:]} and dtype {x.dtype} "
