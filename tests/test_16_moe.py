@@ -231,6 +231,14 @@ def test_top_k_gating_picks_k_largest_and_renormalises(lesson, t, e, k, seed):
 
 
 @pytest.mark.exercise("16.1")
+def test_top_k_gating_no_tokens(lesson):
+    g = lesson.top_k_gating(Tensor(np.zeros((0, 4))), 2)
+    assert np.asarray(g.experts).shape == (0, 2) and g.weights.shape == (0, 2) and g.probs.shape == (0, 4), \
+        f"no tokens: experts (0, 2), weights (0, 2), probs (0, 4); got {np.asarray(g.experts).shape}, " \
+        f"{g.weights.shape}, {g.probs.shape}"
+
+
+@pytest.mark.exercise("16.1")
 def test_top_k_gating_ties_go_to_the_lowest_index(lesson):
     cases = [(np.zeros((2, 5)), 2, [[0, 1], [0, 1]]),
              (np.array([[1.0, 3.0, 3.0, 0.0]]), 2, [[1, 2]]),
@@ -502,6 +510,8 @@ def test_scatter_rows_values_and_gradient(lesson):
     close(st_.grad, g[index], "the gradient of scatter_rows is the gather g[index]")
     with pytest.raises(ValueError, match=r"index"):
         lesson.scatter_rows(Tensor(src), np.array([0, 1, 2, 3, 4, 5]), 5)
+    with pytest.raises(ValueError, match=r"group_sizes"):
+        lesson.grouped_matmul(Tensor(np.ones((4, 2))), np.array([1, 2]), Tensor(np.ones((2, 2, 3))))
 
 
 @pytest.mark.exercise("16.3")
@@ -530,6 +540,8 @@ def test_moe_layer_equals_dense_reference_values_and_every_gradient(lesson, t, c
 def test_moe_layer_gradient_check_and_shapes(lesson):
     ops = oracle_ops(lesson, lesson.grouped_matmul, lesson.scatter_rows)
     layer = make_layer(lesson, 3, 3, 2, 4, seed=1, ops=ops)
+    with pytest.raises(ValueError, match=r"n_embd|shape"):
+        layer(Tensor(np.ones((2, 4))))
     x = np.random.default_rng(2).standard_normal((2, 3, 3))
     out = layer(Tensor(x))
     assert out.shape == (2, 3, 3), f"MoEMLP keeps the input's shape (B, T, C): expected (2, 3, 3), got {out.shape}"
@@ -650,6 +662,17 @@ def test_exchange_counts_and_mismatch(lesson):
     with pytest.raises(ValueError, match=r"rank 1.*rank \d|rank \d.*rank 1"):
         sim(lesson, wrong_recv, 3, lesson.all_to_all, counts, xs)
 
+    def wrong_send(comm, a2a):
+        return a2a(comm, np.ones((5, 2)), [2, 2], [2, 2])
+    with pytest.raises(ValueError, match=r"send"):
+        sim(lesson, wrong_send, 2, lesson.all_to_all)
+
+    def alone(comm, a2a):
+        x = np.ones((3, 2))
+        return np.shares_memory(a2a(comm, x, [3], [3]), x)
+    assert not sim(lesson, alone, 1, lesson.all_to_all).results[0], \
+        "on one rank all_to_all must still return a new array, not a view of x"
+
 
 # ---------------------------------------------------------------- 16.5 expert parallelism
 
@@ -715,6 +738,14 @@ def test_expert_parallel_equals_one_process(lesson, n, e, k):
         lo = hi
     router_sum = sum(r[2][0] for r in res.results)
     close(router_sum, ref[1].grad.numpy(), f"EP on {n} ranks: the router gradients summed over ranks")
+    if n == 2:
+        bad = make_layer(lesson, 4, 3, 1, 5, seed=0, ops=oracle_ops(lesson))
+        with pytest.raises(ValueError, match=r"3 experts.*2 ranks"):
+            sim(lesson, ep_bad_job, 2, lesson.ExpertParallelMoE, bad)
+
+
+def ep_bad_job(comm, EP, layer):
+    return EP(comm, layer, a2a=oracle_a2a)
 
 
 def ep_dp_job(comm, EP, step, ep_dp_groups, layer, xs, ys, ep, steps, lr, total, allreduce):
