@@ -933,30 +933,50 @@ def ep_dp_train_step(comm: Communicator, dp_comm: Communicator, model: ExpertPar
 check("16.5")
 
 # %% [markdown]
-# One EP forward and backward on 4 simulated ranks (8 experts, top-2, 64 tokens per rank), its
-# timeline (the two all-to-alls of the forward pass, then the two of the backward pass, the
-# grouped GEMMs charged as compute), and its bytes, against one process.
+# One EP forward and backward on 4 simulated ranks (8 experts, top-2, 64 tokens per rank) against
+# one process, its bytes, and its timeline: in the forward pass the all-to-all of the counts, the
+# dispatch all-to-all, the local experts' GEMMs (F, charged at 10 GFLOP/s by a wrapper around
+# `grouped_matmul`), the combine all-to-all; then the backward's GEMMs (B) and its two
+# all-to-alls.
 
 # %% tags=["demo"]
-def ep_demo(comm, layer, xs, flop_rate):
+def charged(comm):
+    """grouped_matmul that also charges its FLOPs to the simulated clock, forward and backward."""
+    def gm(x, sizes, w):
+        y = grouped_matmul(x, sizes, w)
+        f = 2.0 * x.shape[0] * w.shape[1] * w.shape[2]
+        comm.compute(flops=f, kind="F")
+
+        def vjp(g):
+            comm.compute(flops=2 * f, kind="B")
+            return (g,)
+        return y._record(y._new(y.data), (y,), vjp, "charge")
+    return gm
+
+
+def ep_demo(comm, layer, xs):
     ep = ExpertParallelMoE(comm, layer)
+    ep.ops = MoEOps(top_k_gating, dispatch, charged(comm), scatter_rows)
     x = Tensor(xs[comm.rank], requires_grad=True)
     out = ep(x)
-    comm.compute(flops=2 * 2 * xs.shape[-1] * layer.w1.shape[2] * layer.k * len(xs[comm.rank]), kind="F")
     (out * out).sum().backward()
-    comm.compute(flops=2 * 2 * 2 * xs.shape[-1] * layer.w1.shape[2] * layer.k * len(xs[comm.rank]), kind="B")
     return out.numpy(), ep.w1.grad.numpy()
 
 
 rng = np.random.default_rng(3)
 ep_layer = MoEMLP(32, 8, 2, 64, rng, dtype=np.float64, init=0.5)
 xs_ep = rng.standard_normal((4, 64, 32))
-ep_run = run(ep_demo, 4, ep_layer, xs_ep, 1e11, alpha=5e-6, beta=1e-10)
+ep_run = run(ep_demo, 4, ep_layer, xs_ep, alpha=5e-6, beta=1e-10, flop_rate=1e10)
 single = ep_layer(Tensor(xs_ep.reshape(-1, 32))).numpy()
 print("max |EP - one process|:", np.abs(np.concatenate([r[0] for r in ep_run.results]) - single).max())
 print("bytes sent per rank:", ep_run.bytes_sent(), f"simulated step {ep_run.time * 1e6:.1f} us")
 ep_run.plot(title="expert parallelism: dispatch and combine all-to-alls, forward and backward")
 plt.show()
+
+# %% [markdown]
+# The ranks whose experts received the most rows compute longest, and the others wait for them
+# (grey) in the next all-to-all: in expert parallelism the busiest expert sets the step time,
+# which is what the balancing of section 1 is for.
 
 # %% [markdown]
 # ## 6. Expert parallelism in the planner
