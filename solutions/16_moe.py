@@ -221,9 +221,12 @@ def update_bias(bias: np.ndarray, load: np.ndarray, rate: float) -> np.ndarray:
 check("16.1")
 
 # %% [markdown]
-# A router at initialisation and its balance. 4096 random tokens, 8 experts, k = 2; a router whose
-# weights favour expert 0 gets a large auxiliary loss; a uniform one (all logits equal) sends
-# every token to experts 0 and 1 by the tie rule, and the loss says so.
+# Three routers and their balance on 4096 random tokens, 8 experts, k = 2: a random one, one whose
+# weights favour expert 0 (a larger auxiliary loss), and a zero router, all of whose logits tie:
+# the tie rule sends every token to experts 0 and 1, yet its auxiliary loss is exactly 1, the
+# balanced value. With uniform probabilities `P_i = 1/N` the loss is `sum_i f_i = 1` whatever
+# the counts: it sees the load only through the probabilities it can move (and a random
+# initialisation breaks such ties at once).
 
 # %% tags=["demo"]
 rng = np.random.default_rng(0)
@@ -282,9 +285,9 @@ print("final bias:", np.round(bias, 3))
 # **Dropless** (MegaBlocks). Sort the assignments by expert (stably, so token order is kept within
 # each expert), run expert e on its contiguous group of rows, un-sort. The multiply-adds are
 # `R * d_in * d_out` for R routed rows, the same as with a capacity, but no row is ever padded
-# and none dropped. The alternative a GPU would otherwise use is a padded batched matmul of
-# E x max-group rows, which at the imbalance of a real router does several times the work (the
-# benchmark measures it).
+# and none dropped. The alternative with fixed shapes is a padded batched matmul of E x
+# (largest group) rows, which does more work by the ratio of the largest group to the mean
+# (`make bench` measures both at a router's imbalance).
 #
 # A **dispatch** records the sorted assignments: for each routed row its token and its slot j
 # (which of the token's k choices), the group sizes per expert, which assignments were kept and
@@ -451,7 +454,10 @@ print("rows per expert (dropless):", d.group_sizes)
 # router and dispatch so that this exercise is graded on its own. It keeps what it decided in
 # `self.last` (logits, gate, dispatch) for the balancing losses and the load plots.
 #
-# **Exercise 16.3.** Write `grouped_matmul`, `scatter_rows` and `MoEMLP.forward`.
+# **Exercise 16.3.** Write `grouped_matmul`, `scatter_rows` and `MoEMLP.forward`. In `forward`,
+# take the pieces from `ops = self.ops or default_ops()`, flatten x to (T, C) rows and give the
+# result x's shape, compute the capacity with `expert_capacity` (given) when `capacity_factor` is
+# set, and store `self.last = LayerRecord(logits, gate, dispatch)`.
 
 # %%
 #| export
