@@ -554,6 +554,28 @@ def test_moe_layer_gradient_check_and_shapes(lesson):
 
 
 @pytest.mark.exercise("16.3")
+@pytest.mark.parametrize("cf", [None, 0.75])
+def test_moe_layer_does_routed_work_only(lesson, cf):
+    calls = []
+
+    def counting(x, sizes, w):
+        calls.append((x.shape, tuple(np.asarray(sizes).tolist()), w.shape))
+        return lesson.grouped_matmul(x, sizes, w)
+    ops = oracle_ops(lesson, counting, lesson.scatter_rows)
+    t, c, e, k, h = 24, 4, 6, 2, 5
+    layer = make_layer(lesson, c, e, k, h, seed=4, ops=ops, capacity_factor=cf)
+    x = np.random.default_rng(5).standard_normal((t, c))
+    layer(Tensor(x))
+    cap = None if cf is None else math.ceil(cf * t * k / e)
+    d = oracle_dispatch(topk_np(softmax_np(x @ layer.router.numpy()), k), e, cap)
+    rows = len(d.token)
+    want = [((rows, c), tuple(d.group_sizes.tolist()), (e, c, h)), ((rows, h), tuple(d.group_sizes.tolist()), (e, h, c))]
+    assert calls == want, \
+        f"capacity factor {cf}: the layer should run ops.grouped_matmul twice on the {rows} routed rows (grouped as " \
+        f"{d.group_sizes.tolist()}), x @ w1 then h @ w2, not every expert on every token; calls were {calls}"
+
+
+@pytest.mark.exercise("16.3")
 def test_moe_layer_with_capacity_drops_to_the_residual(lesson):
     ops = oracle_ops(lesson, lesson.grouped_matmul, lesson.scatter_rows)
     t, c, e, k = 20, 4, 4, 1
@@ -742,6 +764,39 @@ def test_expert_parallel_equals_one_process(lesson, n, e, k):
         bad = make_layer(lesson, 4, 3, 1, 5, seed=0, ops=oracle_ops(lesson))
         with pytest.raises(ValueError, match=r"3 experts.*2 ranks"):
             sim(lesson, ep_bad_job, 2, lesson.ExpertParallelMoE, bad)
+
+
+def ep_count_job(comm, EP, layer, xs):
+    log = []
+
+    def counting_a2a(comm_, x, send_counts, recv_counts, tag=0):
+        x = np.asarray(x)
+        if x.dtype.kind == "f":
+            log.append((np.asarray(send_counts).tolist(), np.asarray(recv_counts).tolist()))
+        return oracle_a2a(comm_, x, send_counts, recv_counts, tag)
+    ep = EP(comm, layer, a2a=counting_a2a)
+    out = ep(Tensor(xs[comm.rank], requires_grad=True))
+    out.sum().backward()
+    return log
+
+
+@pytest.mark.exercise("16.5")
+def test_expert_parallel_sends_each_routed_row_to_its_experts_rank(lesson):
+    n, e, k = 4, 8, 2
+    layer, xs, _ = ep_case(lesson, n, e, k, seed=77, t_per_rank=(6, 9, 0, 4))
+    res = sim(lesson, ep_count_job, n, lesson.ExpertParallelMoE, layer, xs)
+    router = layer.router.numpy()
+    sends = []
+    for r in range(n):
+        experts = topk_np(softmax_np(xs[r] @ router), k) if len(xs[r]) else np.zeros((0, k), np.int64)
+        sends.append(np.bincount(experts.ravel() // (e // n), minlength=n).tolist())
+    for r, log in enumerate(res.results):
+        recv = [sends[s][r] for s in range(n)]
+        want = [(sends[r], recv), (recv, sends[r]), (sends[r], recv), (recv, sends[r])]
+        assert log == want, \
+            f"EP on {n} ranks, rank {r}: the all-to-alls of rows should be (send counts, receive counts) = dispatch " \
+            f"{want[0]}, combine {want[1]}, then in the backward the combine's and the dispatch's swapped: " \
+            f"{want[2:]}; got {log} (each routed row travels once to its expert's rank and once back)"
 
 
 def ep_bad_job(comm, EP, layer):
