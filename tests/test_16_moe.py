@@ -895,7 +895,19 @@ def case_ep(lesson):
     return job, (lesson.ExpertParallelMoE, setups)
 
 
-MPI_CASES = {"test_mpi_all_to_all": case_a2a, "test_mpi_expert_parallel": case_ep}
+def case_ep_dp(lesson):
+    setups = {}
+    for n in (2, 4):
+        layer = make_layer(lesson, 4, 4, 2, 5, seed=70 + n, ops=oracle_ops(lesson))
+        setups[n] = (layer, *ep_dp_data(n, 2, 4, seed=80 + n))
+
+    def job(comm, EP, step, groups, setups):
+        layer, xs, ys, total = setups[comm.size]
+        return ep_dp_job(comm, EP, step, groups, layer, xs, ys, 2, 2, 0.3, total, oracle_allreduce)
+    return job, (lesson.ExpertParallelMoE, lesson.ep_dp_train_step, lesson.ep_dp_groups, setups)
+
+
+MPI_CASES = {"test_mpi_all_to_all": case_a2a, "test_mpi_expert_parallel": case_ep, "test_mpi_ep_dp": case_ep_dp}
 
 
 @pytest.fixture(scope="module")
@@ -987,3 +999,8 @@ def test_estimate_ep_matches_the_simulator(lesson, which, n):
         est = lesson.estimate_ep(model, cl, ep)
         assert math.isclose(est.time, sim_t, rel_tol=1e-6), \
             f"{model.name} on {n} ranks, ep={ep}: the simulator's step takes {sim_t:.9g} s, the estimate says {est.time:.9g} s"
+
+
+@pytest.mark.exercise("16.5")
+def test_mpi_ep_dp(lesson, mpi_runs):
+    mpi_runs.check("test_mpi_ep_dp")
