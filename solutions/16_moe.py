@@ -124,12 +124,14 @@ def check_rows(what: str, name: str, x: Any, ndim: int = 2) -> Any:
 # `L_aux = N * sum_i f_i * P_i`
 #
 # with N the number of experts, `f_i` the fraction of the T*k assignments that went to expert i
-# (counted: no gradient) and `P_i` the mean router probability of expert i over the tokens (a
-# gradient). It is 1 when both are uniform, and N when every token goes to one expert with
-# probability 1: minimising it spreads the probability mass where the tokens are not. (Hugging
+# (counted: no gradient) and `P_i` the mean router probability of expert i over the tokens
+# (differentiable). It is 1 when both are uniform, and N when every token goes to one expert
+# with probability 1. Its gradient with respect to `P_i` is `N f_i`: it lowers the probability
+# of the experts that got many tokens most, and so moves tokens towards the idle ones. (Hugging
 # Face's Mixtral counts f over tokens rather than assignments, which makes it k times ours.)
-# ST-MoE's **z-loss** `mean_t (logsumexp(logits_t))^2` keeps the logits small, which keeps the
-# softmax (run in bf16 on real hardware) well conditioned.
+# ST-MoE's **z-loss** `mean_t (logsumexp(logits_t))^2` keeps the logits small: large logits make
+# `exp` round off badly in low precision, and Zoph et al. found that penalising them stabilises
+# training without costing quality.
 #
 # **Loss-free balancing** (DeepSeek-V3, after Wang et al. 2024): add a per-expert bias b to the
 # scores for *choosing* the experts only, not for the weights, and after each step move it
