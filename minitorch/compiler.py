@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from minitorch import tensor as _t
 from minitorch.autograd import Tensor
@@ -174,7 +174,8 @@ class Proxy:
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> Proxy:
         total = self._reduce("sum", axis, keepdims)
-        return total * (1.0 / self.shape[int(axis)])
+        n = self.shape[int(axis)]
+        return total * (1.0 / n if n else math.nan)  # NumPy's mean of nothing is nan
 
     def __bool__(self) -> bool:
         raise GraphBreak(f"data-dependent control flow: bool() of a traced tensor at {_where()}")
@@ -255,6 +256,8 @@ def infer_meta(op: str, shapes: Sequence[tuple], dtypes: Sequence[Any], attrs: d
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"{op}: axis {axis} is out of range for shape {shape}")
         axis %= len(shape)
+        if op == "max" and shape[axis] == 0:
+            raise ValueError(f"max: axis {axis} of shape {shape} is empty: a maximum of nothing has no value")
         kept = shape[:axis] + ((1,) if attrs.get("keepdims") else ()) + shape[axis + 1:]
         return kept, np.dtype(dtypes[0])
     if op == "matmul":
@@ -269,9 +272,7 @@ def interpret(graph: Graph) -> Callable[..., list[np.ndarray]]:
     """A runner that executes `graph` node by node with NumPy: the eager reference, one array
     per node. runner(*arrays) -> [output arrays]; the arrays are the graph's inputs in order."""
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        env: dict[Node, np.ndarray] = {}
-        for node, a in zip(graph.inputs, arrays):
-            env[node] = np.asarray(a)
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("interpret", graph, arrays)))
         for n in graph.nodes:
             if n.op == "input":
                 continue
@@ -282,6 +283,26 @@ def interpret(graph: Graph) -> Callable[..., list[np.ndarray]]:
         return [env[o] for o in graph.outputs]
 
     return run
+
+
+def check_arrays(what: str, graph: Graph, arrays: Sequence[Any]) -> list[np.ndarray]:
+    """The arrays a runner of `graph` was called with, checked against the graph's inputs: their
+    number, and each one's shape and dtype exactly (a compiled kernel's loops and buffers were built
+    for those). ValueError or TypeError naming the argument, what the graph expects and what came."""
+    if len(arrays) != len(graph.inputs):
+        raise ValueError(f"{what}: the graph takes {len(graph.inputs)} arrays "
+                         f"({', '.join(n.attrs['name'] for n in graph.inputs)}), got {len(arrays)}")
+    out = []
+    for node, a in zip(graph.inputs, arrays):
+        a = np.asarray(a.data if isinstance(a, _t.Tensor) else a)
+        if a.shape != node.shape:
+            raise ValueError(f"{what}: argument {node.attrs['name']} has shape {a.shape}, "
+                             f"the graph was built for {node.shape}")
+        if a.dtype != node.dtype:
+            raise TypeError(f"{what}: argument {node.attrs['name']} has dtype {a.dtype}, "
+                            f"the graph was built for {node.dtype}")
+        out.append(a)
+    return out
 
 
 def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
@@ -441,7 +462,7 @@ def fits(node: Node, dom: tuple[tuple, int]) -> str | None:
         return "row" if last and shape == rows + (width,) else None
     if node.op not in POINTWISE:
         return None
-    if node.shape == rows + (width,):
+    if node.shape == rows + (width,) or (not node.shape and not rows and width == 1):  # a scalar group
         return "full"
     return "row" if node.shape == rows + (1,) else None
 
@@ -501,11 +522,15 @@ def fuse(graph: Graph) -> list[list[Node]]:
     order: list[int] = []  # the groups in an order they can run in: each after those it reads
     placed: set[int] = set()
     while len(order) < len(groups):
-        for g, nodes in enumerate(groups):
-            if g not in placed and all(group_of.get(i, g) in placed or group_of.get(i, g) == g
-                                       for n in nodes for i in n.inputs):
-                order.append(g)
-                placed.add(g)
+        ready = [g for g, nodes in enumerate(groups)
+                 if g not in placed and all(group_of.get(i, g) in placed or group_of.get(i, g) == g
+                                            for n in nodes for i in n.inputs)]
+        if not ready:  # a cycle between groups: a bug in the grouping above, never an endless loop
+            stuck = [[n.op for n in groups[g]] for g in range(len(groups)) if g not in placed]
+            raise RuntimeError(f"fuse: the groups {stuck} wait on each other (a cycle)")
+        for g in ready:
+            order.append(g)
+            placed.add(g)
     return [groups[g] for g in order]
 
 
@@ -518,6 +543,39 @@ def kernel_io(graph: Graph, group: Sequence[Node]) -> tuple[list[Node], list[Nod
     outs = set(graph.outputs)
     written = {n for n in group if n in outs or any(u not in inside for u in users.get(n, ()))}
     return [n for n in graph.nodes if n in used], [n for n in graph.nodes if n in written]
+
+
+def plan_buffers(graph: Graph, plan: Sequence[Sequence[Node]]) -> dict[Node, int]:
+    """{node: buffer number} for every node a kernel of `plan` writes (kernel_io) that is not a
+    graph output. Two nodes share a buffer only if they have the same size and dtype and the first
+    one's last reader runs before the second one's kernel."""
+    last_read: dict[Node, int] = {}
+    writes_of = []
+    for k, group in enumerate(plan):
+        reads, writes = kernel_io(graph, group)
+        for n in reads:
+            last_read[n] = k
+        writes_of.append(writes)
+    outs = set(graph.outputs)
+    kinds: list[tuple[int, str]] = []  # (elements, dtype) of each buffer
+    free: list[int] = []
+    freed_after: dict[int, list[int]] = {}
+    assign: dict[Node, int] = {}
+    for k, writes in enumerate(writes_of):
+        for n in writes:
+            if n in outs or n.op == "input":
+                continue
+            kind = (math.prod(n.shape), n.dtype.str)
+            b = next((b for b in free if kinds[b] == kind), None)
+            if b is None:
+                b = len(kinds)
+                kinds.append(kind)
+            else:
+                free.remove(b)
+            assign[n] = b
+            freed_after.setdefault(last_read.get(n, k), []).append(b)
+        free.extend(freed_after.pop(k, []))
+    return assign
 
 
 def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool) -> np.ndarray:
@@ -550,7 +608,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     var = {n: f"v{k}" for k, n in enumerate(group)}
     inside = set(group)
     lines = [f"def {name}(rows, C, {', '.join(list(arg.values()) + list(out.values()))}):",
-             "    for r in range(rows):"]
+             "    for r in prange(rows):"]
 
     def ref(n: Node) -> str:
         if n.op == "const":
@@ -590,20 +648,36 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compile_numba(source: str, name: str) -> Callable:
-    """exec `source` and njit the function `name` it defines."""
-    scope: dict[str, Any] = {"math": math}
-    exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-    return njit(cache=False)(scope[name])
+KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
 
 
-def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None) -> Callable:
-    """The compiled runner of `graph`: optimize, fuse, generate (numba_source by default) and
-    compile every fused group. `log`, if given, receives (kernel name, reads, writes) for each
-    kernel run: the arrays (rows, C views) it was passed."""
+def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
+    """exec `source` and njit the function `name` it defines (`prange` runs the rows on all cores
+    when parallel, else it is `range`). Kernels are cached by their source: the same group on
+    another shape reuses the compiled kernel (Numba compiles once per argument types)."""
+    key = (source, parallel)
+    if key not in KERNEL_CACHE:
+        scope: dict[str, Any] = {"math": math, "prange": prange}
+        exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
+        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
+    return KERNEL_CACHE[key]
+
+
+def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
+                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+    """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
+    default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
+    arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
+    allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
+    call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
+    the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
+    returns what runs in the kernel's place (the autotuner's hook)."""
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
+    assign = plan_buffers(graph, plan)
+    sizes: dict[int, tuple[int, np.dtype]] = {b: (math.prod(n.shape), n.dtype) for n, b in assign.items()}
+    pool = {b: np.empty(size, dtype) for b, (size, dtype) in sizes.items()}
     steps = []
     for k, group in enumerate(plan):
         dom = domain(group)
@@ -612,33 +686,253 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             steps.append((None, group, reads, writes, None))
         else:
             name = f"kernel{k}"
-            steps.append((compile_numba(source_fn(graph, group, name), name), group, reads, writes, dom))
+            source = source_fn(graph, group, name)
+            kernel = compile_numba(source, name, parallel)
+            if kernel_wrapper is not None:
+                kernel = kernel_wrapper(kernel, source)
+            steps.append((kernel, group, reads, writes, dom))
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        env: dict[Node, np.ndarray] = {n: np.asarray(a) for n, a in zip(graph.inputs, arrays)}
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("compiled graph", graph, arrays)))
         for n in graph.nodes:
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            for n in writes:
+                env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
                 (n,) = group
-                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                if n.op == "matmul" and n in env:
+                    np.matmul(env[n.inputs[0]], env[n.inputs[1]], out=env[n])
+                elif n in env:
+                    env[n][...] = numpy_op(n, *(env[i] for i in n.inputs))
+                else:
+                    env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
                 continue
             ins = [row_view(env[n], n.shape, dom, per_row(n, dom)) for n in reads]
-            for n in writes:
-                env[n] = np.empty(n.shape, n.dtype)
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
-                log.append((f"kernel{k}", ins, outs))
+                log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
         return [env[o] for o in graph.outputs]
 
-    run.graph, run.plan = graph, plan
+    run.graph, run.plan, run.buffers = graph, plan, assign
     return run
 
 
 def compile(fn: Callable) -> Compiled:  # noqa: A001 - the name torch.compile uses
     """fn, compiled: traced per guard key, optimized, fused, generated as Numba kernels."""
     return Compiled(fn, backend=build_kernels)
+
+
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+C_FUNCS = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "relu": "fmax", "pow": "pow", "max": "fmax"}
+
+
+def c_literal(value: float, dtype: Any) -> str:
+    """A C literal of `value` in `dtype` (float gets an f suffix; inf and nan by macro)."""
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    if math.isnan(value):
+        return "(INFINITY - INFINITY)"
+    text = repr(float(value))
+    return text + "f" if np.dtype(dtype) == np.float32 else text
+
+
+def c_func(op: str, dtype: Any) -> str:
+    """The C math function for op in dtype: expf for float, exp for double."""
+    return C_FUNCS[op] + ("f" if np.dtype(dtype) == np.float32 else "")
+
+
+def cuda_source(graph: Graph, group: Sequence[Node], name: str) -> str:
+    """CUDA C source of the kernel `name(int rows, int C, const T* in0, ..., T* out0, ...)` for one
+    fused group: one thread per row, the Numba kernel's loops over the columns."""
+    dom = domain(group)
+    reads, writes = kernel_io(graph, group)
+    arg = {n: f"in{k}" for k, n in enumerate(reads)}
+    out = {n: f"out{k}" for k, n in enumerate(writes)}
+    var = {n: f"v{k}" for k, n in enumerate(group)}
+    inside = set(group)
+    params = ([f"const {CTYPES[n.dtype]}* {arg[n]}" for n in reads]
+              + [f"{CTYPES[n.dtype]}* {out[n]}" for n in writes])
+    lines = [f'extern "C" __global__ void {name}(int rows, int C, {", ".join(params)})', "{",
+             "    int r = blockIdx.x * blockDim.x + threadIdx.x;",
+             "    if (r >= rows) return;"]
+
+    def ref(n: Node) -> str:
+        if n.op == "const":
+            return c_literal(n.attrs["value"], n.dtype)
+        if n in inside:
+            return var[n]
+        return f"{arg[n]}[r]" if per_row(n, dom) else f"{arg[n]}[(long long)r * C + c]"
+
+    def expr(n: Node) -> str:
+        a = [ref(i) for i in n.inputs]
+        if n.op == "neg":
+            return f"(-{a[0]})"
+        if n.op == "relu":
+            return f"{c_func('relu', n.dtype)}({a[0]}, {c_literal(0.0, n.dtype)})"
+        if n.op in ("exp", "log", "tanh", "sqrt", "pow"):
+            return f"{c_func(n.op, n.dtype)}({', '.join(a)})"
+        return f"({a[0]} {dict(add='+', sub='-', mul='*', div='/')[n.op]} {a[1]})"
+
+    def emit_full(n: Node, done: set, body: list[str]) -> None:
+        if n not in inside or n in done or fits(n, dom) != "full":
+            return
+        for i in n.inputs:
+            emit_full(i, done, body)
+        body.append(f"        {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        done.add(n)
+
+    for n in group:
+        if n.op in REDUCTIONS:
+            x = n.inputs[0]
+            start = c_literal(0.0, n.dtype) if n.op == "sum" else "(-INFINITY)"
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {start};")
+            lines.append("    for (int c = 0; c < C; ++c) {")
+            emit_full(x, set(), lines)
+            step = f"{var[n]} + {ref(x)}" if n.op == "sum" else f"{c_func('max', n.dtype)}({var[n]}, {ref(x)})"
+            lines.append(f"        {var[n]} = {step};")
+            lines.append("    }")
+        elif fits(n, dom) == "row":
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        if n in out and fits(n, dom) == "row":
+            lines.append(f"    {out[n]}[r] = {var[n]};")
+    full_out = [n for n in writes if fits(n, dom) == "full"]
+    if full_out:
+        lines.append("    for (int c = 0; c < C; ++c) {")
+        done: set = set()
+        for n in full_out:
+            emit_full(n, done, lines)
+            lines.append(f"        {out[n]}[(long long)r * C + c] = {var[n]};")
+        lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def cuda_runner(graph: Graph, source_fn: Callable | None = None, block: int = 32,
+                device: str = "emulator") -> Callable[..., list[np.ndarray]]:
+    """A runner of `graph` (optimized, fused) whose fused groups run as CUDA C kernels
+    (cuda_source by default), on "emulator" (the CPU) or "gpu" (CuPy). run.sources: the kernels."""
+    from course import cuda_c
+
+    source_fn = source_fn or cuda_source
+    if block < 1 or block > 1024:
+        raise ValueError(f"cuda_runner: block must be 1..1024 threads, got {block}")
+    graph = optimize(graph)
+    plan = fuse(graph)
+    sources = {k: source_fn(graph, g, f"kernel{k}") for k, g in enumerate(plan) if domain(g) is not None}
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("cuda graph", graph, arrays)))
+        for n in graph.nodes:
+            if n.op == "const":
+                env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
+        for k, group in enumerate(plan):
+            reads, writes = kernel_io(graph, group)
+            dom = domain(group)
+            if dom is None:
+                (n,) = group
+                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                continue
+            rows = math.prod(dom[0])
+            ins = [np.array(row_view(env[n], n.shape, dom, per_row(n, dom)), order="C") for n in reads]
+            outs = [np.zeros((rows, 1 if per_row(n, dom) else dom[1]), n.dtype) for n in writes]
+            if rows:
+                args = [np.int32(rows), np.int32(dom[1]), *ins, *outs]
+                grid = (rows + block - 1) // block
+                if device == "gpu":
+                    import cupy
+
+                    dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+                    cuda_c.raw_kernel(sources[k], f"kernel{k}")((grid,), (block,), tuple(dev))
+                    outs = [cupy.asnumpy(d) for d in dev[2 + len(ins):]]
+                else:
+                    cuda_c.emulate(sources[k], f"kernel{k}", grid, block, args)
+            for n, o in zip(writes, outs):
+                env[n] = o.reshape(n.shape)
+        return [env[o] for o in graph.outputs]
+
+    run.graph, run.plan, run.sources = graph, plan, sources
+    return run
+
+
+class Autotuner:
+    """Choose a kernel configuration by measuring the candidates; cache the choice per key
+    (a kernel and a shape). timer: a clock in seconds (time.perf_counter)."""
+
+    def __init__(self, timer: Callable[[], float] | None = None, repeat: int = 3):
+        import time
+
+        self.timer = timer or time.perf_counter
+        self.repeat = repeat
+        self.cache: dict[Any, Any] = {}
+        self.trials = 0
+
+    def tune(self, key: Any, candidates: Sequence[Any], run: Callable[[Any], Sequence[np.ndarray]]) -> Any:
+        """The best of `candidates` for `key` (cached): run(config) -> the kernel's outputs."""
+        if key in self.cache:
+            return self.cache[key]
+        if not candidates:
+            raise ValueError(f"tune({key!r}): no candidates")
+        first = [np.asarray(o).copy() for o in run(candidates[0])]
+        for config in candidates[1:]:
+            outs = run(config)
+            if len(outs) != len(first) or not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first, outs)):
+                raise ValueError(f"tune({key!r}): config {config!r} gives other results than {candidates[0]!r}")
+        best, best_t = None, math.inf
+        for config in candidates:
+            for _ in range(self.repeat):
+                t0 = self.timer()
+                run(config)
+                t = self.timer() - t0
+                self.trials += 1
+                if t < best_t:
+                    best, best_t = config, t
+        self.cache[key] = best
+        return best
+
+
+def tuned_kernels(graph: Graph, tuner: Autotuner, candidates: Sequence[int] = (0, 1, 4, 16)) -> Callable:
+    """build_kernels(graph), with each fused kernel's chunk size chosen by `tuner` on its first run
+    for a shape (key: the kernel's source and the rows, C it runs over). run.choices: {key: chunk}."""
+    import numba
+
+    choices: dict = {}
+    seen: set = set()
+
+    def wrap(kernel: Callable, source: str) -> Callable:
+        def tuned(rows: int, C: int, *arrays: np.ndarray) -> None:
+            key = (source, rows, C)
+            outs = arrays[len(arrays) - n_writes[source]:]
+
+            def run(chunk: int) -> list[np.ndarray]:
+                old = numba.set_parallel_chunksize(chunk)
+                try:
+                    kernel(rows, C, *arrays)
+                finally:
+                    numba.set_parallel_chunksize(old)
+                return [o.copy() for o in outs]
+
+            if key not in seen:
+                choices[key] = tuner.tune(key, candidates, run)
+                seen.add(key)
+            old = numba.set_parallel_chunksize(choices[key])
+            try:
+                kernel(rows, C, *arrays)
+            finally:
+                numba.set_parallel_chunksize(old)
+        return tuned
+
+    n_writes: dict[str, int] = {}
+
+    def source_fn(g: Graph, group: Sequence[Node], name: str) -> str:
+        src = numba_source(g, group, name)
+        n_writes[src] = len(kernel_io(g, group)[1])
+        return src
+
+    run = build_kernels(graph, source_fn=source_fn, kernel_wrapper=wrap)
+    run.choices = choices
+    return run

@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from minitorch import tensor as _t
 from minitorch.autograd import Tensor
@@ -258,7 +258,8 @@ class Proxy:
 
     def mean(self, axis: Any = None, keepdims: bool = False) -> Proxy:
         total = self._reduce("sum", axis, keepdims)
-        return total * (1.0 / self.shape[int(axis)])
+        n = self.shape[int(axis)]
+        return total * (1.0 / n if n else math.nan)  # NumPy's mean of nothing is nan
 
     def __bool__(self) -> bool:
         raise GraphBreak(f"data-dependent control flow: bool() of a traced tensor at {_where()}")
@@ -344,6 +345,8 @@ def infer_meta(op: str, shapes: Sequence[tuple], dtypes: Sequence[Any], attrs: d
         if not -len(shape) <= axis < len(shape):
             raise ValueError(f"{op}: axis {axis} is out of range for shape {shape}")
         axis %= len(shape)
+        if op == "max" and shape[axis] == 0:
+            raise ValueError(f"max: axis {axis} of shape {shape} is empty: a maximum of nothing has no value")
         kept = shape[:axis] + ((1,) if attrs.get("keepdims") else ()) + shape[axis + 1:]
         return kept, np.dtype(dtypes[0])
     if op == "matmul":
@@ -411,9 +414,7 @@ def interpret(graph: Graph) -> Callable[..., list[np.ndarray]]:
     """A runner that executes `graph` node by node with NumPy: the eager reference, one array
     per node. runner(*arrays) -> [output arrays]; the arrays are the graph's inputs in order."""
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        env: dict[Node, np.ndarray] = {}
-        for node, a in zip(graph.inputs, arrays):
-            env[node] = np.asarray(a)
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("interpret", graph, arrays)))
         for n in graph.nodes:
             if n.op == "input":
                 continue
@@ -424,6 +425,26 @@ def interpret(graph: Graph) -> Callable[..., list[np.ndarray]]:
         return [env[o] for o in graph.outputs]
 
     return run
+
+
+def check_arrays(what: str, graph: Graph, arrays: Sequence[Any]) -> list[np.ndarray]:
+    """The arrays a runner of `graph` was called with, checked against the graph's inputs: their
+    number, and each one's shape and dtype exactly (a compiled kernel's loops and buffers were built
+    for those). ValueError or TypeError naming the argument, what the graph expects and what came."""
+    if len(arrays) != len(graph.inputs):
+        raise ValueError(f"{what}: the graph takes {len(graph.inputs)} arrays "
+                         f"({', '.join(n.attrs['name'] for n in graph.inputs)}), got {len(arrays)}")
+    out = []
+    for node, a in zip(graph.inputs, arrays):
+        a = np.asarray(a.data if isinstance(a, _t.Tensor) else a)
+        if a.shape != node.shape:
+            raise ValueError(f"{what}: argument {node.attrs['name']} has shape {a.shape}, "
+                             f"the graph was built for {node.shape}")
+        if a.dtype != node.dtype:
+            raise TypeError(f"{what}: argument {node.attrs['name']} has dtype {a.dtype}, "
+                            f"the graph was built for {node.dtype}")
+        out.append(a)
+    return out
 
 
 def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
@@ -722,7 +743,7 @@ def fits(node: Node, dom: tuple[tuple, int]) -> str | None:
         return "row" if last and shape == rows + (width,) else None
     if node.op not in POINTWISE:
         return None
-    if node.shape == rows + (width,):
+    if node.shape == rows + (width,) or (not node.shape and not rows and width == 1):  # a scalar group
         return "full"
     return "row" if node.shape == rows + (1,) else None
 
@@ -785,11 +806,15 @@ def fuse(graph: Graph) -> list[list[Node]]:
     order: list[int] = []  # the groups in an order they can run in: each after those it reads
     placed: set[int] = set()
     while len(order) < len(groups):
-        for g, nodes in enumerate(groups):
-            if g not in placed and all(group_of.get(i, g) in placed or group_of.get(i, g) == g
-                                       for n in nodes for i in n.inputs):
-                order.append(g)
-                placed.add(g)
+        ready = [g for g, nodes in enumerate(groups)
+                 if g not in placed and all(group_of.get(i, g) in placed or group_of.get(i, g) == g
+                                            for n in nodes for i in n.inputs)]
+        if not ready:  # a cycle between groups: a bug in the grouping above, never an endless loop
+            stuck = [[n.op for n in groups[g]] for g in range(len(groups)) if g not in placed]
+            raise RuntimeError(f"fuse: the groups {stuck} wait on each other (a cycle)")
+        for g in ready:
+            order.append(g)
+            placed.add(g)
     return [groups[g] for g in order]
     ### END SOLUTION
 
@@ -820,6 +845,83 @@ for name, fn, args in [("softmax", softmax_fn, (np.zeros((256, 1000)),)),
           f"fused {len(plan)} kernel(s), {(f_r + f_w) / 1e6:.1f} MB; {(e_r + e_w) / (f_r + f_w):.1f}x fewer bytes")
 
 # %% [markdown]
+# ### Memory planning: reuse buffers whose values are dead
+#
+# Each kernel writes its results into buffers. Eagerly, every node gets a fresh array from the
+# allocator; a compiler knows the whole plan in advance, so it can give a buffer to a later node
+# once every kernel that reads the buffer's value has run (TorchInductor's buffer reuse, XLA's
+# buffer assignment). Fewer buffers mean less memory and warm caches: the next kernel writes where
+# the last one's dead value still sits in the cache.
+#
+# The rule: walk the kernels in order. For kernel k, first give each node it writes (except the
+# graph's outputs, which go back to the caller, and the inputs, which belong to the caller) a
+# buffer: a free one of the same number of elements and dtype if there is one, else a new one.
+# Then free the buffers whose value's *last reader* is kernel k. Not before: kernel k may read a
+# value in several loops (the softmax reads x three times), so it must not overwrite it while
+# it runs; and a buffer whose value a later kernel still reads is *live* and must not be reused.
+#
+# **Exercise 14.6.** Write `plan_buffers(graph, plan) -> {node: buffer number}` (numbers 0, 1, ...
+# in order of first use) for the nodes the kernels write, outputs left out.
+
+# %%
+#| export
+#| exercise 14.6
+def plan_buffers(graph: Graph, plan: Sequence[Sequence[Node]]) -> dict[Node, int]:
+    """{node: buffer number} for every node a kernel of `plan` writes (kernel_io) that is not a
+    graph output. Two nodes share a buffer only if they have the same size and dtype and the first
+    one's last reader runs before the second one's kernel."""
+    ### BEGIN SOLUTION
+    last_read: dict[Node, int] = {}
+    writes_of = []
+    for k, group in enumerate(plan):
+        reads, writes = kernel_io(graph, group)
+        for n in reads:
+            last_read[n] = k
+        writes_of.append(writes)
+    outs = set(graph.outputs)
+    kinds: list[tuple[int, str]] = []  # (elements, dtype) of each buffer
+    free: list[int] = []
+    freed_after: dict[int, list[int]] = {}
+    assign: dict[Node, int] = {}
+    for k, writes in enumerate(writes_of):
+        for n in writes:
+            if n in outs or n.op == "input":
+                continue
+            kind = (math.prod(n.shape), n.dtype.str)
+            b = next((b for b in free if kinds[b] == kind), None)
+            if b is None:
+                b = len(kinds)
+                kinds.append(kind)
+            else:
+                free.remove(b)
+            assign[n] = b
+            freed_after.setdefault(last_read.get(n, k), []).append(b)
+        free.extend(freed_after.pop(k, []))
+    return assign
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("14.6")
+
+# %% [markdown]
+# A chain of four matmul + ReLU layers of one width: eight intermediate values, two buffers.
+
+# %%
+def deep_relu(x, w):
+    for _ in range(4):
+        x = (x @ w).relu()
+    return x
+
+
+gd = optimize(trace(deep_relu, np.zeros((8, 16)), np.zeros((16, 16))))
+pd = fuse(gd)
+bufs = plan_buffers(gd, pd)
+for k, group in enumerate(pd):
+    print(f"kernel {k}: {'+'.join(n.op for n in group):<8} writes buffer "
+          f"{', '.join(str(bufs[n]) if n in bufs else 'output' for n in kernel_io(gd, group)[1])}")
+print(f"{len(bufs)} intermediate values in {len(set(bufs.values()))} buffers")
+
+# %% [markdown]
 # ## 5. Code generation: Numba
 #
 # A fused group becomes one Python function, compiled by Numba (lesson 05). Its arguments are
@@ -837,7 +939,7 @@ for name, fn, args in [("softmax", softmax_fn, (np.zeros((256, 1000)),)),
 # and `out0, out1, ...`. Ops: `math.exp/log/tanh/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`,
 # `**`; constants as `repr(float(value))`; sums start at `0.0`, maxima at `-math.inf`.
 #
-# **Exercise 14.6.** Write `numba_source(graph, group, name) -> str`: the source of
+# **Exercise 14.7.** Write `numba_source(graph, group, name) -> str`: the source of
 # `def name(rows, C, in0, ..., out0, ...)`.
 
 # %%
@@ -865,7 +967,7 @@ PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh
 
 # %%
 #| export
-#| exercise 14.6
+#| exercise 14.7
 def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     """Python source of the kernel `name(rows, C, in0, ..., out0, ...)` for one fused group."""
     ### BEGIN SOLUTION
@@ -876,7 +978,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     var = {n: f"v{k}" for k, n in enumerate(group)}
     inside = set(group)
     lines = [f"def {name}(rows, C, {', '.join(list(arg.values()) + list(out.values()))}):",
-             "    for r in range(rows):"]
+             "    for r in prange(rows):"]
 
     def ref(n: Node) -> str:
         if n.op == "const":
@@ -924,20 +1026,36 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 # %%
 #| export
 #| given
-def compile_numba(source: str, name: str) -> Callable:
-    """exec `source` and njit the function `name` it defines."""
-    scope: dict[str, Any] = {"math": math}
-    exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-    return njit(cache=False)(scope[name])
+KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
 
 
-def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None) -> Callable:
-    """The compiled runner of `graph`: optimize, fuse, generate (numba_source by default) and
-    compile every fused group. `log`, if given, receives (kernel name, reads, writes) for each
-    kernel run: the arrays (rows, C views) it was passed."""
+def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
+    """exec `source` and njit the function `name` it defines (`prange` runs the rows on all cores
+    when parallel, else it is `range`). Kernels are cached by their source: the same group on
+    another shape reuses the compiled kernel (Numba compiles once per argument types)."""
+    key = (source, parallel)
+    if key not in KERNEL_CACHE:
+        scope: dict[str, Any] = {"math": math, "prange": prange}
+        exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
+        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
+    return KERNEL_CACHE[key]
+
+
+def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
+                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+    """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
+    default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
+    arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
+    allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
+    call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
+    the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
+    returns what runs in the kernel's place (the autotuner's hook)."""
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
+    assign = plan_buffers(graph, plan)
+    sizes: dict[int, tuple[int, np.dtype]] = {b: (math.prod(n.shape), n.dtype) for n, b in assign.items()}
+    pool = {b: np.empty(size, dtype) for b, (size, dtype) in sizes.items()}
     steps = []
     for k, group in enumerate(plan):
         dom = domain(group)
@@ -946,30 +1064,39 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             steps.append((None, group, reads, writes, None))
         else:
             name = f"kernel{k}"
-            steps.append((compile_numba(source_fn(graph, group, name), name), group, reads, writes, dom))
+            source = source_fn(graph, group, name)
+            kernel = compile_numba(source, name, parallel)
+            if kernel_wrapper is not None:
+                kernel = kernel_wrapper(kernel, source)
+            steps.append((kernel, group, reads, writes, dom))
 
     def run(*arrays: np.ndarray) -> list[np.ndarray]:
-        env: dict[Node, np.ndarray] = {n: np.asarray(a) for n, a in zip(graph.inputs, arrays)}
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("compiled graph", graph, arrays)))
         for n in graph.nodes:
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            for n in writes:
+                env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
                 (n,) = group
-                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                if n.op == "matmul" and n in env:
+                    np.matmul(env[n.inputs[0]], env[n.inputs[1]], out=env[n])
+                elif n in env:
+                    env[n][...] = numpy_op(n, *(env[i] for i in n.inputs))
+                else:
+                    env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
                 continue
             ins = [row_view(env[n], n.shape, dom, per_row(n, dom)) for n in reads]
-            for n in writes:
-                env[n] = np.empty(n.shape, n.dtype)
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
-                log.append((f"kernel{k}", ins, outs))
+                log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
         return [env[o] for o in graph.outputs]
 
-    run.graph, run.plan = graph, plan
+    run.graph, run.plan, run.buffers = graph, plan, assign
     return run
 
 
@@ -978,7 +1105,7 @@ def compile(fn: Callable) -> Compiled:  # noqa: A001 - the name torch.compile us
     return Compiled(fn, backend=build_kernels)
 
 # %% tags=["check"]
-check("14.6")
+check("14.7")
 
 # %% [markdown]
 # The softmax's one kernel: three loops over the columns (the max, the sum of the exponentials,
@@ -987,6 +1114,328 @@ check("14.6")
 # %%
 gs = optimize(trace(softmax_fn, np.zeros((4, 10))))
 print(numba_source(gs, fuse(gs)[0], "softmax_kernel"))
+
+# %% [markdown]
+# ## 6. Code generation: CUDA C
+#
+# The same fused group, for a GPU. The simplest mapping gives each row to one thread: thread
+# `r = blockIdx.x * blockDim.x + threadIdx.x` runs the loops over the columns that the Numba
+# kernel runs for row r (so a row's reductions need no shared memory and no barrier), and a
+# thread past the last row returns at once. That is the right shape for many short rows; a wide
+# row wants a block per row and a tree reduction in shared memory (lesson 08's fused softmax),
+# which TorchInductor chooses by the row's length ("persistent" vs "looped" reductions).
+#
+# `cuda_source(graph, group, name)` writes
+#
+# ```
+# extern "C" __global__ void name(int rows, int C, const T* in0, ..., T* out0, ...)
+# ```
+#
+# with each array's own C type (`float` for float32, `double` for float64), contiguous: element
+# (r, c) of a read or write with a value per column is at `r * C + c`, one with a value per row at
+# `r` (the runner, given, makes these arrays from the row views). Values are local variables of
+# their node's type (`float v3 = ...`). Functions by type: `expf logf tanhf sqrtf fmaxf powf` for
+# float, `exp log tanh sqrt fmax pow` for double; relu is `fmax(a, 0)`; float constants carry an
+# `f` (`0.5f`), infinities are `INFINITY`; a max starts at `-INFINITY`. The loop structure is
+# the Numba kernel's.
+#
+# **Exercise 14.8.** Write `cuda_source(graph, group, name) -> str`.
+
+# %%
+#| export
+#| given
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+C_FUNCS = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "relu": "fmax", "pow": "pow", "max": "fmax"}
+
+
+def c_literal(value: float, dtype: Any) -> str:
+    """A C literal of `value` in `dtype` (float gets an f suffix; inf and nan by macro)."""
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    if math.isnan(value):
+        return "(INFINITY - INFINITY)"
+    text = repr(float(value))
+    return text + "f" if np.dtype(dtype) == np.float32 else text
+
+
+def c_func(op: str, dtype: Any) -> str:
+    """The C math function for op in dtype: expf for float, exp for double."""
+    return C_FUNCS[op] + ("f" if np.dtype(dtype) == np.float32 else "")
+
+# %%
+#| export
+#| exercise 14.8
+def cuda_source(graph: Graph, group: Sequence[Node], name: str) -> str:
+    """CUDA C source of the kernel `name(int rows, int C, const T* in0, ..., T* out0, ...)` for one
+    fused group: one thread per row, the Numba kernel's loops over the columns."""
+    ### BEGIN SOLUTION
+    dom = domain(group)
+    reads, writes = kernel_io(graph, group)
+    arg = {n: f"in{k}" for k, n in enumerate(reads)}
+    out = {n: f"out{k}" for k, n in enumerate(writes)}
+    var = {n: f"v{k}" for k, n in enumerate(group)}
+    inside = set(group)
+    params = ([f"const {CTYPES[n.dtype]}* {arg[n]}" for n in reads]
+              + [f"{CTYPES[n.dtype]}* {out[n]}" for n in writes])
+    lines = [f'extern "C" __global__ void {name}(int rows, int C, {", ".join(params)})', "{",
+             "    int r = blockIdx.x * blockDim.x + threadIdx.x;",
+             "    if (r >= rows) return;"]
+
+    def ref(n: Node) -> str:
+        if n.op == "const":
+            return c_literal(n.attrs["value"], n.dtype)
+        if n in inside:
+            return var[n]
+        return f"{arg[n]}[r]" if per_row(n, dom) else f"{arg[n]}[(long long)r * C + c]"
+
+    def expr(n: Node) -> str:
+        a = [ref(i) for i in n.inputs]
+        if n.op == "neg":
+            return f"(-{a[0]})"
+        if n.op == "relu":
+            return f"{c_func('relu', n.dtype)}({a[0]}, {c_literal(0.0, n.dtype)})"
+        if n.op in ("exp", "log", "tanh", "sqrt", "pow"):
+            return f"{c_func(n.op, n.dtype)}({', '.join(a)})"
+        return f"({a[0]} {dict(add='+', sub='-', mul='*', div='/')[n.op]} {a[1]})"
+
+    def emit_full(n: Node, done: set, body: list[str]) -> None:
+        if n not in inside or n in done or fits(n, dom) != "full":
+            return
+        for i in n.inputs:
+            emit_full(i, done, body)
+        body.append(f"        {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        done.add(n)
+
+    for n in group:
+        if n.op in REDUCTIONS:
+            x = n.inputs[0]
+            start = c_literal(0.0, n.dtype) if n.op == "sum" else "(-INFINITY)"
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {start};")
+            lines.append("    for (int c = 0; c < C; ++c) {")
+            emit_full(x, set(), lines)
+            step = f"{var[n]} + {ref(x)}" if n.op == "sum" else f"{c_func('max', n.dtype)}({var[n]}, {ref(x)})"
+            lines.append(f"        {var[n]} = {step};")
+            lines.append("    }")
+        elif fits(n, dom) == "row":
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        if n in out and fits(n, dom) == "row":
+            lines.append(f"    {out[n]}[r] = {var[n]};")
+    full_out = [n for n in writes if fits(n, dom) == "full"]
+    if full_out:
+        lines.append("    for (int c = 0; c < C; ++c) {")
+        done: set = set()
+        for n in full_out:
+            emit_full(n, done, lines)
+            lines.append(f"        {out[n]}[(long long)r * C + c] = {var[n]};")
+        lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+    ### END SOLUTION
+
+# %% [markdown]
+# The runner (given) runs a graph with its fused groups as CUDA C kernels: on the course's CPU
+# emulator (`course.cuda_c.emulate`: every access checked against the arrays, each kernel run in
+# two thread orders), or on a GPU through CuPy where there is one; library kernels (matmul) run
+# in NumPy. `grid = ceil(rows / block)` blocks of `block` threads.
+
+# %%
+#| export
+#| given
+def cuda_runner(graph: Graph, source_fn: Callable | None = None, block: int = 32,
+                device: str = "emulator") -> Callable[..., list[np.ndarray]]:
+    """A runner of `graph` (optimized, fused) whose fused groups run as CUDA C kernels
+    (cuda_source by default), on "emulator" (the CPU) or "gpu" (CuPy). run.sources: the kernels."""
+    from course import cuda_c
+
+    source_fn = source_fn or cuda_source
+    if block < 1 or block > 1024:
+        raise ValueError(f"cuda_runner: block must be 1..1024 threads, got {block}")
+    graph = optimize(graph)
+    plan = fuse(graph)
+    sources = {k: source_fn(graph, g, f"kernel{k}") for k, g in enumerate(plan) if domain(g) is not None}
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("cuda graph", graph, arrays)))
+        for n in graph.nodes:
+            if n.op == "const":
+                env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
+        for k, group in enumerate(plan):
+            reads, writes = kernel_io(graph, group)
+            dom = domain(group)
+            if dom is None:
+                (n,) = group
+                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                continue
+            rows = math.prod(dom[0])
+            ins = [np.array(row_view(env[n], n.shape, dom, per_row(n, dom)), order="C") for n in reads]
+            outs = [np.zeros((rows, 1 if per_row(n, dom) else dom[1]), n.dtype) for n in writes]
+            if rows:
+                args = [np.int32(rows), np.int32(dom[1]), *ins, *outs]
+                grid = (rows + block - 1) // block
+                if device == "gpu":
+                    import cupy
+
+                    dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+                    cuda_c.raw_kernel(sources[k], f"kernel{k}")((grid,), (block,), tuple(dev))
+                    outs = [cupy.asnumpy(d) for d in dev[2 + len(ins):]]
+                else:
+                    cuda_c.emulate(sources[k], f"kernel{k}", grid, block, args)
+            for n, o in zip(writes, outs):
+                env[n] = o.reshape(n.shape)
+        return [env[o] for o in graph.outputs]
+
+    run.graph, run.plan, run.sources = graph, plan, sources
+    return run
+
+# %% tags=["check"]
+check("14.8")
+
+# %% [markdown]
+# The softmax as CUDA C, checked by NVRTC (the compiler behind CuPy's RawKernel) where it is
+# installed, and run on the emulator against NumPy with several blocks and a last block that is
+# only partly used.
+
+# %%
+print(cuda_source(gs, fuse(gs)[0], "softmax_kernel"))
+from course.cuda_c import compile_ptx, nvrtc_unavailable, ptx_stats  # noqa: E402
+
+why_no_nvrtc = nvrtc_unavailable()
+if why_no_nvrtc is None:
+    st = ptx_stats(compile_ptx(cuda_source(gs, fuse(gs)[0], "softmax_kernel")))
+    print(f"PTX: {st.ld_global} global loads, {st.bar_sync} barriers, {st.local_bytes} bytes of local memory")
+else:
+    print(why_no_nvrtc)
+xs = rng.standard_normal((37, 11))
+got = cuda_runner(trace(softmax_fn, xs), block=16)(xs)[0]
+want = np.exp(xs - xs.max(-1, keepdims=True))
+want /= want.sum(-1, keepdims=True)
+print(f"emulated softmax (37 rows, 3 blocks of 16 threads): max |difference| from NumPy {np.abs(got - want).max():.1e}")
+
+# %% tags=["gpu"]
+require_gpu()
+xg = rng.standard_normal((4096, 1000)).astype(np.float32)
+got = cuda_runner(trace(softmax_fn, xg), block=128, device="gpu")(xg)[0]
+want = np.exp(xg - xg.max(-1, keepdims=True))
+want /= want.sum(-1, keepdims=True)
+print(f"GPU softmax: max |difference| from NumPy {np.abs(got - want).max():.1e}")
+
+# %% [markdown]
+# ## 7. A small autotuner
+#
+# Which block size, tile size or work split is fastest depends on the shape and the machine, and
+# is easier to measure than to predict. Triton's `@autotune`, TVM's AutoTVM/Ansor and
+# TorchInductor's `max-autotune` all run a few candidate configurations of a kernel on the real
+# shape, keep the fastest, and cache the choice per shape so the cost is paid once.
+#
+# The knob tuned here is the Numba kernels' *chunk size*: how many rows `prange` hands a thread at
+# a time (`numba.set_parallel_chunksize`; 0 means "divide the rows evenly once", Numba's
+# default). Small chunks balance uneven work, large ones cost less scheduling. Every candidate
+# computes the same thing, which the tuner checks: a configuration that changes the answer is a
+# bug, never a winner.
+#
+# `Autotuner(timer)` keeps `cache = {key: best config}` and `trials` (how many candidate runs it
+# measured). `tune(key, candidates, run)` returns the cached choice for a key seen before, without
+# running anything; otherwise it calls `run(config)` (which returns the kernel's outputs) once per
+# candidate to warm up and compare outputs with the first candidate's (`np.array_equal`;
+# `ValueError` naming both configs if they differ), then times `repeat` runs of each with `timer`
+# (the fastest run counts, as lesson 04 taught), and caches and returns the fastest config.
+#
+# **Exercise 14.9.** Write `Autotuner.tune`.
+
+# %%
+#| export
+#| exercise 14.9
+class Autotuner:
+    """Choose a kernel configuration by measuring the candidates; cache the choice per key
+    (a kernel and a shape). timer: a clock in seconds (time.perf_counter)."""
+
+    def __init__(self, timer: Callable[[], float] | None = None, repeat: int = 3):
+        import time
+
+        self.timer = timer or time.perf_counter
+        self.repeat = repeat
+        self.cache: dict[Any, Any] = {}
+        self.trials = 0
+
+    def tune(self, key: Any, candidates: Sequence[Any], run: Callable[[Any], Sequence[np.ndarray]]) -> Any:
+        """The best of `candidates` for `key` (cached): run(config) -> the kernel's outputs."""
+        ### BEGIN SOLUTION
+        if key in self.cache:
+            return self.cache[key]
+        if not candidates:
+            raise ValueError(f"tune({key!r}): no candidates")
+        first = [np.asarray(o).copy() for o in run(candidates[0])]
+        for config in candidates[1:]:
+            outs = run(config)
+            if len(outs) != len(first) or not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first, outs)):
+                raise ValueError(f"tune({key!r}): config {config!r} gives other results than {candidates[0]!r}")
+        best, best_t = None, math.inf
+        for config in candidates:
+            for _ in range(self.repeat):
+                t0 = self.timer()
+                run(config)
+                t = self.timer() - t0
+                self.trials += 1
+                if t < best_t:
+                    best, best_t = config, t
+        self.cache[key] = best
+        return best
+        ### END SOLUTION
+
+
+def tuned_kernels(graph: Graph, tuner: Autotuner, candidates: Sequence[int] = (0, 1, 4, 16)) -> Callable:
+    """build_kernels(graph), with each fused kernel's chunk size chosen by `tuner` on its first run
+    for a shape (key: the kernel's source and the rows, C it runs over). run.choices: {key: chunk}."""
+    import numba
+
+    choices: dict = {}
+    seen: set = set()
+
+    def wrap(kernel: Callable, source: str) -> Callable:
+        def tuned(rows: int, C: int, *arrays: np.ndarray) -> None:
+            key = (source, rows, C)
+            outs = arrays[len(arrays) - n_writes[source]:]
+
+            def run(chunk: int) -> list[np.ndarray]:
+                old = numba.set_parallel_chunksize(chunk)
+                try:
+                    kernel(rows, C, *arrays)
+                finally:
+                    numba.set_parallel_chunksize(old)
+                return [o.copy() for o in outs]
+
+            if key not in seen:
+                choices[key] = tuner.tune(key, candidates, run)
+                seen.add(key)
+            old = numba.set_parallel_chunksize(choices[key])
+            try:
+                kernel(rows, C, *arrays)
+            finally:
+                numba.set_parallel_chunksize(old)
+        return tuned
+
+    n_writes: dict[str, int] = {}
+
+    def source_fn(g: Graph, group: Sequence[Node], name: str) -> str:
+        src = numba_source(g, group, name)
+        n_writes[src] = len(kernel_io(g, group)[1])
+        return src
+
+    run = build_kernels(graph, source_fn=source_fn, kernel_wrapper=wrap)
+    run.choices = choices
+    return run
+
+# %% tags=["check"]
+check("14.9")
+
+# %%
+tuner = Autotuner()
+xt = rng.standard_normal((2048 if not SMALL else 256, 512))
+run_t = tuned_kernels(trace(softmax_fn, xt), tuner)
+run_t(xt)
+run_t(xt)  # the same shape: no measuring
+for (src, rows, C), chunk in run_t.choices.items():
+    print(f"softmax kernel on ({rows}, {C}): chunk size {chunk} chosen after {tuner.trials} timed runs")
 
 # %% [markdown]
 # ### Putting it together: a LayerNorm + MLP block
