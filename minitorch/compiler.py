@@ -177,6 +177,17 @@ class Proxy:
         n = self.shape[int(axis)]
         return total * (1.0 / n if n else math.nan)  # NumPy's mean of nothing is nan
 
+    def transpose(self, *axes: int) -> Proxy:
+        """Swap the last two axes (the only transpose the IR has: a library kernel)."""
+        n = self.ndim
+        swap = tuple(range(n - 2)) + (n - 1, n - 2)
+        if n < 2 or tuple(a % n for a in axes) != swap:
+            raise GraphBreak(f"transpose{axes} of a {n}-d tensor at {_where()}: only swapping the last two axes "
+                             f"({swap}) is supported")
+        node = Node("transpose", [self.node], {}, self.shape[:-2] + (self.shape[-1], self.shape[-2]), self.dtype)
+        self.graph.nodes.append(node)
+        return Proxy(self.graph, node)
+
     def __bool__(self) -> bool:
         raise GraphBreak(f"data-dependent control flow: bool() of a traced tensor at {_where()}")
 
@@ -314,7 +325,9 @@ def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
         return getattr(np, "max" if n.op == "max" else "sum")(xs[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"])
     fn = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
           "relu": lambda a: np.maximum(a, 0), "add": np.add, "sub": np.subtract, "mul": np.multiply,
-          "div": np.divide, "pow": np.power, "matmul": np.matmul}[n.op]
+          "div": np.divide, "pow": np.power, "matmul": np.matmul,
+          "expand": lambda a: np.broadcast_to(a, n.shape).copy(), "reshape": lambda a: a.reshape(n.shape),
+          "transpose": lambda a: np.swapaxes(a, -1, -2)}[n.op]
     return fn(*xs)
 
 
@@ -448,7 +461,7 @@ def domain(group: Sequence[Node]) -> tuple[tuple, int] | None:
         if first.attrs["axis"] % len(shape) != len(shape) - 1:
             return None
         return shape[:-1], shape[-1]
-    if first.op not in POINTWISE:
+    if first.op not in POINTWISE and first.op != "expand":
         return None
     return (first.shape[:-1], first.shape[-1]) if first.shape else ((), 1)
 
@@ -460,7 +473,7 @@ def fits(node: Node, dom: tuple[tuple, int]) -> str | None:
         shape = node.inputs[0].shape
         last = node.attrs["axis"] % len(shape) == len(shape) - 1 if shape else False
         return "row" if last and shape == rows + (width,) else None
-    if node.op not in POINTWISE:
+    if node.op not in POINTWISE and node.op != "expand":
         return None
     if node.shape == rows + (width,) or (not node.shape and not rows and width == 1):  # a scalar group
         return "full"
@@ -594,9 +607,18 @@ def per_row(node: Node, dom: tuple[tuple, int]) -> bool:
     return not node.shape or node.shape[-1] == 1 and dom[1] != 1 or node.shape == dom[0] + (1,)
 
 
+def py_literal(value: float, dtype: Any) -> str:
+    """A constant in generated Python/Numba source: f32(v) for float32 (float32 arithmetic), v for
+    float64, math.inf / math.nan for the non-finite."""
+    value = float(value)
+    text = ("math.inf" if value > 0 else "-math.inf") if math.isinf(value) else "math.nan" if math.isnan(value) \
+        else repr(value)
+    return f"f32({text})" if np.dtype(dtype) == np.float32 else text
+
+
 PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh": "math.tanh({0})",
           "sqrt": "math.sqrt({0})", "relu": "max({0}, 0.0)", "add": "({0} + {1})", "sub": "({0} - {1})",
-          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})"}
+          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}"}
 
 
 def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
@@ -612,7 +634,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
     def ref(n: Node) -> str:
         if n.op == "const":
-            return repr(float(n.attrs["value"]))
+            return py_literal(n.attrs["value"], n.dtype)
         if n in inside:
             return var[n]
         return f"{arg[n]}[r, 0]" if per_row(n, dom) else f"{arg[n]}[r, c]"
@@ -649,6 +671,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
 
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
+PARALLEL_MIN = 1 << 16  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -657,7 +680,7 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     another shape reuses the compiled kernel (Numba compiles once per argument types)."""
     key = (source, parallel)
     if key not in KERNEL_CACHE:
-        scope: dict[str, Any] = {"math": math, "prange": prange}
+        scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
         KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
     return KERNEL_CACHE[key]
@@ -687,7 +710,8 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
         else:
             name = f"kernel{k}"
             source = source_fn(graph, group, name)
-            kernel = compile_numba(source, name, parallel)
+            # threads pay off on big kernels; a small one runs on one core (no wake-up cost)
+            kernel = compile_numba(source, name, parallel and math.prod(dom[0]) * dom[1] >= PARALLEL_MIN)
             if kernel_wrapper is not None:
                 kernel = kernel_wrapper(kernel, source)
             steps.append((kernel, group, reads, writes, dom))
@@ -936,3 +960,243 @@ def tuned_kernels(graph: Graph, tuner: Autotuner, candidates: Sequence[int] = (0
     run = build_kernels(graph, source_fn=source_fn, kernel_wrapper=wrap)
     run.choices = choices
     return run
+
+
+def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
+    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
+    node = Node(op, inputs, attrs, shape, dtype)
+    graph.nodes.append(node)
+    return node
+
+
+def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
+    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
+    loss = graph.outputs[0]
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
+    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
+    g = Graph()
+    new = {}
+    for n in graph.nodes:
+        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
+
+    def const(v: float, like: Node) -> Node:
+        return g.add_const(v, like.dtype)
+
+    def unbroadcast(d: Node, shape: tuple) -> Node:
+        while len(d.shape) > len(shape):
+            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
+        for ax, (want, have) in enumerate(zip(shape, d.shape)):
+            if want == 1 and have != 1:
+                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
+        return d
+
+    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
+
+    def give(n: Node, d: Node) -> None:
+        if n.op == "const":
+            return
+        d = unbroadcast(d, n.shape)
+        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
+
+    for old in reversed(graph.nodes):
+        n = new[old]
+        if n not in grads or n.op in ("input", "const"):
+            continue
+        d = grads[n]
+        op, ins = n.op, n.inputs
+        if op == "add":
+            give(ins[0], d), give(ins[1], d)
+        elif op == "sub":
+            give(ins[0], d), give(ins[1], g.add("neg", [d]))
+        elif op == "mul":
+            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
+        elif op == "div":
+            give(ins[0], g.add("div", [d, ins[1]]))
+            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
+        elif op == "pow":
+            a, b = ins
+            if b.op == "const":
+                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
+                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
+            else:
+                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
+                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
+        elif op == "neg":
+            give(ins[0], g.add("neg", [d]))
+        elif op == "exp":
+            give(ins[0], g.add("mul", [d, n]))
+        elif op == "log":
+            give(ins[0], g.add("div", [d, ins[0]]))
+        elif op == "sqrt":
+            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
+        elif op == "tanh":
+            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
+        elif op == "sum":
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "transpose":
+            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
+        elif op == "matmul":
+            a, b = ins
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
+            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
+            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
+        else:
+            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
+            if new[graph.inputs[k]] not in grads}
+    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
+    g.single = False
+    return g
+
+
+def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
+    """fn (returning a one-element loss), compiled with its backward: the call returns
+    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
+    compiled = Compiled(lambda *args: (fn(*args),),
+                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
+
+    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss, *grads = compiled(*args)
+        return loss, tuple(grads)
+
+    step.compiled = compiled
+    return step
+
+
+def gpt_block_weights(c: int, n_head: int, seed: int = 0, dtype: Any = np.float32) -> list[np.ndarray]:
+    """Random weights of gpt_block for width c: ln1 (w, b), per head (wq, wk, wv) of (c, c/h), per head
+    wo of (c/h, c), ln2 (w, b), w1 (c, 4c), b1, w2 (4c, c), b2."""
+    r = np.random.default_rng(seed)
+    d = c // n_head
+    s = 1 / math.sqrt(c)
+    ws = [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c)]
+    ws += [s * r.standard_normal((c, d)) for _ in range(3 * n_head)]
+    ws += [s * r.standard_normal((d, c)) for _ in range(n_head)]
+    ws += [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c), s * r.standard_normal((c, 4 * c)),
+           0.1 * r.standard_normal(4 * c), s * r.standard_normal((4 * c, c)) / 2, 0.1 * r.standard_normal(c)]
+    return [w.astype(dtype) for w in ws]
+
+
+def causal_mask(t: int, dtype: Any = np.float32) -> np.ndarray:
+    """(t, t): 0 on and below the diagonal, -inf above."""
+    return np.triu(np.full((t, t), -np.inf, dtype), 1)
+
+
+def _ln(x: Any, w: Any, b: Any) -> Any:
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    return xc * (var + 1e-5) ** -0.5 * w + b
+
+
+def gpt_block(x: Any, mask: Any, *weights: Any) -> Any:
+    """Lesson 09's pre-LayerNorm block on x (B, T, C) with minitorch operations (traceable):
+    causal multi-head attention, then a tanh-GELU MLP, each with its residual."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    h = _ln(x, ln1_w, ln1_b)
+    scale = 1.0 / math.sqrt(qkv[0].shape[-1])
+    attn = None
+    for k in range(n_head):
+        q, kk, v = h @ qkv[3 * k], h @ qkv[3 * k + 1], h @ qkv[3 * k + 2]
+        s = (q @ kk.transpose(0, 2, 1)) * scale + mask
+        e = (s - s.max(axis=-1, keepdims=True)).exp()
+        head = (e / e.sum(axis=-1, keepdims=True)) @ v @ wo[k]
+        attn = head if attn is None else attn + head
+    x = x + attn
+    u = _ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + (0.7978845608028654 * (u + 0.044715 * u * u * u)).tanh())
+    return x + u @ w2 + b2
+
+
+def gpt_block_numpy(x: np.ndarray, mask: np.ndarray, *weights: np.ndarray) -> np.ndarray:
+    """gpt_block written directly in NumPy: heads as a batched axis, one (C, C) matrix each for q, k, v, o."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    bsz, t, c = x.shape
+    d = c // n_head
+    wq, wk, wv = (np.concatenate(qkv[j::3], axis=1) for j in range(3))
+
+    def ln(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        mu = a.mean(-1, keepdims=True)
+        var = a.var(-1, keepdims=True)
+        return (a - mu) / np.sqrt(var + 1e-5) * w + b
+
+    h = ln(x, ln1_w, ln1_b)
+    q, k, v = ((h @ w).reshape(bsz, t, n_head, d).transpose(0, 2, 1, 3) for w in (wq, wk, wv))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + mask
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    a = (s @ v).transpose(0, 2, 1, 3).reshape(bsz, t, c)
+    x = x + a @ np.concatenate(wo, axis=0)
+    u = ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u ** 3)))
+    return x + u @ w2 + b2
+
+
+def plan_flops(graph: Graph) -> int:
+    """FLOPs of a graph: pointwise nodes one per output element, reductions one per input element,
+    matmul 2 * k per output element; layout nodes and constants none."""
+    total = 0
+    for n in graph.nodes:
+        if n.op in POINTWISE:
+            total += math.prod(n.shape)
+        elif n.op in REDUCTIONS:
+            total += math.prod(n.inputs[0].shape)
+        elif n.op == "matmul":
+            total += 2 * math.prod(n.shape) * n.inputs[0].shape[-1]
+    return total
+
+
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+    """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
+    compile time and guard cost of gpt_block at (batch, t, c), float32."""
+    from minitorch.bench import benchmark
+
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    f = compile(gpt_block)
+    args = [Tensor(x), Tensor(mask), *map(Tensor, ws)]
+    import time
+
+    t0 = time.perf_counter()
+    out = f(*args)
+    t_compile = time.perf_counter() - t0
+    leaves = [Tensor(x, requires_grad=True), Tensor(mask)] + [Tensor(w, requires_grad=True) for w in ws]
+    want = gpt_block(*leaves).data
+    best = {"eager": math.inf, "numpy": math.inf, "compiled": math.inf}
+    for _ in range(rounds):
+        best["eager"] = min(best["eager"], benchmark(gpt_block, *leaves, repeat=3).min)
+        best["numpy"] = min(best["numpy"], benchmark(gpt_block_numpy, x, mask, *ws, repeat=3).min)
+        best["compiled"] = min(best["compiled"], benchmark(f, *args, repeat=3).min)
+    g = optimize(trace(gpt_block, x, mask, *ws))
+    plan = fuse(g)
+    return dict(shape=(batch, t, c), err=float(np.abs(out.data - want).max()), compile=t_compile,
+                guard=benchmark(guard_key, args, repeat=5, number=100).min,
+                eager_bytes=sum(plan_bytes(g, eager_plan(g))), fused_bytes=sum(plan_bytes(g, plan)),
+                eager_kernels=len(eager_plan(g)), fused_kernels=len(plan), **best)
+
+
+def print_speed_table(results: Sequence[dict]) -> None:
+    """The table of block_speed results: ms, ratios, kernels, MB, compile s, guard us, max error."""
+    print("gpt_block (causal attention, 4 heads + GELU MLP), float32; times: fastest run, ms")
+    print(f"{'shape':>14} {'eager':>8} {'NumPy':>8} {'compiled':>9} {'eager/comp':>11} {'NumPy/comp':>11} "
+          f"{'kernels':>9} {'MB eager':>9} {'MB fused':>9} {'compile s':>10} {'guard us':>9} {'max err':>8}")
+    for r in results:
+        print(f"{str(r['shape']):>14} {1e3 * r['eager']:>8.2f} {1e3 * r['numpy']:>8.2f} {1e3 * r['compiled']:>9.2f} "
+              f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
+              f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
+              f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")

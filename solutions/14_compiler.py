@@ -16,21 +16,25 @@
 #    subexpression elimination (14.3), constant folding and algebraic simplification (14.4).
 # 3. **Fusion** (14.5): pointwise chains, and a reduction over the last axis with its pointwise
 #    prologue and epilogue, become one kernel (TorchInductor's and tinygrad's rule); count the
-#    bytes each plan reads and writes, eager against fused.
-# 4. **Code generation**: Numba source for each fused group, printed, compiled and run (14.6),
-#    and CUDA C for the same groups, graded on the course's CPU emulator and compiled to PTX (14.7).
+#    bytes each plan reads and writes, eager against fused; then give the intermediate values
+#    buffers, reusing a buffer once its value is dead (14.6).
+# 4. **Code generation**: Numba source for each fused group, printed, compiled and run on all
+#    cores (14.7), and CUDA C for the same groups, run on the course's CPU emulator and compiled
+#    to PTX (14.8); a small autotuner picks a kernel's work split by measuring (14.9).
 #
-# Then `compile(fn)` runs a LayerNorm + MLP block (the shape of lesson 09's GPT block, written
-# with minitorch's operations) and gives the eager numbers (float64 to 1e-12) with fewer kernels
-# and fewer bytes. The course's reference version of this lesson is `minitorch/compiler.py`.
+# Then `compile(fn)` runs lesson 09's transformer block (attention and MLP, written with
+# minitorch's operations) and a training step (forward and backward, differentiated on the graph
+# with lesson 02's rules) and gives the eager numbers (float64 to 1e-12) with fewer kernels and
+# fewer bytes; section 9 places eager and fused kernels on lesson 04's roofline and times the
+# block against eager minitorch and NumPy. The course's reference version of this lesson is
+# `minitorch/compiler.py`.
 #
 # Hardware background: why fusion pays (bytes not moved, launches not made, caches) is in
 # [fusion](../hardware_notes/fusion.md); the roofline it moves a kernel along is in
 # [roofline](../hardware_notes/roofline.md).
 #
 # Scope: floating tensors (float32, float64), reductions over the last axis, matmul as an
-# external (library) kernel; what is left out (autograd through the compiled graph, an
-# autotuner) is listed at the end.
+# external (library) kernel; what is left out is listed at the end.
 
 # %%
 import os
@@ -80,6 +84,8 @@ from minitorch.autograd import Tensor
 # | `sum max` | x | `axis`, `keepdims` | a reduction over one axis |
 # | `matmul` | a, b | | `a @ b`, run by a library (BLAS): never fused |
 # | `probe` | x | `label` | prints a summary of x: a *side effect*, no output |
+# | `transpose` | x | | swaps the last two axes (`k.transpose(0, 2, 1)`): a library kernel |
+# | `expand`, `reshape` | x | | made only by `grad_graph` (section 8): a row value stretched over the columns, a new shape |
 #
 # Tracing (given) calls the function with `Proxy` objects in place of tensors. A proxy has the
 # tensor's methods and operators; each one adds a node to the graph and returns a new proxy, so
@@ -260,6 +266,17 @@ class Proxy:
         total = self._reduce("sum", axis, keepdims)
         n = self.shape[int(axis)]
         return total * (1.0 / n if n else math.nan)  # NumPy's mean of nothing is nan
+
+    def transpose(self, *axes: int) -> Proxy:
+        """Swap the last two axes (the only transpose the IR has: a library kernel)."""
+        n = self.ndim
+        swap = tuple(range(n - 2)) + (n - 1, n - 2)
+        if n < 2 or tuple(a % n for a in axes) != swap:
+            raise GraphBreak(f"transpose{axes} of a {n}-d tensor at {_where()}: only swapping the last two axes "
+                             f"({swap}) is supported")
+        node = Node("transpose", [self.node], {}, self.shape[:-2] + (self.shape[-1], self.shape[-2]), self.dtype)
+        self.graph.nodes.append(node)
+        return Proxy(self.graph, node)
 
     def __bool__(self) -> bool:
         raise GraphBreak(f"data-dependent control flow: bool() of a traced tensor at {_where()}")
@@ -456,7 +473,9 @@ def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
         return getattr(np, "max" if n.op == "max" else "sum")(xs[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"])
     fn = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
           "relu": lambda a: np.maximum(a, 0), "add": np.add, "sub": np.subtract, "mul": np.multiply,
-          "div": np.divide, "pow": np.power, "matmul": np.matmul}[n.op]
+          "div": np.divide, "pow": np.power, "matmul": np.matmul,
+          "expand": lambda a: np.broadcast_to(a, n.shape).copy(), "reshape": lambda a: a.reshape(n.shape),
+          "transpose": lambda a: np.swapaxes(a, -1, -2)}[n.op]
     return fn(*xs)
 
 # %%
@@ -729,7 +748,7 @@ def domain(group: Sequence[Node]) -> tuple[tuple, int] | None:
         if first.attrs["axis"] % len(shape) != len(shape) - 1:
             return None
         return shape[:-1], shape[-1]
-    if first.op not in POINTWISE:
+    if first.op not in POINTWISE and first.op != "expand":
         return None
     return (first.shape[:-1], first.shape[-1]) if first.shape else ((), 1)
 
@@ -741,7 +760,7 @@ def fits(node: Node, dom: tuple[tuple, int]) -> str | None:
         shape = node.inputs[0].shape
         last = node.attrs["axis"] % len(shape) == len(shape) - 1 if shape else False
         return "row" if last and shape == rows + (width,) else None
-    if node.op not in POINTWISE:
+    if node.op not in POINTWISE and node.op != "expand":
         return None
     if node.shape == rows + (width,) or (not node.shape and not rows and width == 1):  # a scalar group
         return "full"
@@ -937,7 +956,10 @@ print(f"{len(bufs)} intermediate values in {len(set(bufs.values()))} buffers")
 #
 # Name the values `v0, v1, ...` by the node's position in the group, the arrays `in0, in1, ...`
 # and `out0, out1, ...`. Ops: `math.exp/log/tanh/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`,
-# `**`; constants as `repr(float(value))`; sums start at `0.0`, maxima at `-math.inf`.
+# `**`; constants as `py_literal(value, dtype)` (given: `f32(0.5)` in a float32 node, so the
+# arithmetic stays in float32 as NumPy's does; `0.5` in a float64 one; `math.inf` for an
+# infinity); sums start at `0.0`, maxima at `-math.inf`. Rows run in parallel: `for r in
+# prange(rows)` (Numba's parallel range, lesson 06): each row is independent.
 #
 # **Exercise 14.7.** Write `numba_source(graph, group, name) -> str`: the source of
 # `def name(rows, C, in0, ..., out0, ...)`.
@@ -961,9 +983,18 @@ def per_row(node: Node, dom: tuple[tuple, int]) -> bool:
     return not node.shape or node.shape[-1] == 1 and dom[1] != 1 or node.shape == dom[0] + (1,)
 
 
+def py_literal(value: float, dtype: Any) -> str:
+    """A constant in generated Python/Numba source: f32(v) for float32 (float32 arithmetic), v for
+    float64, math.inf / math.nan for the non-finite."""
+    value = float(value)
+    text = ("math.inf" if value > 0 else "-math.inf") if math.isinf(value) else "math.nan" if math.isnan(value) \
+        else repr(value)
+    return f"f32({text})" if np.dtype(dtype) == np.float32 else text
+
+
 PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh": "math.tanh({0})",
           "sqrt": "math.sqrt({0})", "relu": "max({0}, 0.0)", "add": "({0} + {1})", "sub": "({0} - {1})",
-          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})"}
+          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}"}
 
 # %%
 #| export
@@ -982,7 +1013,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
     def ref(n: Node) -> str:
         if n.op == "const":
-            return repr(float(n.attrs["value"]))
+            return py_literal(n.attrs["value"], n.dtype)
         if n in inside:
             return var[n]
         return f"{arg[n]}[r, 0]" if per_row(n, dom) else f"{arg[n]}[r, c]"
@@ -1027,6 +1058,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 #| export
 #| given
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
+PARALLEL_MIN = 1 << 16  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -1035,7 +1067,7 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     another shape reuses the compiled kernel (Numba compiles once per argument types)."""
     key = (source, parallel)
     if key not in KERNEL_CACHE:
-        scope: dict[str, Any] = {"math": math, "prange": prange}
+        scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
         KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
     return KERNEL_CACHE[key]
@@ -1065,7 +1097,8 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
         else:
             name = f"kernel{k}"
             source = source_fn(graph, group, name)
-            kernel = compile_numba(source, name, parallel)
+            # threads pay off on big kernels; a small one runs on one core (no wake-up cost)
+            kernel = compile_numba(source, name, parallel and math.prod(dom[0]) * dom[1] >= PARALLEL_MIN)
             if kernel_wrapper is not None:
                 kernel = kernel_wrapper(kernel, source)
             steps.append((kernel, group, reads, writes, dom))
@@ -1114,6 +1147,42 @@ check("14.7")
 # %%
 gs = optimize(trace(softmax_fn, np.zeros((4, 10))))
 print(numba_source(gs, fuse(gs)[0], "softmax_kernel"))
+
+# %% [markdown]
+# ### Putting it together: a LayerNorm + MLP block
+#
+# Lesson 09's block computes `x + mlp(ln(x))` (and the same with attention). Written with
+# minitorch's operations, with GELU in its tanh form and the LayerNorm of section 1, it traces
+# into one graph; the compiler fuses the LayerNorm into one kernel, the bias and GELU after the
+# first matmul into one, and the bias and residual after the second into one.
+
+# %%
+GELU_C = float(np.sqrt(2.0 / np.pi))
+
+
+def mlp_block(x, ln_w, ln_b, w1, b1, w2, b2):
+    h = layer_norm_fn(x, ln_w, ln_b) @ w1 + b1
+    h = 0.5 * h * (1.0 + (GELU_C * (h + 0.044715 * h * h * h)).tanh())
+    return x + h @ w2 + b2
+
+
+def block_params(c, seed=0, dtype=np.float64):
+    r = np.random.default_rng(seed)
+    return [Tensor(a.astype(dtype)) for a in (1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c),
+                                               0.1 * r.standard_normal((c, 4 * c)), 0.1 * r.standard_normal(4 * c),
+                                               0.1 * r.standard_normal((4 * c, c)), 0.1 * r.standard_normal(c))]
+
+
+block = compile(mlp_block)
+xb = Tensor(rng.standard_normal((2, 16, 64)))
+params = block_params(64)
+got, want = block(xb, *params), mlp_block(xb, *params)
+print(f"compiled vs eager minitorch (float64): max |difference| {np.abs(got.data - want.data).max():.1e}")
+gb = optimize(trace(mlp_block, xb, *params))
+plan_b = fuse(gb)
+print(f"{len(eager_plan(gb))} eager kernels -> {len(plan_b)} kernels "
+      f"({sum(domain(g) is None for g in plan_b)} matmuls); bytes eager {sum(plan_bytes(gb, eager_plan(gb))):,}, "
+      f"fused {sum(plan_bytes(gb, plan_b)):,}")
 
 # %% [markdown]
 # ## 6. Code generation: CUDA C
@@ -1438,49 +1507,385 @@ for (src, rows, C), chunk in run_t.choices.items():
     print(f"softmax kernel on ({rows}, {C}): chunk size {chunk} chosen after {tuner.trials} timed runs")
 
 # %% [markdown]
-# ### Putting it together: a LayerNorm + MLP block
+# ## 8. The training step: forward and backward in one graph
 #
-# Lesson 09's block computes `x + mlp(ln(x))` (and the same with attention). Written with
-# minitorch's operations, with GELU in its tanh form and the LayerNorm of section 1, it traces
-# into one graph; the compiler fuses the LayerNorm into one kernel, the bias and GELU after the
-# first matmul into one, and the bias and residual after the second into one.
+# Lesson 02's tape records, while the forward runs, a closure per operation that computes its
+# vector-Jacobian product from NumPy arrays; `backward()` walks the tape in reverse. A compiler
+# wants the backward as *graph nodes*, so it can fuse and plan them with the forward: PyTorch's
+# AOTAutograd traces the backward into the same kind of graph ahead of time, and XLA and JAX
+# differentiate the graph itself (`jax.grad` is a graph-to-graph transformation).
+#
+# `grad_graph(graph, wrt)` (given) does that here: it walks the forward graph in reverse and
+# appends, for each node, lesson 02's VJP rules written with the IR's operations (`mul`, `div`,
+# `tanh`'s `1 - out * out`, a matmul's `g @ b^T` and `a^T @ g`), a sum of the broadcast axes to
+# undo broadcasting (`unbroadcast`, as lesson 02's), and three layout operations that only
+# gradients need: `expand` (a row value stretched over the columns: the backward of a sum, fused
+# like a pointwise op), `reshape` and `transpose` (library kernels). The new graph returns the
+# loss and the gradients of the chosen inputs; the passes, fusion, buffers and code generation
+# of this lesson compile it unchanged. `compile_grad(fn, wrt)` returns (loss, grads) as Tensors.
 
 # %%
-GELU_C = float(np.sqrt(2.0 / np.pi))
+#| export
+#| given
+def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
+    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
+    node = Node(op, inputs, attrs, shape, dtype)
+    graph.nodes.append(node)
+    return node
 
 
-def mlp_block(x, ln_w, ln_b, w1, b1, w2, b2):
-    h = layer_norm_fn(x, ln_w, ln_b) @ w1 + b1
-    h = 0.5 * h * (1.0 + (GELU_C * (h + 0.044715 * h * h * h)).tanh())
-    return x + h @ w2 + b2
+def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
+    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
+    loss = graph.outputs[0]
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
+    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
+    g = Graph()
+    new = {}
+    for n in graph.nodes:
+        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
+
+    def const(v: float, like: Node) -> Node:
+        return g.add_const(v, like.dtype)
+
+    def unbroadcast(d: Node, shape: tuple) -> Node:
+        while len(d.shape) > len(shape):
+            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
+        for ax, (want, have) in enumerate(zip(shape, d.shape)):
+            if want == 1 and have != 1:
+                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
+        return d
+
+    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
+
+    def give(n: Node, d: Node) -> None:
+        if n.op == "const":
+            return
+        d = unbroadcast(d, n.shape)
+        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
+
+    for old in reversed(graph.nodes):
+        n = new[old]
+        if n not in grads or n.op in ("input", "const"):
+            continue
+        d = grads[n]
+        op, ins = n.op, n.inputs
+        if op == "add":
+            give(ins[0], d), give(ins[1], d)
+        elif op == "sub":
+            give(ins[0], d), give(ins[1], g.add("neg", [d]))
+        elif op == "mul":
+            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
+        elif op == "div":
+            give(ins[0], g.add("div", [d, ins[1]]))
+            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
+        elif op == "pow":
+            a, b = ins
+            if b.op == "const":
+                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
+                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
+            else:
+                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
+                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
+        elif op == "neg":
+            give(ins[0], g.add("neg", [d]))
+        elif op == "exp":
+            give(ins[0], g.add("mul", [d, n]))
+        elif op == "log":
+            give(ins[0], g.add("div", [d, ins[0]]))
+        elif op == "sqrt":
+            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
+        elif op == "tanh":
+            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
+        elif op == "sum":
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "transpose":
+            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
+        elif op == "matmul":
+            a, b = ins
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
+            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
+            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
+        else:
+            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
+            if new[graph.inputs[k]] not in grads}
+    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
+    g.single = False
+    return g
 
 
-def block_params(c, seed=0, dtype=np.float64):
+def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
+    """fn (returning a one-element loss), compiled with its backward: the call returns
+    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
+    compiled = Compiled(lambda *args: (fn(*args),),
+                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
+
+    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss, *grads = compiled(*args)
+        return loss, tuple(grads)
+
+    step.compiled = compiled
+    return step
+
+# %% [markdown]
+# One training step of the block: the loss is the squared error against a target. The compiled
+# gradients equal lesson 02's tape (float64), and the whole step is a few kernels.
+
+# %%
+def block_loss(x, ln_w, ln_b, w1, b1, w2, b2, target):
+    d = mlp_block(x, ln_w, ln_b, w1, b1, w2, b2) - target
+    return (d * d).sum(axis=-1).sum(axis=0) * 0.5
+
+
+xs_t = rng.standard_normal((9, 16))
+ts_t = rng.standard_normal((9, 16))
+ps_t = block_params(16)
+step = compile_grad(block_loss, wrt=range(1, 7))
+loss_c, grads_c = step(Tensor(xs_t), *ps_t, Tensor(ts_t))
+leaves = [Tensor(p.data, requires_grad=True) for p in ps_t]
+loss_e = block_loss(Tensor(xs_t), *leaves, Tensor(ts_t))
+loss_e.backward()
+worst = max(np.abs(gc.data - leaf.grad.data).max() for gc, leaf in zip(grads_c, leaves))
+print(f"loss: compiled {float(loss_c.data):.12f}, eager {float(loss_e.data):.12f}; "
+      f"largest gradient difference {worst:.1e}")
+gt = optimize(grad_graph(trace(lambda *a: (block_loss(*a),), Tensor(xs_t), *ps_t, Tensor(ts_t)), range(1, 7)))
+pt = fuse(gt)
+print(f"forward + backward: {len(eager_plan(gt))} eager kernels -> {len(pt)} kernels "
+      f"({sum(domain(p) is None for p in pt)} library); bytes eager {sum(plan_bytes(gt, eager_plan(gt))):,}, "
+      f"fused {sum(plan_bytes(gt, pt)):,}")
+
+# %% [markdown]
+# ### The whole transformer block
+#
+# Lesson 09's block adds causal self-attention before the MLP: `x + attn(ln1(x))`, then
+# `x + mlp(ln2(x))`. Written with the operations the tracer knows, each head has its own query,
+# key, value and output weights (the usual `(C, C)` matrices cut into heads: the same
+# arithmetic), the causal mask is an input added to the scores (`-inf` above the diagonal), and
+# `k.transpose(0, 2, 1)` swaps the last two axes. `gpt_block` (given, exported: the benchmark
+# uses it too) is that block; `gpt_block_numpy` the same block written directly in NumPy, heads
+# as one batched axis.
+
+# %%
+#| export
+#| given
+def gpt_block_weights(c: int, n_head: int, seed: int = 0, dtype: Any = np.float32) -> list[np.ndarray]:
+    """Random weights of gpt_block for width c: ln1 (w, b), per head (wq, wk, wv) of (c, c/h), per head
+    wo of (c/h, c), ln2 (w, b), w1 (c, 4c), b1, w2 (4c, c), b2."""
     r = np.random.default_rng(seed)
-    return [Tensor(a.astype(dtype)) for a in (1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c),
-                                               0.1 * r.standard_normal((c, 4 * c)), 0.1 * r.standard_normal(4 * c),
-                                               0.1 * r.standard_normal((4 * c, c)), 0.1 * r.standard_normal(c))]
+    d = c // n_head
+    s = 1 / math.sqrt(c)
+    ws = [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c)]
+    ws += [s * r.standard_normal((c, d)) for _ in range(3 * n_head)]
+    ws += [s * r.standard_normal((d, c)) for _ in range(n_head)]
+    ws += [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c), s * r.standard_normal((c, 4 * c)),
+           0.1 * r.standard_normal(4 * c), s * r.standard_normal((4 * c, c)) / 2, 0.1 * r.standard_normal(c)]
+    return [w.astype(dtype) for w in ws]
 
 
-block = compile(mlp_block)
-xb = Tensor(rng.standard_normal((2, 16, 64)))
-params = block_params(64)
-got, want = block(xb, *params), mlp_block(xb, *params)
-print(f"compiled vs eager minitorch (float64): max |difference| {np.abs(got.data - want.data).max():.1e}")
-gb = optimize(trace(mlp_block, xb, *params))
-plan_b = fuse(gb)
-print(f"{len(eager_plan(gb))} eager kernels -> {len(plan_b)} kernels "
-      f"({sum(domain(g) is None for g in plan_b)} matmuls); bytes eager {sum(plan_bytes(gb, eager_plan(gb))):,}, "
-      f"fused {sum(plan_bytes(gb, plan_b)):,}")
+def causal_mask(t: int, dtype: Any = np.float32) -> np.ndarray:
+    """(t, t): 0 on and below the diagonal, -inf above."""
+    return np.triu(np.full((t, t), -np.inf, dtype), 1)
+
+
+def _ln(x: Any, w: Any, b: Any) -> Any:
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    return xc * (var + 1e-5) ** -0.5 * w + b
+
+
+def gpt_block(x: Any, mask: Any, *weights: Any) -> Any:
+    """Lesson 09's pre-LayerNorm block on x (B, T, C) with minitorch operations (traceable):
+    causal multi-head attention, then a tanh-GELU MLP, each with its residual."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    h = _ln(x, ln1_w, ln1_b)
+    scale = 1.0 / math.sqrt(qkv[0].shape[-1])
+    attn = None
+    for k in range(n_head):
+        q, kk, v = h @ qkv[3 * k], h @ qkv[3 * k + 1], h @ qkv[3 * k + 2]
+        s = (q @ kk.transpose(0, 2, 1)) * scale + mask
+        e = (s - s.max(axis=-1, keepdims=True)).exp()
+        head = (e / e.sum(axis=-1, keepdims=True)) @ v @ wo[k]
+        attn = head if attn is None else attn + head
+    x = x + attn
+    u = _ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + (0.7978845608028654 * (u + 0.044715 * u * u * u)).tanh())
+    return x + u @ w2 + b2
+
+
+def gpt_block_numpy(x: np.ndarray, mask: np.ndarray, *weights: np.ndarray) -> np.ndarray:
+    """gpt_block written directly in NumPy: heads as a batched axis, one (C, C) matrix each for q, k, v, o."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    bsz, t, c = x.shape
+    d = c // n_head
+    wq, wk, wv = (np.concatenate(qkv[j::3], axis=1) for j in range(3))
+
+    def ln(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        mu = a.mean(-1, keepdims=True)
+        var = a.var(-1, keepdims=True)
+        return (a - mu) / np.sqrt(var + 1e-5) * w + b
+
+    h = ln(x, ln1_w, ln1_b)
+    q, k, v = ((h @ w).reshape(bsz, t, n_head, d).transpose(0, 2, 1, 3) for w in (wq, wk, wv))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + mask
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    a = (s @ v).transpose(0, 2, 1, 3).reshape(bsz, t, c)
+    x = x + a @ np.concatenate(wo, axis=0)
+    u = ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u ** 3)))
+    return x + u @ w2 + b2
+
+# %% [markdown]
+# The block, traced: the passes one by one (node counts), then the plan.
+
+# %%
+xg_b = rng.standard_normal((2, 16, 32)).astype(np.float32)
+wg_b = gpt_block_weights(32, 4)
+graph_b = trace(gpt_block, xg_b, causal_mask(16), *wg_b)
+print(f"traced: {graph_b.count()} nodes")
+for name, pass_fn in [("cse", cse), ("fold_constants", fold_constants), ("simplify", simplify), ("cse", cse),
+                      ("dce", dce)]:
+    graph_b = pass_fn(graph_b)
+    print(f"after {name:<15} {graph_b.count():>4} nodes, {graph_b.count('const'):>3} constants")
+plan_gb = fuse(graph_b)
+print(f"{len(eager_plan(graph_b))} eager kernels -> {len(plan_gb)} kernels, of which "
+      f"{sum(domain(g) is None for g in plan_gb)} library (matmul, transpose); "
+      f"bytes eager {sum(plan_bytes(graph_b, eager_plan(graph_b))):,}, fused {sum(plan_bytes(graph_b, plan_gb)):,}")
+
+# %% [markdown]
+# ## 9. Compiled against eager: the roofline and the clock
+#
+# Fusion leaves the FLOPs as they are and divides the bytes, so each fused kernel sits further
+# right on lesson 04's roofline than the eager kernels it replaces: its arithmetic intensity
+# (FLOP per byte) grows by the ratio of bytes, and so does the bound on its speed while it is
+# memory-bound. `plan_flops` (given) counts one FLOP per output element of a pointwise node, one
+# per input element of a reduction, and 2nk per output element of a matmul (lesson 04's count).
+# The cell measures this machine's bandwidth and matmul peak with lesson 04's helpers and places
+# the softmax, the LayerNorm and the block's non-matmul work, eager and fused.
+
+# %%
+#| export
+#| given
+def plan_flops(graph: Graph) -> int:
+    """FLOPs of a graph: pointwise nodes one per output element, reductions one per input element,
+    matmul 2 * k per output element; layout nodes and constants none."""
+    total = 0
+    for n in graph.nodes:
+        if n.op in POINTWISE:
+            total += math.prod(n.shape)
+        elif n.op in REDUCTIONS:
+            total += math.prod(n.inputs[0].shape)
+        elif n.op == "matmul":
+            total += 2 * math.prod(n.shape) * n.inputs[0].shape[-1]
+    return total
 
 # %% tags=["demo"]
-from minitorch.bench import benchmark  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
 
-n_tok, c = (256, 64) if SMALL else (1024, 256)
-xb = Tensor(rng.standard_normal((n_tok, c)).astype(np.float32))
-params = block_params(c, dtype=np.float32)
-block(xb, *params)  # compile for this shape
-t_eager = benchmark(mlp_block, xb, *params, repeat=5).min
-t_comp = benchmark(block, xb, *params, repeat=5).min
-print(f"({n_tok}, {c}) float32: eager {t_eager * 1e3:.2f} ms, compiled {t_comp * 1e3:.2f} ms, "
-      f"eager / compiled = {t_eager / t_comp:.2f}")
+from minitorch.bench import benchmark, measure_bandwidth, measure_peak_matmul, roofline_plot  # noqa: E402
+
+bw = measure_bandwidth(n=2_000_000 if SMALL else 20_000_000, repeat=3 if SMALL else 10, dtype=np.float32)
+peak = measure_peak_matmul(n=256 if SMALL else 1024, repeat=3)
+rows_r = 512 if SMALL else 4096
+xr = rng.standard_normal((rows_r, 1024)).astype(np.float32)
+wr, br = np.ones(1024, np.float32), np.zeros(1024, np.float32)
+points = {}
+for name, fn, args in [("softmax", softmax_fn, (xr,)), ("layer norm", layer_norm_fn, (xr, wr, br))]:
+    gr = optimize(trace(fn, *args))
+    flops = plan_flops(gr)
+    t_e = benchmark(fn, *(Tensor(a) for a in args), repeat=5).min
+    run_r = build_kernels(trace(fn, *args))
+    t_f = benchmark(run_r, *args, repeat=5).min
+    b_e, b_f = sum(plan_bytes(gr, eager_plan(gr))), sum(plan_bytes(gr, fuse(gr)))
+    points[f"{name} eager"] = (flops / b_e, flops / t_e)
+    points[f"{name} fused"] = (flops / b_f, flops / t_f)
+    print(f"{name} ({rows_r}, 1024) float32: {flops / 1e6:.0f} MFLOP; eager {b_e / 1e6:.0f} MB in {t_e * 1e3:.2f} ms "
+          f"({flops / b_e:.3f} FLOP/B), fused {b_f / 1e6:.0f} MB in {t_f * 1e3:.2f} ms ({flops / b_f:.3f} FLOP/B); "
+          f"memory-bound limit {b_f / bw * 1e3:.2f} ms fused")
+print(f"this machine: {bw / 1e9:.1f} GB/s (triad, float32), {peak / 1e9:.0f} GFLOP/s (BLAS matmul, float32)")
+roofline_plot(peak, bw, points, title="eager vs fused kernels (lesson 04's roofline)")
+plt.show()
+
+# %% [markdown]
+# The speed table: `benchmarks/bench_compiler.py` (`make bench L=compiler`) times the whole block
+# eagerly (minitorch with autograd recording), in NumPy, and compiled, at the tiny GPT's shape and
+# 4x wider, with the bytes of each plan, the compile time and the cost of a cache hit. The numbers
+# are this machine's, measured now; read the ratios. Where the compiled block loses, look at which
+# kernels are compute-bound: a fused loop that calls `tanh` per element runs at the speed of the
+# C library's scalar `tanh`, while NumPy's ufunc uses SIMD, so fusing GELU saves bytes but can cost
+# time on a CPU ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
+
+# %%
+#| export
+#| given
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+    """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
+    compile time and guard cost of gpt_block at (batch, t, c), float32."""
+    from minitorch.bench import benchmark
+
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    f = compile(gpt_block)
+    args = [Tensor(x), Tensor(mask), *map(Tensor, ws)]
+    import time
+
+    t0 = time.perf_counter()
+    out = f(*args)
+    t_compile = time.perf_counter() - t0
+    leaves = [Tensor(x, requires_grad=True), Tensor(mask)] + [Tensor(w, requires_grad=True) for w in ws]
+    want = gpt_block(*leaves).data
+    best = {"eager": math.inf, "numpy": math.inf, "compiled": math.inf}
+    for _ in range(rounds):
+        best["eager"] = min(best["eager"], benchmark(gpt_block, *leaves, repeat=3).min)
+        best["numpy"] = min(best["numpy"], benchmark(gpt_block_numpy, x, mask, *ws, repeat=3).min)
+        best["compiled"] = min(best["compiled"], benchmark(f, *args, repeat=3).min)
+    g = optimize(trace(gpt_block, x, mask, *ws))
+    plan = fuse(g)
+    return dict(shape=(batch, t, c), err=float(np.abs(out.data - want).max()), compile=t_compile,
+                guard=benchmark(guard_key, args, repeat=5, number=100).min,
+                eager_bytes=sum(plan_bytes(g, eager_plan(g))), fused_bytes=sum(plan_bytes(g, plan)),
+                eager_kernels=len(eager_plan(g)), fused_kernels=len(plan), **best)
+
+
+def print_speed_table(results: Sequence[dict]) -> None:
+    """The table of block_speed results: ms, ratios, kernels, MB, compile s, guard us, max error."""
+    print("gpt_block (causal attention, 4 heads + GELU MLP), float32; times: fastest run, ms")
+    print(f"{'shape':>14} {'eager':>8} {'NumPy':>8} {'compiled':>9} {'eager/comp':>11} {'NumPy/comp':>11} "
+          f"{'kernels':>9} {'MB eager':>9} {'MB fused':>9} {'compile s':>10} {'guard us':>9} {'max err':>8}")
+    for r in results:
+        print(f"{str(r['shape']):>14} {1e3 * r['eager']:>8.2f} {1e3 * r['numpy']:>8.2f} {1e3 * r['compiled']:>9.2f} "
+              f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
+              f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
+              f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")
+
+# %% tags=["demo"]
+shapes_s = [(2, 64, 64), (2, 64, 256)] if SMALL else [(8, 64, 64), (8, 64, 256)]
+print_speed_table([block_speed(*sh) for sh in shapes_s])
+
+# %% [markdown]
+# ## What is left out
+#
+# - Symbolic shapes: every new shape retraces (torch.compile marks a dimension dynamic after it
+#   changes once, and compiles one graph for all its sizes).
+# - Splitting at a graph break: the whole function runs eagerly; TorchDynamo compiles the parts
+#   before and after the break and runs only the break in Python.
+# - Fusing into the matmul: a bias or activation epilogue fused into the GEMM kernel itself (the
+#   compiler here fuses it into the next kernel), and the block-per-row CUDA kernel with a
+#   shared-memory reduction for wide rows (lesson 08's softmax).
+# - Gradients of `max` and `relu` in `grad_graph`, and autograd through a graph break.

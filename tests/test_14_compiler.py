@@ -412,7 +412,7 @@ def touched_bytes(lesson, g, plan, arrays):
             seen.append(set())
             outs.append(Recorder(env[n].reshape(rows, 1 if pr else dom[1]),
                                  ids.reshape(rows, 1 if pr else dom[1]), seen[-1]))
-        scope = {"math": m, "prange": range}
+        scope = {"math": m, "prange": range, "f32": np.float32}
         exec(lesson.numba_source(g, group, "k"), scope)
         scope["k"](rows, dom[1], *args, *outs)
         sizes = [n.dtype.itemsize for n in reads + writes]
@@ -670,3 +670,30 @@ def test_tuned_kernels_choose_a_candidate_and_keep_the_numbers(solo):
     assert len(run.choices) == 1 and set(run.choices.values()) <= {0, 1, 4}, f"choices: {run.choices}"
     np.testing.assert_array_equal(run(x)[0], first)
     assert tuner.trials == trials, "the same shape again: no measuring"
+
+
+# ------------------------------------------------------------------ 14.7 the training step
+def block_loss(x, ln_w, ln_b, w1, b1, w2, b2, target):
+    d = mlp_block(x, ln_w, ln_b, w1, b1, w2, b2) - target
+    return (d * d).sum(axis=-1).sum(axis=0) * 0.5
+
+
+@pytest.mark.exercise("14.7")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rows,c", [(9, 8), (1, 8), (4, 3)])
+def test_compiled_training_step_equals_the_tape(solo, rows, c):
+    lesson = solo("14.7")
+    rng = np.random.default_rng(rows * 31 + c)
+    x, target = rng.standard_normal((rows, c)), rng.standard_normal((rows, c))
+    params = block_params(c, seed=rows)
+    step = lesson.compile_grad(block_loss, parallel=False)
+    loss, grads = step(Tensor(x), *params, Tensor(target))
+    leaves = [Tensor(x, requires_grad=True)] + [Tensor(p.data, requires_grad=True) for p in params]
+    want = block_loss(*leaves, Tensor(target))
+    want.backward()
+    np.testing.assert_allclose(loss.data, want.data, rtol=1e-12, err_msg="the compiled loss")
+    names = ["x", "ln_w", "ln_b", "w1", "b1", "w2", "b2", "target"]
+    for name, got, leaf in zip(names, grads, leaves):
+        assert got.shape == leaf.shape, f"d loss / d {name}: expected shape {leaf.shape}, got {got.shape}"
+        np.testing.assert_allclose(got.data, leaf.grad.data, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"d loss / d {name} ({rows}x{c}): compiled vs lesson 02's tape")
