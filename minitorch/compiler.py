@@ -751,6 +751,115 @@ def compile(fn: Callable) -> Compiled:  # noqa: A001 - the name torch.compile us
     return Compiled(fn, backend=build_kernels)
 
 
+def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
+    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
+    node = Node(op, inputs, attrs, shape, dtype)
+    graph.nodes.append(node)
+    return node
+
+
+def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
+    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
+    loss = graph.outputs[0]
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
+    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
+    g = Graph()
+    new = {}
+    for n in graph.nodes:
+        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
+
+    def const(v: float, like: Node) -> Node:
+        return g.add_const(v, like.dtype)
+
+    def unbroadcast(d: Node, shape: tuple) -> Node:
+        while len(d.shape) > len(shape):
+            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
+        for ax, (want, have) in enumerate(zip(shape, d.shape)):
+            if want == 1 and have != 1:
+                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
+        return d
+
+    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
+
+    def give(n: Node, d: Node) -> None:
+        if n.op == "const":
+            return
+        d = unbroadcast(d, n.shape)
+        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
+
+    for old in reversed(graph.nodes):
+        n = new[old]
+        if n not in grads or n.op in ("input", "const"):
+            continue
+        d = grads[n]
+        op, ins = n.op, n.inputs
+        if op == "add":
+            give(ins[0], d), give(ins[1], d)
+        elif op == "sub":
+            give(ins[0], d), give(ins[1], g.add("neg", [d]))
+        elif op == "mul":
+            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
+        elif op == "div":
+            give(ins[0], g.add("div", [d, ins[1]]))
+            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
+        elif op == "pow":
+            a, b = ins
+            if b.op == "const":
+                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
+                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
+            else:
+                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
+                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
+        elif op == "neg":
+            give(ins[0], g.add("neg", [d]))
+        elif op == "exp":
+            give(ins[0], g.add("mul", [d, n]))
+        elif op == "log":
+            give(ins[0], g.add("div", [d, ins[0]]))
+        elif op == "sqrt":
+            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
+        elif op == "tanh":
+            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
+        elif op == "sum":
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "transpose":
+            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
+        elif op == "matmul":
+            a, b = ins
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
+            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
+            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
+        else:
+            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
+            if new[graph.inputs[k]] not in grads}
+    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
+    g.single = False
+    return g
+
+
+def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
+    """fn (returning a one-element loss), compiled with its backward: the call returns
+    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
+    compiled = Compiled(lambda *args: (fn(*args),),
+                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
+
+    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss, *grads = compiled(*args)
+        return loss, tuple(grads)
+
+    step.compiled = compiled
+    return step
+
+
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 C_FUNCS = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "relu": "fmax", "pow": "pow", "max": "fmax"}
 
@@ -960,115 +1069,6 @@ def tuned_kernels(graph: Graph, tuner: Autotuner, candidates: Sequence[int] = (0
     run = build_kernels(graph, source_fn=source_fn, kernel_wrapper=wrap)
     run.choices = choices
     return run
-
-
-def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
-    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
-    node = Node(op, inputs, attrs, shape, dtype)
-    graph.nodes.append(node)
-    return node
-
-
-def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
-    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
-    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
-    loss = graph.outputs[0]
-    if math.prod(loss.shape) != 1:
-        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
-    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
-    g = Graph()
-    new = {}
-    for n in graph.nodes:
-        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
-
-    def const(v: float, like: Node) -> Node:
-        return g.add_const(v, like.dtype)
-
-    def unbroadcast(d: Node, shape: tuple) -> Node:
-        while len(d.shape) > len(shape):
-            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
-        for ax, (want, have) in enumerate(zip(shape, d.shape)):
-            if want == 1 and have != 1:
-                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
-        return d
-
-    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
-
-    def give(n: Node, d: Node) -> None:
-        if n.op == "const":
-            return
-        d = unbroadcast(d, n.shape)
-        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
-
-    for old in reversed(graph.nodes):
-        n = new[old]
-        if n not in grads or n.op in ("input", "const"):
-            continue
-        d = grads[n]
-        op, ins = n.op, n.inputs
-        if op == "add":
-            give(ins[0], d), give(ins[1], d)
-        elif op == "sub":
-            give(ins[0], d), give(ins[1], g.add("neg", [d]))
-        elif op == "mul":
-            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
-        elif op == "div":
-            give(ins[0], g.add("div", [d, ins[1]]))
-            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
-        elif op == "pow":
-            a, b = ins
-            if b.op == "const":
-                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
-                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
-            else:
-                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
-                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
-        elif op == "neg":
-            give(ins[0], g.add("neg", [d]))
-        elif op == "exp":
-            give(ins[0], g.add("mul", [d, n]))
-        elif op == "log":
-            give(ins[0], g.add("div", [d, ins[0]]))
-        elif op == "sqrt":
-            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
-        elif op == "tanh":
-            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
-        elif op == "sum":
-            axis = n.attrs["axis"] % len(ins[0].shape)
-            if not n.attrs["keepdims"]:
-                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
-                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
-            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
-        elif op == "transpose":
-            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
-        elif op == "matmul":
-            a, b = ins
-            if len(a.shape) < 2 or len(b.shape) < 2:
-                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
-            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
-            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
-            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
-        else:
-            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
-    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
-            if new[graph.inputs[k]] not in grads}
-    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
-    g.single = False
-    return g
-
-
-def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
-    """fn (returning a one-element loss), compiled with its backward: the call returns
-    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
-    compiled = Compiled(lambda *args: (fn(*args),),
-                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
-
-    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
-        loss, *grads = compiled(*args)
-        return loss, tuple(grads)
-
-    step.compiled = compiled
-    return step
 
 
 def gpt_block_weights(c: int, n_head: int, seed: int = 0, dtype: Any = np.float32) -> list[np.ndarray]:

@@ -85,7 +85,7 @@ from minitorch.autograd import Tensor
 # | `matmul` | a, b | | `a @ b`, run by a library (BLAS): never fused |
 # | `probe` | x | `label` | prints a summary of x: a *side effect*, no output |
 # | `transpose` | x | | swaps the last two axes (`k.transpose(0, 2, 1)`): a library kernel |
-# | `expand`, `reshape` | x | | made only by `grad_graph` (section 8): a row value stretched over the columns, a new shape |
+# | `expand`, `reshape` | x | | made only by `grad_graph` (section 5): a row value stretched over the columns, a new shape |
 #
 # Tracing (given) calls the function with `Proxy` objects in place of tensors. A proxy has the
 # tensor's methods and operators; each one adds a node to the graph and returns a new proxy, so
@@ -1137,9 +1137,6 @@ def compile(fn: Callable) -> Compiled:  # noqa: A001 - the name torch.compile us
     """fn, compiled: traced per guard key, optimized, fused, generated as Numba kernels."""
     return Compiled(fn, backend=build_kernels)
 
-# %% tags=["check"]
-check("14.7")
-
 # %% [markdown]
 # The softmax's one kernel: three loops over the columns (the max, the sum of the exponentials,
 # the output), one pass over rows.
@@ -1183,6 +1180,171 @@ plan_b = fuse(gb)
 print(f"{len(eager_plan(gb))} eager kernels -> {len(plan_b)} kernels "
       f"({sum(domain(g) is None for g in plan_b)} matmuls); bytes eager {sum(plan_bytes(gb, eager_plan(gb))):,}, "
       f"fused {sum(plan_bytes(gb, plan_b)):,}")
+
+# %% [markdown]
+# ### A training step: forward and backward in one graph
+#
+# Lesson 02's tape records, while the forward runs, a closure per operation that computes its
+# vector-Jacobian product from NumPy arrays; `backward()` walks the tape in reverse. A compiler
+# wants the backward as *graph nodes*, so it can fuse and plan them with the forward: PyTorch's
+# AOTAutograd traces the backward into the same kind of graph ahead of time, and XLA and JAX
+# differentiate the graph itself (`jax.grad` is a graph-to-graph transformation).
+#
+# `grad_graph(graph, wrt)` (given) does that here: it walks the forward graph in reverse and
+# appends, for each node, lesson 02's VJP rules written with the IR's operations (`mul`, `div`,
+# `tanh`'s `1 - out * out`, a matmul's `g @ b^T` and `a^T @ g`), a sum of the broadcast axes to
+# undo broadcasting (`unbroadcast`, as lesson 02's), and three layout operations that only
+# gradients need: `expand` (a row value stretched over the columns: the backward of a sum, fused
+# like a pointwise op), `reshape` and `transpose` (library kernels). The new graph returns the
+# loss and the gradients of the chosen inputs; the passes, fusion, buffers and code generation
+# of this lesson compile it unchanged. `compile_grad(fn, wrt)` returns (loss, grads) as Tensors.
+
+# %%
+#| export
+#| given
+def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
+    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
+    node = Node(op, inputs, attrs, shape, dtype)
+    graph.nodes.append(node)
+    return node
+
+
+def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
+    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
+    loss = graph.outputs[0]
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
+    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
+    g = Graph()
+    new = {}
+    for n in graph.nodes:
+        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
+
+    def const(v: float, like: Node) -> Node:
+        return g.add_const(v, like.dtype)
+
+    def unbroadcast(d: Node, shape: tuple) -> Node:
+        while len(d.shape) > len(shape):
+            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
+        for ax, (want, have) in enumerate(zip(shape, d.shape)):
+            if want == 1 and have != 1:
+                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
+        return d
+
+    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
+
+    def give(n: Node, d: Node) -> None:
+        if n.op == "const":
+            return
+        d = unbroadcast(d, n.shape)
+        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
+
+    for old in reversed(graph.nodes):
+        n = new[old]
+        if n not in grads or n.op in ("input", "const"):
+            continue
+        d = grads[n]
+        op, ins = n.op, n.inputs
+        if op == "add":
+            give(ins[0], d), give(ins[1], d)
+        elif op == "sub":
+            give(ins[0], d), give(ins[1], g.add("neg", [d]))
+        elif op == "mul":
+            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
+        elif op == "div":
+            give(ins[0], g.add("div", [d, ins[1]]))
+            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
+        elif op == "pow":
+            a, b = ins
+            if b.op == "const":
+                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
+                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
+            else:
+                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
+                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
+        elif op == "neg":
+            give(ins[0], g.add("neg", [d]))
+        elif op == "exp":
+            give(ins[0], g.add("mul", [d, n]))
+        elif op == "log":
+            give(ins[0], g.add("div", [d, ins[0]]))
+        elif op == "sqrt":
+            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
+        elif op == "tanh":
+            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
+        elif op == "sum":
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "transpose":
+            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
+        elif op == "matmul":
+            a, b = ins
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
+            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
+            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
+        else:
+            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
+            if new[graph.inputs[k]] not in grads}
+    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
+    g.single = False
+    return g
+
+
+def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
+    """fn (returning a one-element loss), compiled with its backward: the call returns
+    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
+    compiled = Compiled(lambda *args: (fn(*args),),
+                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
+
+    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss, *grads = compiled(*args)
+        return loss, tuple(grads)
+
+    step.compiled = compiled
+    return step
+
+# %% [markdown]
+# One training step of the block: the loss is the squared error against a target. The compiled
+# gradients equal lesson 02's tape (float64), and the whole step is a few kernels.
+
+# %%
+def block_loss(x, ln_w, ln_b, w1, b1, w2, b2, target):
+    d = mlp_block(x, ln_w, ln_b, w1, b1, w2, b2) - target
+    return (d * d).sum(axis=-1).sum(axis=0) * 0.5
+
+
+xs_t = rng.standard_normal((9, 16))
+ts_t = rng.standard_normal((9, 16))
+ps_t = block_params(16)
+step = compile_grad(block_loss, wrt=range(1, 7))
+loss_c, grads_c = step(Tensor(xs_t), *ps_t, Tensor(ts_t))
+leaves = [Tensor(p.data, requires_grad=True) for p in ps_t]
+loss_e = block_loss(Tensor(xs_t), *leaves, Tensor(ts_t))
+loss_e.backward()
+worst = max(np.abs(gc.data - leaf.grad.data).max() for gc, leaf in zip(grads_c, leaves))
+print(f"loss: compiled {float(loss_c.data):.12f}, eager {float(loss_e.data):.12f}; "
+      f"largest gradient difference {worst:.1e}")
+gt = optimize(grad_graph(trace(lambda *a: (block_loss(*a),), Tensor(xs_t), *ps_t, Tensor(ts_t)), range(1, 7)))
+pt = fuse(gt)
+print(f"forward + backward: {len(eager_plan(gt))} eager kernels -> {len(pt)} kernels "
+      f"({sum(domain(p) is None for p in pt)} library); bytes eager {sum(plan_bytes(gt, eager_plan(gt))):,}, "
+      f"fused {sum(plan_bytes(gt, pt)):,}")
+
+# %% [markdown]
+# The check grades your kernels on all of it: edge shapes (size 0 and 1, broadcast axes, a
+# scalar), bad inputs, the guards of `compile`, the bytes the kernels really touch (each kernel
+# run as plain Python on arrays that record every element read and written), the buffers, the
+# block and the training step.
+
+# %% tags=["check"]
+check("14.7")
 
 # %% [markdown]
 # ## 6. Code generation: CUDA C
@@ -1507,163 +1669,7 @@ for (src, rows, C), chunk in run_t.choices.items():
     print(f"softmax kernel on ({rows}, {C}): chunk size {chunk} chosen after {tuner.trials} timed runs")
 
 # %% [markdown]
-# ## 8. The training step: forward and backward in one graph
-#
-# Lesson 02's tape records, while the forward runs, a closure per operation that computes its
-# vector-Jacobian product from NumPy arrays; `backward()` walks the tape in reverse. A compiler
-# wants the backward as *graph nodes*, so it can fuse and plan them with the forward: PyTorch's
-# AOTAutograd traces the backward into the same kind of graph ahead of time, and XLA and JAX
-# differentiate the graph itself (`jax.grad` is a graph-to-graph transformation).
-#
-# `grad_graph(graph, wrt)` (given) does that here: it walks the forward graph in reverse and
-# appends, for each node, lesson 02's VJP rules written with the IR's operations (`mul`, `div`,
-# `tanh`'s `1 - out * out`, a matmul's `g @ b^T` and `a^T @ g`), a sum of the broadcast axes to
-# undo broadcasting (`unbroadcast`, as lesson 02's), and three layout operations that only
-# gradients need: `expand` (a row value stretched over the columns: the backward of a sum, fused
-# like a pointwise op), `reshape` and `transpose` (library kernels). The new graph returns the
-# loss and the gradients of the chosen inputs; the passes, fusion, buffers and code generation
-# of this lesson compile it unchanged. `compile_grad(fn, wrt)` returns (loss, grads) as Tensors.
-
-# %%
-#| export
-#| given
-def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
-    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
-    node = Node(op, inputs, attrs, shape, dtype)
-    graph.nodes.append(node)
-    return node
-
-
-def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
-    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
-    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
-    loss = graph.outputs[0]
-    if math.prod(loss.shape) != 1:
-        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
-    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
-    g = Graph()
-    new = {}
-    for n in graph.nodes:
-        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
-
-    def const(v: float, like: Node) -> Node:
-        return g.add_const(v, like.dtype)
-
-    def unbroadcast(d: Node, shape: tuple) -> Node:
-        while len(d.shape) > len(shape):
-            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
-        for ax, (want, have) in enumerate(zip(shape, d.shape)):
-            if want == 1 and have != 1:
-                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
-        return d
-
-    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
-
-    def give(n: Node, d: Node) -> None:
-        if n.op == "const":
-            return
-        d = unbroadcast(d, n.shape)
-        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
-
-    for old in reversed(graph.nodes):
-        n = new[old]
-        if n not in grads or n.op in ("input", "const"):
-            continue
-        d = grads[n]
-        op, ins = n.op, n.inputs
-        if op == "add":
-            give(ins[0], d), give(ins[1], d)
-        elif op == "sub":
-            give(ins[0], d), give(ins[1], g.add("neg", [d]))
-        elif op == "mul":
-            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
-        elif op == "div":
-            give(ins[0], g.add("div", [d, ins[1]]))
-            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
-        elif op == "pow":
-            a, b = ins
-            if b.op == "const":
-                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
-                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
-            else:
-                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
-                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
-        elif op == "neg":
-            give(ins[0], g.add("neg", [d]))
-        elif op == "exp":
-            give(ins[0], g.add("mul", [d, n]))
-        elif op == "log":
-            give(ins[0], g.add("div", [d, ins[0]]))
-        elif op == "sqrt":
-            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
-        elif op == "tanh":
-            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
-        elif op == "sum":
-            axis = n.attrs["axis"] % len(ins[0].shape)
-            if not n.attrs["keepdims"]:
-                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
-                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
-            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
-        elif op == "transpose":
-            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
-        elif op == "matmul":
-            a, b = ins
-            if len(a.shape) < 2 or len(b.shape) < 2:
-                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
-            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
-            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
-            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
-        else:
-            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
-    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
-            if new[graph.inputs[k]] not in grads}
-    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
-    g.single = False
-    return g
-
-
-def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
-    """fn (returning a one-element loss), compiled with its backward: the call returns
-    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
-    compiled = Compiled(lambda *args: (fn(*args),),
-                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
-
-    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
-        loss, *grads = compiled(*args)
-        return loss, tuple(grads)
-
-    step.compiled = compiled
-    return step
-
-# %% [markdown]
-# One training step of the block: the loss is the squared error against a target. The compiled
-# gradients equal lesson 02's tape (float64), and the whole step is a few kernels.
-
-# %%
-def block_loss(x, ln_w, ln_b, w1, b1, w2, b2, target):
-    d = mlp_block(x, ln_w, ln_b, w1, b1, w2, b2) - target
-    return (d * d).sum(axis=-1).sum(axis=0) * 0.5
-
-
-xs_t = rng.standard_normal((9, 16))
-ts_t = rng.standard_normal((9, 16))
-ps_t = block_params(16)
-step = compile_grad(block_loss, wrt=range(1, 7))
-loss_c, grads_c = step(Tensor(xs_t), *ps_t, Tensor(ts_t))
-leaves = [Tensor(p.data, requires_grad=True) for p in ps_t]
-loss_e = block_loss(Tensor(xs_t), *leaves, Tensor(ts_t))
-loss_e.backward()
-worst = max(np.abs(gc.data - leaf.grad.data).max() for gc, leaf in zip(grads_c, leaves))
-print(f"loss: compiled {float(loss_c.data):.12f}, eager {float(loss_e.data):.12f}; "
-      f"largest gradient difference {worst:.1e}")
-gt = optimize(grad_graph(trace(lambda *a: (block_loss(*a),), Tensor(xs_t), *ps_t, Tensor(ts_t)), range(1, 7)))
-pt = fuse(gt)
-print(f"forward + backward: {len(eager_plan(gt))} eager kernels -> {len(pt)} kernels "
-      f"({sum(domain(p) is None for p in pt)} library); bytes eager {sum(plan_bytes(gt, eager_plan(gt))):,}, "
-      f"fused {sum(plan_bytes(gt, pt)):,}")
-
-# %% [markdown]
-# ### The whole transformer block
+# ## 8. Compiled against eager: the whole transformer block
 #
 # Lesson 09's block adds causal self-attention before the MLP: `x + attn(ln1(x))`, then
 # `x + mlp(ln2(x))`. Written with the operations the tracer knows, each head has its own query,
@@ -1768,7 +1774,7 @@ print(f"{len(eager_plan(graph_b))} eager kernels -> {len(plan_gb)} kernels, of w
       f"bytes eager {sum(plan_bytes(graph_b, eager_plan(graph_b))):,}, fused {sum(plan_bytes(graph_b, plan_gb)):,}")
 
 # %% [markdown]
-# ## 9. Compiled against eager: the roofline and the clock
+# ### The roofline and the clock
 #
 # Fusion leaves the FLOPs as they are and divides the bytes, so each fused kernel sits further
 # right on lesson 04's roofline than the eager kernels it replaces: its arithmetic intensity
