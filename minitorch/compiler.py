@@ -671,7 +671,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
 
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 16  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 14  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -682,7 +682,10 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     if key not in KERNEL_CACHE:
         scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
+        # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
+        # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
+        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy",
+                                 fastmath={"reassoc", "contract", "arcp", "nsz"})(scope[name])
     return KERNEL_CACHE[key]
 
 

@@ -1058,7 +1058,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 #| export
 #| given
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 16  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 14  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -1069,7 +1069,10 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     if key not in KERNEL_CACHE:
         scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy")(scope[name])
+        # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
+        # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
+        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy",
+                                 fastmath={"reassoc", "contract", "arcp", "nsz"})(scope[name])
     return KERNEL_CACHE[key]
 
 
@@ -1831,10 +1834,12 @@ plt.show()
 # The speed table: `benchmarks/bench_compiler.py` (`make bench L=compiler`) times the whole block
 # eagerly (minitorch with autograd recording), in NumPy, and compiled, at the tiny GPT's shape and
 # 4x wider, with the bytes of each plan, the compile time and the cost of a cache hit. The numbers
-# are this machine's, measured now; read the ratios. Where the compiled block loses, look at which
-# kernels are compute-bound: a fused loop that calls `tanh` per element runs at the speed of the
-# C library's scalar `tanh`, while NumPy's ufunc uses SIMD, so fusing GELU saves bytes but can cost
-# time on a CPU ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
+# are this machine's, measured now; read the ratios. The compiled block wins by running fewer,
+# fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers)
+# and by using all cores for the big ones. Where a fused kernel loses, it is compute-bound: a loop
+# that calls `exp` or `tanh` per element runs at the speed of the C library's scalar function,
+# while NumPy's ufuncs use SIMD, so fusion saves bytes but can cost time on a CPU
+# ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
 
 # %%
 #| export
