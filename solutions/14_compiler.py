@@ -198,6 +198,27 @@ class Graph:
         lines.append(f"return {', '.join(names[o] for o in self.outputs)}")
         return "\n".join(lines)
 
+    def to_dot(self, plan: Sequence[Sequence[Node]] | None = None) -> str:
+        """The graph in Graphviz's dot language (paste into any dot viewer, or `dot -Tsvg`); with a
+        fusion plan, each kernel is a box around its nodes."""
+        ids = {n: f"n{k}" for k, n in enumerate(self.nodes)}
+
+        def label(n: Node) -> str:
+            extra = n.attrs.get("name", n.attrs.get("value", n.attrs.get("axis", "")))
+            return f"{n.op} {extra}\\n{n.dtype.name}{list(n.shape)}".replace('"', "'")
+
+        lines = ["digraph G {", "  rankdir=TB; node [shape=box, fontsize=10];"]
+        boxed = set()
+        for k, group in enumerate(plan or []):
+            lines.append(f'  subgraph cluster_{k} {{ label="kernel {k}"; style=rounded;')
+            lines += [f'    {ids[n]} [label="{label(n)}"];' for n in group]
+            lines.append("  }")
+            boxed |= set(group)
+        lines += [f'  {ids[n]} [label="{label(n)}"];' for n in self.nodes if n not in boxed]
+        lines += [f"  {ids[i]} -> {ids[n]};" for n in self.nodes for i in n.inputs]
+        lines += [f'  out{k} [label="output {k}", shape=plaintext]; {ids[o]} -> out{k};' for k, o in enumerate(self.outputs)]
+        return "\n".join(lines + ["}"])
+
 
 def _where() -> str:
     """file:line of the traced code that called into the proxy."""
@@ -939,6 +960,14 @@ for k, group in enumerate(pd):
     print(f"kernel {k}: {'+'.join(n.op for n in group):<8} writes buffer "
           f"{', '.join(str(bufs[n]) if n in bufs else 'output' for n in kernel_io(gd, group)[1])}")
 print(f"{len(bufs)} intermediate values in {len(set(bufs.values()))} buffers")
+
+# %% [markdown]
+# The graph can also be drawn: `graph.to_dot(plan)` writes it in Graphviz's language, each kernel
+# a box (paste the text into any dot viewer). The softmax, fused:
+
+# %%
+g_dot = optimize(trace(softmax_fn, np.zeros((4, 10))))
+print(g_dot.to_dot(fuse(g_dot)))
 
 # %% [markdown]
 # ## 5. Code generation: Numba

@@ -698,3 +698,51 @@ def test_compiled_training_step_equals_the_tape(solo, rows, c):
         assert got.shape == leaf.shape, f"d loss / d {name}: expected shape {leaf.shape}, got {got.shape}"
         np.testing.assert_allclose(got.data, leaf.grad.data, rtol=1e-12, atol=1e-12,
                                    err_msg=f"d loss / d {name} ({rows}x{c}): compiled vs lesson 02's tape")
+
+
+def full_sum(v):
+    while v.ndim:
+        v = v.sum(axis=0)
+    return v
+
+
+@pytest.mark.exercise("14.7")
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple),
+       flags=st.lists(st.integers(0, 2), min_size=3, max_size=3))
+@example(shape=(1, 1), flags=[1, 1, 0])
+@example(shape=(3, 0), flags=[0, 0, 0])
+@example(shape=(2, 1, 3), flags=[2, 1, 0])
+def test_compiled_gradients_equal_the_tape_on_edge_shapes(solo, shape, flags):
+    lesson = solo("14.7")
+    rng = np.random.default_rng(len(shape) * 5 + sum(shape))
+    x = rng.standard_normal(shape)
+    y = rng.standard_normal(broadcast_pair(shape, flags[:len(shape)]))
+
+    def loss(x, y):
+        h = (x * y + y).tanh() * x - y.exp() / (x * x + 1.0)
+        return full_sum(h * h + (h - h.sum(axis=-1, keepdims=True) * 0.5))
+
+    value, grads = lesson.compile_grad(loss, source_fn=lesson.numba_source, parallel=False)(Tensor(x), Tensor(y))
+    xt, yt = Tensor(x, requires_grad=True), Tensor(y, requires_grad=True)
+    want = loss(xt, yt)
+    want.backward()
+    np.testing.assert_allclose(value.data, want.data, rtol=1e-12, atol=1e-12)
+    for name, got, leaf in (("x", grads[0], xt), ("y", grads[1], yt)):
+        expected = leaf.grad.data if leaf.grad is not None else np.zeros(leaf.shape)
+        assert got.shape == leaf.shape, f"d loss / d {name}: expected shape {leaf.shape}, got {got.shape}"
+        np.testing.assert_allclose(got.data, expected, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"d loss / d {name}, x {x.shape}, y {y.shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.exercise("14.8")
+def test_cuda_kernels_on_the_gpu(solo):
+    lesson = solo("14.8")
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1000, 37)).astype(np.float32)
+    w, b = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37).astype(np.float32)
+    for what, fn, args in [("softmax", softmax_fn, (x,)), ("layer norm", layer_norm_fn, (x, w, b))]:
+        run = lesson.cuda_runner(lesson.trace(fn, *args), source_fn=lesson.cuda_source, block=128, device="gpu")
+        np.testing.assert_allclose(run(*args)[0], eager(fn, *args)[0], rtol=2e-5, atol=2e-6,
+                                   err_msg=f"{what} on the GPU")
