@@ -707,7 +707,7 @@ def full_sum(v):
 
 
 @pytest.mark.exercise("14.7")
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple),
        flags=st.lists(st.integers(0, 2), min_size=3, max_size=3))
 @example(shape=(1, 1), flags=[1, 1, 0])
