@@ -1,0 +1,1226 @@
+# Generated from solutions/14_compiler.py by `make build`. Do not edit.
+"""minitorch.compiler: a small deep-learning compiler. Capture minitorch code into a graph
+(tracing with proxies, guards, graph breaks), passes (shape/dtype propagation, DCE, CSE, constant
+folding, simplification), fusion into kernels with their byte counts, and code generation (Numba
+source run on the CPU, CUDA C for the GPU)."""
+from __future__ import annotations
+
+import builtins
+import math
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit, prange
+
+from minitorch import tensor as _t
+from minitorch.autograd import Tensor
+
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+UNARY = ("neg", "exp", "log", "tanh", "relu", "sqrt")
+BINARY = ("add", "sub", "mul", "div", "pow")
+POINTWISE = UNARY + BINARY
+REDUCTIONS = ("sum", "max")
+SIDE_EFFECTS = ("probe",)
+
+
+class GraphBreak(Exception):
+    """The traced function did something a graph cannot hold (data-dependent control flow, reading
+    a value, an unsupported operation). The message names the cause and the line."""
+
+
+class Node:
+    """One operation of a Graph: op (a str of the IR's table), inputs (Nodes), attrs (a dict of
+    Python values), shape (a tuple), dtype (a np.dtype). Compare nodes by identity."""
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype")
+
+    def __init__(self, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any):
+        self.op, self.inputs, self.attrs = op, tuple(inputs), dict(attrs)
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op} {self.dtype}{list(self.shape)}>"
+
+
+class Graph:
+    """nodes: every Node in topological order (inputs first); inputs: the `input` nodes in argument
+    order; outputs: the Nodes the function returns. `add` and `add_input` append nodes (the shape
+    and dtype of an operation come from `infer_meta`); print(graph) lists it."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self.inputs: list[Node] = []
+        self.outputs: list[Node] = []
+        self.single = True  # the function returned one tensor, not a tuple
+
+    def add_input(self, name: str, shape: tuple, dtype: Any) -> Node:
+        node = Node("input", (), {"name": name}, shape, dtype)
+        self.nodes.append(node)
+        self.inputs.append(node)
+        return node
+
+    def add_const(self, value: float, dtype: Any) -> Node:
+        node = Node("const", (), {"value": float(value)}, (), dtype)
+        self.nodes.append(node)
+        return node
+
+    def add(self, op: str, inputs: Sequence[Node], attrs: dict | None = None) -> Node:
+        attrs = dict(attrs or {})
+        shape, dtype = infer_meta(op, [i.shape for i in inputs], [i.dtype for i in inputs], attrs)
+        node = Node(op, inputs, attrs, shape, dtype)
+        self.nodes.append(node)
+        return node
+
+    def copy_node(self, node: Node, inputs: Sequence[Node]) -> Node:
+        """A copy of `node` (op, attrs, shape, dtype) reading `inputs`, appended to this graph."""
+        new = Node(node.op, inputs, node.attrs, node.shape, node.dtype)
+        self.nodes.append(new)
+        if node.op == "input":
+            self.inputs.append(new)
+        return new
+
+    def users(self) -> dict[Node, list[Node]]:
+        """{node: the nodes that read it}, for every node."""
+        out: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                out[i].append(n)
+        return out
+
+    def count(self, op: str | None = None) -> int:
+        """The number of nodes (with this op)."""
+        return sum(1 for n in self.nodes if op is None or n.op == op)
+
+    def __str__(self) -> str:
+        names = {n: f"%{k}" for k, n in enumerate(self.nodes)}
+        lines = []
+        for n in self.nodes:
+            args = [names[i] for i in n.inputs] + [f"{k}={v!r}" for k, v in n.attrs.items()]
+            lines.append(f"{names[n]:>4} = {n.op}({', '.join(args)})  : {n.dtype.name}{list(n.shape)}")
+        lines.append(f"return {', '.join(names[o] for o in self.outputs)}")
+        return "\n".join(lines)
+
+    def to_dot(self, plan: Sequence[Sequence[Node]] | None = None) -> str:
+        """The graph in Graphviz's dot language (paste into any dot viewer, or `dot -Tsvg`); with a
+        fusion plan, each kernel is a box around its nodes."""
+        ids = {n: f"n{k}" for k, n in enumerate(self.nodes)}
+
+        def label(n: Node) -> str:
+            extra = n.attrs.get("name", n.attrs.get("value", n.attrs.get("axis", "")))
+            return f"{n.op} {extra}\\n{n.dtype.name}{list(n.shape)}".replace('"', "'")
+
+        lines = ["digraph G {", "  rankdir=TB; node [shape=box, fontsize=10];"]
+        boxed = set()
+        for k, group in enumerate(plan or []):
+            lines.append(f'  subgraph cluster_{k} {{ label="kernel {k}"; style=rounded;')
+            lines += [f'    {ids[n]} [label="{label(n)}"];' for n in group]
+            lines.append("  }")
+            boxed |= set(group)
+        lines += [f'  {ids[n]} [label="{label(n)}"];' for n in self.nodes if n not in boxed]
+        lines += [f"  {ids[i]} -> {ids[n]};" for n in self.nodes for i in n.inputs]
+        lines += [f'  out{k} [label="output {k}", shape=plaintext]; {ids[o]} -> out{k};' for k, o in enumerate(self.outputs)]
+        return "\n".join(lines + ["}"])
+
+
+def _where() -> str:
+    """file:line of the traced code that called into the proxy."""
+    f = sys._getframe(1)
+    while f is not None and f.f_globals.get("__name__") == __name__ and f.f_code.co_name != "<module>":
+        f = f.f_back
+    return f"{f.f_code.co_filename}:{f.f_lineno}" if f is not None else "?"
+
+
+class Proxy:
+    """Stands for a tensor while tracing: every operation adds a node to `graph`."""
+
+    def __init__(self, graph: Graph, node: Node):
+        self.graph, self.node = graph, node
+
+    shape = property(lambda self: self.node.shape)
+    dtype = property(lambda self: self.node.dtype)
+    ndim = property(lambda self: len(self.node.shape))
+    size = property(lambda self: math.prod(self.node.shape))
+
+    def _lift(self, other: Any) -> Node:
+        if isinstance(other, Proxy):
+            return other.node
+        if isinstance(other, (bool, int, float, np.number)):
+            return self.graph.add_const(float(other), self.dtype)
+        raise GraphBreak(f"an operand of type {type(other).__name__} is not a traced tensor or a number "
+                         f"(at {_where()}): pass it as an argument of the compiled function")
+
+    def _op(self, op: str, *others: Any, reverse: bool = False, **attrs: Any) -> Proxy:
+        nodes = [self.node] + [self._lift(o) for o in others]
+        if reverse:
+            nodes.reverse()
+        return Proxy(self.graph, self.graph.add(op, nodes, attrs))
+
+    __add__ = lambda self, o: self._op("add", o)  # noqa: E731
+    __radd__ = lambda self, o: self._op("add", o, reverse=True)  # noqa: E731
+    __sub__ = lambda self, o: self._op("sub", o)  # noqa: E731
+    __rsub__ = lambda self, o: self._op("sub", o, reverse=True)  # noqa: E731
+    __mul__ = lambda self, o: self._op("mul", o)  # noqa: E731
+    __rmul__ = lambda self, o: self._op("mul", o, reverse=True)  # noqa: E731
+    __truediv__ = lambda self, o: self._op("div", o)  # noqa: E731
+    __rtruediv__ = lambda self, o: self._op("div", o, reverse=True)  # noqa: E731
+    __pow__ = lambda self, o: self._op("pow", o)  # noqa: E731
+    __rpow__ = lambda self, o: self._op("pow", o, reverse=True)  # noqa: E731
+    __matmul__ = lambda self, o: self._op("matmul", o)  # noqa: E731
+    __rmatmul__ = lambda self, o: self._op("matmul", o, reverse=True)  # noqa: E731
+    __neg__ = lambda self: self._op("neg")  # noqa: E731
+    exp = lambda self: self._op("exp")  # noqa: E731
+    log = lambda self: self._op("log")  # noqa: E731
+    tanh = lambda self: self._op("tanh")  # noqa: E731
+    relu = lambda self: self._op("relu")  # noqa: E731
+    sqrt = lambda self: self._op("sqrt")  # noqa: E731
+
+    def _reduce(self, op: str, axis: Any, keepdims: bool) -> Proxy:
+        if axis is None or isinstance(axis, (tuple, list)):
+            raise GraphBreak(f"{op}(axis={axis!r}) at {_where()}: the compiler reduces over one axis only")
+        return self._op(op, axis=int(axis), keepdims=bool(keepdims))
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Proxy:
+        return self._reduce("sum", axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Proxy:
+        return self._reduce("max", axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Proxy:
+        total = self._reduce("sum", axis, keepdims)
+        n = self.shape[int(axis)]
+        return total * (1.0 / n if n else math.nan)  # NumPy's mean of nothing is nan
+
+    def transpose(self, *axes: int) -> Proxy:
+        """Swap the last two axes (the only transpose the IR has: a library kernel)."""
+        n = self.ndim
+        swap = tuple(range(n - 2)) + (n - 1, n - 2)
+        if n < 2 or tuple(a % n for a in axes) != swap:
+            raise GraphBreak(f"transpose{axes} of a {n}-d tensor at {_where()}: only swapping the last two axes "
+                             f"({swap}) is supported")
+        node = Node("transpose", [self.node], {}, self.shape[:-2] + (self.shape[-1], self.shape[-2]), self.dtype)
+        self.graph.nodes.append(node)
+        return Proxy(self.graph, node)
+
+    def __bool__(self) -> bool:
+        raise GraphBreak(f"data-dependent control flow: bool() of a traced tensor at {_where()}")
+
+    def _value(self, *args: Any, **kwargs: Any) -> Any:
+        raise GraphBreak(f"reading a traced tensor's value at {_where()}")
+
+    __float__ = __int__ = __index__ = item = numpy = _value
+    __lt__ = __le__ = __gt__ = __ge__ = lambda self, o: self._value()  # noqa: E731
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise GraphBreak(f"`.{name}` is not supported by the tracer (at {_where()})")
+
+
+def probe(x: Any, label: str = "") -> None:
+    """A side effect to keep: print x's shape and mean (eagerly), or record a `probe` node (traced)."""
+    if isinstance(x, Proxy):
+        x.graph.add("probe", [x.node], {"label": label})
+    else:
+        data = np.asarray(x.data if isinstance(x, _t.Tensor) else x)
+        print(f"probe {label}: shape {data.shape}, mean {data.mean():.6g}")
+
+
+def trace(fn: Callable, *args: Any) -> Graph:
+    """The graph of fn(*args): tensors and arrays become `input` nodes (their shape and dtype),
+    other arguments (numbers, strings, modules) are passed as they are and end up as constants.
+    fn returns a tensor or a tuple of them. Raises GraphBreak for what a graph cannot hold."""
+    graph = Graph()
+    call = []
+    for k, a in enumerate(args):
+        if isinstance(a, (_t.Tensor, np.ndarray)):
+            dtype = np.dtype(a.dtype)
+            if dtype not in FLOAT_DTYPES:
+                raise GraphBreak(f"argument {k} has dtype {dtype}: the compiler handles float32 and float64")
+            call.append(Proxy(graph, graph.add_input(f"x{k}", tuple(a.shape), dtype)))
+        else:
+            call.append(a)
+    out = fn(*call)
+    outs = out if isinstance(out, tuple) else (out,)
+    for o in outs:
+        if not isinstance(o, Proxy):
+            raise GraphBreak(f"the function returned a {type(o).__name__}, not a traced tensor")
+    graph.outputs = [o.node for o in outs]
+    graph.single = not isinstance(out, tuple)
+    return graph
+
+
+def broadcast_shapes(what: str, a: tuple, b: tuple) -> tuple:
+    """NumPy's broadcast of two shapes (a helper for infer_meta; ValueError naming both)."""
+    a0, b0 = tuple(a), tuple(b)
+    n = max(len(a), len(b))
+    a, b = (1,) * (n - len(a)) + tuple(a), (1,) * (n - len(b)) + tuple(b)
+    out = []
+    for x, y in zip(a, b):
+        if x != y and 1 not in (x, y):
+            raise ValueError(f"{what}: shapes {a0} and {b0} do not broadcast")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def infer_meta(op: str, shapes: Sequence[tuple], dtypes: Sequence[Any], attrs: dict) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of the result of `op` on inputs of these shapes and dtypes (the IR's table).
+    ValueError for shapes that do not fit (naming them), TypeError for a dtype other than float32
+    or float64, ValueError for an unknown op."""
+    for d in dtypes:
+        if np.dtype(d) not in FLOAT_DTYPES:
+            raise TypeError(f"{op}: the compiler handles float32 and float64, got {np.dtype(d)}")
+    shapes = [tuple(s) for s in shapes]
+    if op in UNARY or op in SIDE_EFFECTS:
+        return shapes[0], np.dtype(dtypes[0])
+    if op in BINARY:
+        return broadcast_shapes(op, *shapes), np.result_type(*dtypes)
+    if op in REDUCTIONS:
+        (shape,) = shapes
+        axis = attrs["axis"]
+        if not -len(shape) <= axis < len(shape):
+            raise ValueError(f"{op}: axis {axis} is out of range for shape {shape}")
+        axis %= len(shape)
+        if op == "max" and shape[axis] == 0:
+            raise ValueError(f"max: axis {axis} of shape {shape} is empty: a maximum of nothing has no value")
+        kept = shape[:axis] + ((1,) if attrs.get("keepdims") else ()) + shape[axis + 1:]
+        return kept, np.dtype(dtypes[0])
+    if op == "matmul":
+        a, b = shapes
+        if len(a) < 2 or len(b) < 2 or a[-1] != b[-2]:
+            raise ValueError(f"matmul: shapes {a} and {b} do not fit (..., n, k) @ (..., k, m)")
+        return broadcast_shapes(op, a[:-2], b[:-2]) + (a[-2], b[-1]), np.result_type(*dtypes)
+    raise ValueError(f"infer_meta: unknown op {op!r}")
+
+
+def interpret(graph: Graph) -> Callable[..., list[np.ndarray]]:
+    """A runner that executes `graph` node by node with NumPy: the eager reference, one array
+    per node. runner(*arrays) -> [output arrays]; the arrays are the graph's inputs in order."""
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("interpret", graph, arrays)))
+        for n in graph.nodes:
+            if n.op == "input":
+                continue
+            if n.op == "const":
+                env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
+            else:
+                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+        return [env[o] for o in graph.outputs]
+
+    return run
+
+
+def check_arrays(what: str, graph: Graph, arrays: Sequence[Any]) -> list[np.ndarray]:
+    """The arrays a runner of `graph` was called with, checked against the graph's inputs: their
+    number, and each one's shape and dtype exactly (a compiled kernel's loops and buffers were built
+    for those). ValueError or TypeError naming the argument, what the graph expects and what came."""
+    if len(arrays) != len(graph.inputs):
+        raise ValueError(f"{what}: the graph takes {len(graph.inputs)} arrays "
+                         f"({', '.join(n.attrs['name'] for n in graph.inputs)}), got {len(arrays)}")
+    out = []
+    for node, a in zip(graph.inputs, arrays):
+        a = np.asarray(a.data if isinstance(a, _t.Tensor) else a)
+        if a.shape != node.shape:
+            raise ValueError(f"{what}: argument {node.attrs['name']} has shape {a.shape}, "
+                             f"the graph was built for {node.shape}")
+        if a.dtype != node.dtype:
+            raise TypeError(f"{what}: argument {node.attrs['name']} has dtype {a.dtype}, "
+                            f"the graph was built for {node.dtype}")
+        out.append(a)
+    return out
+
+
+def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
+    """What node n computes, in NumPy (a probe prints, and passes its input on)."""
+    if n.op == "probe":
+        print(f"probe {n.attrs['label']}: shape {xs[0].shape}, mean {xs[0].mean():.6g}")
+        return xs[0]
+    if n.op in REDUCTIONS:
+        return getattr(np, "max" if n.op == "max" else "sum")(xs[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"])
+    fn = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
+          "relu": lambda a: np.maximum(a, 0), "add": np.add, "sub": np.subtract, "mul": np.multiply,
+          "div": np.divide, "pow": np.power, "matmul": np.matmul,
+          "expand": lambda a: np.broadcast_to(a, n.shape).copy(), "reshape": lambda a: a.reshape(n.shape),
+          "transpose": lambda a: np.swapaxes(a, -1, -2)}[n.op]
+    return fn(*xs)
+
+
+def guard_key(args: Sequence[Any]) -> tuple:
+    """The cache key of a call: per argument ("tensor", shape, dtype) for a minitorch Tensor or a
+    NumPy array, ("value", type, value) for anything else."""
+    key = []
+    for a in args:
+        if isinstance(a, (_t.Tensor, np.ndarray)):
+            key.append(("tensor", tuple(a.shape), np.dtype(a.dtype).str))
+        else:
+            key.append(("value", type(a).__name__, a))
+    return tuple(key)
+
+
+class Compiled:
+    """fn compiled on first call per guard key. compiles: how many graphs were built; breaks: the
+    graph breaks' messages; cache: {key: runner, or None for eager}."""
+
+    def __init__(self, fn: Callable, backend: Callable[[Graph], Callable] = interpret):
+        self.fn, self.backend = fn, backend
+        self.cache: dict[tuple, Any] = {}
+        self.graphs: dict[tuple, Graph] = {}
+        self.compiles = 0
+        self.breaks: list[str] = []
+
+    def __call__(self, *args: Any) -> Any:
+        key = guard_key(args)
+        if key not in self.cache:
+            try:
+                graph = trace(self.fn, *args)
+            except GraphBreak as e:
+                msg = f"graph break in {getattr(self.fn, '__name__', self.fn)}: {e}; running it eagerly"
+                warnings.warn(msg, stacklevel=2)
+                self.breaks.append(msg)
+                self.cache[key] = None
+            else:
+                self.cache[key] = self.backend(graph)
+                self.graphs[key] = graph
+                self.compiles += 1
+        runner = self.cache[key]
+        if runner is None:
+            return self.fn(*args)
+        arrays = [a.data if isinstance(a, _t.Tensor) else a for a in args if isinstance(a, (_t.Tensor, np.ndarray))]
+        outs = [Tensor(o) for o in runner(*arrays)]
+        return outs[0] if self.graphs[key].single else tuple(outs)
+
+
+def dce(graph: Graph) -> Graph:
+    """The graph without the nodes that reach no output and no side effect (inputs are kept)."""
+    live = set(graph.outputs) | {n for n in graph.nodes if n.op in SIDE_EFFECTS or n.op == "input"}
+    for n in reversed(graph.nodes):
+        if n in live:
+            live.update(n.inputs)
+    out, new = Graph(), {}
+    for n in graph.nodes:
+        if n in live:
+            new[n] = out.copy_node(n, [new[i] for i in n.inputs])
+    out.outputs, out.single = [new[o] for o in graph.outputs], graph.single
+    return out
+
+
+def cse(graph: Graph) -> Graph:
+    """The graph with each set of identical nodes (op, inputs, attrs, shape, dtype) merged into its
+    first; inputs and side effects are never merged."""
+    out, new, seen = Graph(), {}, {}
+    for n in graph.nodes:
+        ins = [new[i] for i in n.inputs]
+        if n.op == "input" or n.op in SIDE_EFFECTS:
+            new[n] = out.copy_node(n, ins)
+            continue
+        key = (n.op, tuple(map(id, ins)), tuple(sorted(n.attrs.items())), n.shape, n.dtype.str)
+        if key not in seen:
+            seen[key] = out.copy_node(n, ins)
+        new[n] = seen[key]
+    out.outputs, out.single = [new[o] for o in graph.outputs], graph.single
+    return out
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """The graph with every pointwise node whose inputs are all constants replaced by a constant."""
+    out, new = Graph(), {}
+    for n in graph.nodes:
+        ins = [new[i] for i in n.inputs]
+        if n.op in POINTWISE and all(i.op == "const" for i in ins):
+            values = [np.asarray(i.attrs["value"], dtype=i.dtype) for i in ins]
+            with np.errstate(all="ignore"):
+                new[n] = out.add_const(float(numpy_op(n, *values)), n.dtype)
+        else:
+            new[n] = out.copy_node(n, ins)
+    out.outputs, out.single = [new[o] for o in graph.outputs], graph.single
+    return out
+
+
+def simplify(graph: Graph) -> Graph:
+    """The graph with x*1, 1*x, x+0, 0+x, x-0, x/1, x**1 and -(-x) replaced by x (when x has the
+    node's shape and dtype)."""
+    def is_const(node: Node, value: float) -> bool:
+        return node.op == "const" and node.attrs["value"] == value
+
+    out, new = Graph(), {}
+    for n in graph.nodes:
+        ins = [new[i] for i in n.inputs]
+        same = None
+        if n.op in ("mul", "add"):
+            unit = 1.0 if n.op == "mul" else 0.0
+            same = ins[0] if is_const(ins[1], unit) else ins[1] if is_const(ins[0], unit) else None
+        elif n.op in ("sub", "div", "pow"):
+            same = ins[0] if is_const(ins[1], 0.0 if n.op == "sub" else 1.0) else None
+        elif n.op == "neg" and ins[0].op == "neg":
+            same = ins[0].inputs[0]
+        if same is not None and same.shape == n.shape and same.dtype == n.dtype:
+            new[n] = same
+        else:
+            new[n] = out.copy_node(n, ins)
+    out.outputs, out.single = [new[o] for o in graph.outputs], graph.single
+    return out
+
+
+def optimize(graph: Graph) -> Graph:
+    """The pass pipeline compile() runs: CSE, folding, simplification, CSE again, DCE."""
+    return dce(cse(simplify(fold_constants(cse(graph)))))
+
+
+def domain(group: Sequence[Node]) -> tuple[tuple, int] | None:
+    """(R, C) of a fused group (from its first node), or None for a library kernel (a matmul, a
+    reduction over another axis than the last)."""
+    first = group[0]
+    if first.op in REDUCTIONS:
+        shape = first.inputs[0].shape
+        if first.attrs["axis"] % len(shape) != len(shape) - 1:
+            return None
+        return shape[:-1], shape[-1]
+    if first.op not in POINTWISE and first.op != "expand":
+        return None
+    return (first.shape[:-1], first.shape[-1]) if first.shape else ((), 1)
+
+
+def fits(node: Node, dom: tuple[tuple, int]) -> str | None:
+    """"full", "row" or None: how `node` fits a group of domain dom = (R, C)."""
+    rows, width = dom
+    if node.op in REDUCTIONS:
+        shape = node.inputs[0].shape
+        last = node.attrs["axis"] % len(shape) == len(shape) - 1 if shape else False
+        return "row" if last and shape == rows + (width,) else None
+    if node.op not in POINTWISE and node.op != "expand":
+        return None
+    if node.shape == rows + (width,) or (not node.shape and not rows and width == 1):  # a scalar group
+        return "full"
+    return "row" if node.shape == rows + (1,) else None
+
+
+def plan_bytes(graph: Graph, plan: Sequence[Sequence[Node]]) -> tuple[int, int]:
+    """(bytes read, bytes written) by all the kernels of a plan."""
+    read = written = 0
+    for group in plan:
+        reads, writes = kernel_io(graph, group)
+        read += sum(n.nbytes for n in reads)
+        written += sum(n.nbytes for n in writes)
+    return read, written
+
+
+def eager_plan(graph: Graph) -> list[list[Node]]:
+    """One kernel per operation (what eager minitorch runs)."""
+    return [[n] for n in graph.nodes if n.op not in ("input", "const")]
+
+
+def fuse(graph: Graph) -> list[list[Node]]:
+    """The fusion plan: groups of nodes, each one kernel (see the rule above)."""
+    group_of: dict[Node, int] = {}
+    groups: list[list[Node]] = []
+    doms: list[tuple | None] = []
+
+    def depends_on_group(node: Node, g: int) -> bool:
+        """Does `node` (outside group g) depend on group g?"""
+        stack, seen = [node], set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if group_of.get(n) == g:
+                return True
+            stack.extend(n.inputs)
+        return False
+
+    for n in graph.nodes:
+        if n.op in ("input", "const"):
+            continue
+        target = None
+        for i in n.inputs:
+            g = group_of.get(i)
+            if g is None or doms[g] is None or fits(n, doms[g]) is None:
+                continue
+            if any(group_of.get(o) != g and depends_on_group(o, g) for o in n.inputs):
+                continue
+            target = g
+            break
+        if target is None:
+            groups.append([])
+            doms.append(domain([n]))
+            target = len(groups) - 1
+        groups[target].append(n)
+        group_of[n] = target
+    order: list[int] = []  # the groups in an order they can run in: each after those it reads
+    placed: set[int] = set()
+    while len(order) < len(groups):
+        ready = [g for g, nodes in enumerate(groups)
+                 if g not in placed and all(group_of.get(i, g) in placed or group_of.get(i, g) == g
+                                            for n in nodes for i in n.inputs)]
+        if not ready:  # a cycle between groups: a bug in the grouping above, never an endless loop
+            stuck = [[n.op for n in groups[g]] for g in range(len(groups)) if g not in placed]
+            raise RuntimeError(f"fuse: the groups {stuck} wait on each other (a cycle)")
+        for g in ready:
+            order.append(g)
+            placed.add(g)
+    return [groups[g] for g in order]
+
+
+def kernel_io(graph: Graph, group: Sequence[Node]) -> tuple[list[Node], list[Node]]:
+    """(reads, writes) of one kernel: the non-constant nodes outside the group its nodes use, and
+    its nodes used outside it or returned by the graph; each list in graph order, no repeats."""
+    inside = set(group)
+    users = graph.users()
+    used = {i for n in group for i in n.inputs if i not in inside and i.op != "const"}
+    outs = set(graph.outputs)
+    written = {n for n in group if n in outs or any(u not in inside for u in users.get(n, ()))}
+    return [n for n in graph.nodes if n in used], [n for n in graph.nodes if n in written]
+
+
+def plan_buffers(graph: Graph, plan: Sequence[Sequence[Node]]) -> dict[Node, int]:
+    """{node: buffer number} for every node a kernel of `plan` writes (kernel_io) that is not a
+    graph output. Two nodes share a buffer only if they have the same size and dtype and the first
+    one's last reader runs before the second one's kernel."""
+    last_read: dict[Node, int] = {}
+    writes_of = []
+    for k, group in enumerate(plan):
+        reads, writes = kernel_io(graph, group)
+        for n in reads:
+            last_read[n] = k
+        writes_of.append(writes)
+    outs = set(graph.outputs)
+    kinds: list[tuple[int, str]] = []  # (elements, dtype) of each buffer
+    free: list[int] = []
+    freed_after: dict[int, list[int]] = {}
+    assign: dict[Node, int] = {}
+    for k, writes in enumerate(writes_of):
+        for n in writes:
+            if n in outs or n.op == "input":
+                continue
+            kind = (math.prod(n.shape), n.dtype.str)
+            b = next((b for b in free if kinds[b] == kind), None)
+            if b is None:
+                b = len(kinds)
+                kinds.append(kind)
+            else:
+                free.remove(b)
+            assign[n] = b
+            freed_after.setdefault(last_read.get(n, k), []).append(b)
+        free.extend(freed_after.pop(k, []))
+    return assign
+
+
+def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool) -> np.ndarray:
+    """a (of shape node_shape) as a 2-D (rows, C) or (rows, 1) array over domain dom, broadcast, not copied where NumPy can."""
+    rows, width = dom
+    target = rows + ((1,) if per_row else (width,))
+    if per_row and node_shape == rows:  # a reduction without keepdims
+        a = a.reshape(rows + (1,))
+    return np.broadcast_to(a, target).reshape(math.prod(rows), target[-1])
+
+
+def per_row(node: Node, dom: tuple[tuple, int]) -> bool:
+    """Does this read or write hold one value per row (else one per column)?"""
+    if node.op in REDUCTIONS and fits(node, dom) == "row":
+        return True
+    return not node.shape or node.shape[-1] == 1 and dom[1] != 1 or node.shape == dom[0] + (1,)
+
+
+def py_literal(value: float, dtype: Any) -> str:
+    """A constant in generated Python/Numba source: f32(v) for float32 (float32 arithmetic), v for
+    float64, math.inf / math.nan for the non-finite."""
+    value = float(value)
+    text = ("math.inf" if value > 0 else "-math.inf") if math.isinf(value) else "math.nan" if math.isnan(value) \
+        else repr(value)
+    return f"f32({text})" if np.dtype(dtype) == np.float32 else text
+
+
+PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh": "math.tanh({0})",
+          "sqrt": "math.sqrt({0})", "relu": "max({0}, 0.0)", "add": "({0} + {1})", "sub": "({0} - {1})",
+          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}"}
+
+
+def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
+    """Python source of the kernel `name(rows, C, in0, ..., out0, ...)` for one fused group."""
+    dom = domain(group)
+    reads, writes = kernel_io(graph, group)
+    arg = {n: f"in{k}" for k, n in enumerate(reads)}
+    out = {n: f"out{k}" for k, n in enumerate(writes)}
+    var = {n: f"v{k}" for k, n in enumerate(group)}
+    inside = set(group)
+    lines = [f"def {name}(rows, C, {', '.join(list(arg.values()) + list(out.values()))}):",
+             "    for r in prange(rows):"]
+
+    def ref(n: Node) -> str:
+        if n.op == "const":
+            return py_literal(n.attrs["value"], n.dtype)
+        if n in inside:
+            return var[n]
+        return f"{arg[n]}[r, 0]" if per_row(n, dom) else f"{arg[n]}[r, c]"
+
+    def emit_full(n: Node, done: set, body: list[str]) -> None:
+        """Emit the full nodes n needs (and n) inside a column loop."""
+        if n not in inside or n in done or fits(n, dom) != "full":
+            return
+        for i in n.inputs:
+            emit_full(i, done, body)
+        body.append(f"            {var[n]} = {PY_OPS[n.op].format(*map(ref, n.inputs))}")
+        done.add(n)
+
+    for n in group:
+        if n.op in REDUCTIONS:
+            x = n.inputs[0]
+            lines.append(f"        {var[n]} = {'0.0' if n.op == 'sum' else '-math.inf'}")
+            lines.append("        for c in range(C):")
+            emit_full(x, set(), lines)
+            step = f"{var[n]} + {ref(x)}" if n.op == "sum" else f"max({var[n]}, {ref(x)})"
+            lines.append(f"            {var[n]} = {step}")
+        elif fits(n, dom) == "row":
+            lines.append(f"        {var[n]} = {PY_OPS[n.op].format(*map(ref, n.inputs))}")
+        if n in out and fits(n, dom) == "row":
+            lines.append(f"        {out[n]}[r, 0] = {var[n]}")
+    full_out = [n for n in writes if fits(n, dom) == "full"]
+    if full_out:
+        lines.append("        for c in range(C):")
+        done: set = set()
+        for n in full_out:
+            emit_full(n, done, lines)
+            lines.append(f"            {out[n]}[r, c] = {var[n]}")
+    return "\n".join(lines) + "\n"
+
+
+KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
+PARALLEL_MIN = 1 << 14  # elements in a kernel's domain from which its rows run on all cores
+
+
+def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
+    """exec `source` and njit the function `name` it defines (`prange` runs the rows on all cores
+    when parallel, else it is `range`). Kernels are cached by their source: the same group on
+    another shape reuses the compiled kernel (Numba compiles once per argument types)."""
+    key = (source, parallel)
+    if key not in KERNEL_CACHE:
+        scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
+        exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
+        # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
+        # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
+        KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy",
+                                 fastmath={"reassoc", "contract", "arcp", "nsz"})(scope[name])
+    return KERNEL_CACHE[key]
+
+
+def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
+                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+    """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
+    default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
+    arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
+    allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
+    call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
+    the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
+    returns what runs in the kernel's place (the autotuner's hook)."""
+    source_fn = source_fn or numba_source
+    graph = optimize(graph)
+    plan = fuse(graph)
+    assign = plan_buffers(graph, plan)
+    sizes: dict[int, tuple[int, np.dtype]] = {b: (math.prod(n.shape), n.dtype) for n, b in assign.items()}
+    pool = {b: np.empty(size, dtype) for b, (size, dtype) in sizes.items()}
+    steps = []
+    for k, group in enumerate(plan):
+        dom = domain(group)
+        reads, writes = kernel_io(graph, group)
+        if dom is None:
+            steps.append((None, group, reads, writes, None))
+        else:
+            name = f"kernel{k}"
+            source = source_fn(graph, group, name)
+            # threads pay off on big kernels; a small one runs on one core (no wake-up cost)
+            kernel = compile_numba(source, name, parallel and math.prod(dom[0]) * dom[1] >= PARALLEL_MIN)
+            if kernel_wrapper is not None:
+                kernel = kernel_wrapper(kernel, source)
+            steps.append((kernel, group, reads, writes, dom))
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("compiled graph", graph, arrays)))
+        for n in graph.nodes:
+            if n.op == "const":
+                env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
+        for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            for n in writes:
+                env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
+            if kernel is None:
+                (n,) = group
+                if n.op == "matmul" and n in env:
+                    np.matmul(env[n.inputs[0]], env[n.inputs[1]], out=env[n])
+                elif n in env:
+                    env[n][...] = numpy_op(n, *(env[i] for i in n.inputs))
+                else:
+                    env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                if log is not None:
+                    log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
+                continue
+            ins = [row_view(env[n], n.shape, dom, per_row(n, dom)) for n in reads]
+            outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
+            kernel(math.prod(dom[0]), dom[1], *ins, *outs)
+            if log is not None:
+                log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
+        return [env[o] for o in graph.outputs]
+
+    run.graph, run.plan, run.buffers = graph, plan, assign
+    return run
+
+
+def compile(fn: Callable) -> Compiled:  # noqa: A001 - the name torch.compile uses
+    """fn, compiled: traced per guard key, optimized, fused, generated as Numba kernels."""
+    return Compiled(fn, backend=build_kernels)
+
+
+def _append(graph: Graph, op: str, inputs: Sequence[Node], attrs: dict, shape: tuple, dtype: Any) -> Node:
+    """Add a layout node (expand, reshape, transpose) whose shape the caller gives."""
+    node = Node(op, inputs, attrs, shape, dtype)
+    graph.nodes.append(node)
+    return node
+
+
+def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
+    """A graph returning (loss, d loss / d input k for k in wrt): the forward of `graph` (its first
+    output is the loss, one element) and its backward. wrt: input positions (default: all)."""
+    loss = graph.outputs[0]
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"grad_graph: the loss must have one element, got shape {loss.shape}")
+    wrt = list(range(len(graph.inputs))) if wrt is None else list(wrt)
+    g = Graph()
+    new = {}
+    for n in graph.nodes:
+        new[n] = g.copy_node(n, [new[i] for i in n.inputs])
+
+    def const(v: float, like: Node) -> Node:
+        return g.add_const(v, like.dtype)
+
+    def unbroadcast(d: Node, shape: tuple) -> Node:
+        while len(d.shape) > len(shape):
+            d = g.add("sum", [d], {"axis": 0, "keepdims": False})
+        for ax, (want, have) in enumerate(zip(shape, d.shape)):
+            if want == 1 and have != 1:
+                d = g.add("sum", [d], {"axis": ax, "keepdims": True})
+        return d
+
+    grads: dict[Node, Node] = {new[loss]: _append(g, "expand", [const(1.0, loss)], {}, loss.shape, loss.dtype)}
+
+    def give(n: Node, d: Node) -> None:
+        if n.op == "const":
+            return
+        d = unbroadcast(d, n.shape)
+        grads[n] = d if n not in grads else g.add("add", [grads[n], d])
+
+    for old in reversed(graph.nodes):
+        n = new[old]
+        if n not in grads or n.op in ("input", "const"):
+            continue
+        d = grads[n]
+        op, ins = n.op, n.inputs
+        if op == "add":
+            give(ins[0], d), give(ins[1], d)
+        elif op == "sub":
+            give(ins[0], d), give(ins[1], g.add("neg", [d]))
+        elif op == "mul":
+            give(ins[0], g.add("mul", [d, ins[1]])), give(ins[1], g.add("mul", [d, ins[0]]))
+        elif op == "div":
+            give(ins[0], g.add("div", [d, ins[1]]))
+            give(ins[1], g.add("neg", [g.add("div", [g.add("mul", [d, n]), ins[1]])]))
+        elif op == "pow":
+            a, b = ins
+            if b.op == "const":
+                down = g.add("pow", [a, const(b.attrs["value"] - 1.0, b)])
+                give(a, g.add("mul", [d, g.add("mul", [down, b])]))
+            else:
+                give(a, g.add("mul", [d, g.add("mul", [b, g.add("div", [n, a])])]))
+                give(b, g.add("mul", [d, g.add("mul", [n, g.add("log", [a])])]))
+        elif op == "neg":
+            give(ins[0], g.add("neg", [d]))
+        elif op == "exp":
+            give(ins[0], g.add("mul", [d, n]))
+        elif op == "log":
+            give(ins[0], g.add("div", [d, ins[0]]))
+        elif op == "sqrt":
+            give(ins[0], g.add("div", [d, g.add("mul", [n, const(2.0, n)])]))
+        elif op == "tanh":
+            give(ins[0], g.add("mul", [d, g.add("sub", [const(1.0, n), g.add("mul", [n, n])])]))
+        elif op == "sum":
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+            give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "transpose":
+            give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
+        elif op == "matmul":
+            a, b = ins
+            if len(a.shape) < 2 or len(b.shape) < 2:
+                raise GraphBreak("grad_graph: matmul of a vector has no gradient rule here")
+            bt = _append(g, "transpose", [b], {}, b.shape[:-2] + (b.shape[-1], b.shape[-2]), b.dtype)
+            at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
+            give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
+        else:
+            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+    zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
+            if new[graph.inputs[k]] not in grads}
+    g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
+    g.single = False
+    return g
+
+
+def compile_grad(fn: Callable, wrt: Sequence[int] | None = None, **options: Any) -> Compiled:
+    """fn (returning a one-element loss), compiled with its backward: the call returns
+    (loss, (grad of argument k for k in wrt)) as Tensors. options go to build_kernels."""
+    compiled = Compiled(lambda *args: (fn(*args),),
+                        backend=lambda graph: build_kernels(grad_graph(graph, wrt), **options))
+
+    def step(*args: Any) -> tuple[Tensor, tuple[Tensor, ...]]:
+        loss, *grads = compiled(*args)
+        return loss, tuple(grads)
+
+    step.compiled = compiled
+    return step
+
+
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+C_FUNCS = {"exp": "exp", "log": "log", "tanh": "tanh", "sqrt": "sqrt", "relu": "fmax", "pow": "pow", "max": "fmax"}
+
+
+def c_literal(value: float, dtype: Any) -> str:
+    """A C literal of `value` in `dtype` (float gets an f suffix; inf and nan by macro)."""
+    if math.isinf(value):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    if math.isnan(value):
+        return "(INFINITY - INFINITY)"
+    text = repr(float(value))
+    return text + "f" if np.dtype(dtype) == np.float32 else text
+
+
+def c_func(op: str, dtype: Any) -> str:
+    """The C math function for op in dtype: expf for float, exp for double."""
+    return C_FUNCS[op] + ("f" if np.dtype(dtype) == np.float32 else "")
+
+
+def cuda_source(graph: Graph, group: Sequence[Node], name: str) -> str:
+    """CUDA C source of the kernel `name(int rows, int C, const T* in0, ..., T* out0, ...)` for one
+    fused group: one thread per row, the Numba kernel's loops over the columns."""
+    dom = domain(group)
+    reads, writes = kernel_io(graph, group)
+    arg = {n: f"in{k}" for k, n in enumerate(reads)}
+    out = {n: f"out{k}" for k, n in enumerate(writes)}
+    var = {n: f"v{k}" for k, n in enumerate(group)}
+    inside = set(group)
+    params = ([f"const {CTYPES[n.dtype]}* {arg[n]}" for n in reads]
+              + [f"{CTYPES[n.dtype]}* {out[n]}" for n in writes])
+    lines = [f'extern "C" __global__ void {name}(int rows, int C, {", ".join(params)})', "{",
+             "    int r = blockIdx.x * blockDim.x + threadIdx.x;",
+             "    if (r >= rows) return;"]
+
+    def ref(n: Node) -> str:
+        if n.op == "const":
+            return c_literal(n.attrs["value"], n.dtype)
+        if n in inside:
+            return var[n]
+        return f"{arg[n]}[r]" if per_row(n, dom) else f"{arg[n]}[(long long)r * C + c]"
+
+    def expr(n: Node) -> str:
+        a = [ref(i) for i in n.inputs]
+        if n.op == "neg":
+            return f"(-{a[0]})"
+        if n.op == "relu":
+            return f"{c_func('relu', n.dtype)}({a[0]}, {c_literal(0.0, n.dtype)})"
+        if n.op in ("exp", "log", "tanh", "sqrt", "pow"):
+            return f"{c_func(n.op, n.dtype)}({', '.join(a)})"
+        return f"({a[0]} {dict(add='+', sub='-', mul='*', div='/')[n.op]} {a[1]})"
+
+    def emit_full(n: Node, done: set, body: list[str]) -> None:
+        if n not in inside or n in done or fits(n, dom) != "full":
+            return
+        for i in n.inputs:
+            emit_full(i, done, body)
+        body.append(f"        {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        done.add(n)
+
+    for n in group:
+        if n.op in REDUCTIONS:
+            x = n.inputs[0]
+            start = c_literal(0.0, n.dtype) if n.op == "sum" else "(-INFINITY)"
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {start};")
+            lines.append("    for (int c = 0; c < C; ++c) {")
+            emit_full(x, set(), lines)
+            step = f"{var[n]} + {ref(x)}" if n.op == "sum" else f"{c_func('max', n.dtype)}({var[n]}, {ref(x)})"
+            lines.append(f"        {var[n]} = {step};")
+            lines.append("    }")
+        elif fits(n, dom) == "row":
+            lines.append(f"    {CTYPES[n.dtype]} {var[n]} = {expr(n)};")
+        if n in out and fits(n, dom) == "row":
+            lines.append(f"    {out[n]}[r] = {var[n]};")
+    full_out = [n for n in writes if fits(n, dom) == "full"]
+    if full_out:
+        lines.append("    for (int c = 0; c < C; ++c) {")
+        done: set = set()
+        for n in full_out:
+            emit_full(n, done, lines)
+            lines.append(f"        {out[n]}[(long long)r * C + c] = {var[n]};")
+        lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def cuda_runner(graph: Graph, source_fn: Callable | None = None, block: int = 32,
+                device: str = "emulator") -> Callable[..., list[np.ndarray]]:
+    """A runner of `graph` (optimized, fused) whose fused groups run as CUDA C kernels
+    (cuda_source by default), on "emulator" (the CPU) or "gpu" (CuPy). run.sources: the kernels."""
+    from course import cuda_c
+
+    source_fn = source_fn or cuda_source
+    if block < 1 or block > 1024:
+        raise ValueError(f"cuda_runner: block must be 1..1024 threads, got {block}")
+    graph = optimize(graph)
+    plan = fuse(graph)
+    sources = {k: source_fn(graph, g, f"kernel{k}") for k, g in enumerate(plan) if domain(g) is not None}
+
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
+        env: dict[Node, np.ndarray] = dict(zip(graph.inputs, check_arrays("cuda graph", graph, arrays)))
+        for n in graph.nodes:
+            if n.op == "const":
+                env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
+        for k, group in enumerate(plan):
+            reads, writes = kernel_io(graph, group)
+            dom = domain(group)
+            if dom is None:
+                (n,) = group
+                env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
+                continue
+            rows = math.prod(dom[0])
+            ins = [np.array(row_view(env[n], n.shape, dom, per_row(n, dom)), order="C") for n in reads]
+            outs = [np.zeros((rows, 1 if per_row(n, dom) else dom[1]), n.dtype) for n in writes]
+            if rows:
+                args = [np.int32(rows), np.int32(dom[1]), *ins, *outs]
+                grid = (rows + block - 1) // block
+                if device == "gpu":
+                    import cupy
+
+                    dev = [cupy.asarray(a) if isinstance(a, np.ndarray) else a for a in args]
+                    cuda_c.raw_kernel(sources[k], f"kernel{k}")((grid,), (block,), tuple(dev))
+                    outs = [cupy.asnumpy(d) for d in dev[2 + len(ins):]]
+                else:
+                    cuda_c.emulate(sources[k], f"kernel{k}", grid, block, args)
+            for n, o in zip(writes, outs):
+                env[n] = o.reshape(n.shape)
+        return [env[o] for o in graph.outputs]
+
+    run.graph, run.plan, run.sources = graph, plan, sources
+    return run
+
+
+class Autotuner:
+    """Choose a kernel configuration by measuring the candidates; cache the choice per key
+    (a kernel and a shape). timer: a clock in seconds (time.perf_counter)."""
+
+    def __init__(self, timer: Callable[[], float] | None = None, repeat: int = 3):
+        import time
+
+        self.timer = timer or time.perf_counter
+        self.repeat = repeat
+        self.cache: dict[Any, Any] = {}
+        self.trials = 0
+
+    def tune(self, key: Any, candidates: Sequence[Any], run: Callable[[Any], Sequence[np.ndarray]]) -> Any:
+        """The best of `candidates` for `key` (cached): run(config) -> the kernel's outputs."""
+        if key in self.cache:
+            return self.cache[key]
+        if not candidates:
+            raise ValueError(f"tune({key!r}): no candidates")
+        first = [np.asarray(o).copy() for o in run(candidates[0])]
+        for config in candidates[1:]:
+            outs = run(config)
+            if len(outs) != len(first) or not all(np.array_equal(a, b, equal_nan=True) for a, b in zip(first, outs)):
+                raise ValueError(f"tune({key!r}): config {config!r} gives other results than {candidates[0]!r}")
+        best, best_t = None, math.inf
+        for config in candidates:
+            for _ in range(self.repeat):
+                t0 = self.timer()
+                run(config)
+                t = self.timer() - t0
+                self.trials += 1
+                if t < best_t:
+                    best, best_t = config, t
+        self.cache[key] = best
+        return best
+
+
+def tuned_kernels(graph: Graph, tuner: Autotuner, candidates: Sequence[int] = (0, 1, 4, 16)) -> Callable:
+    """build_kernels(graph), with each fused kernel's chunk size chosen by `tuner` on its first run
+    for a shape (key: the kernel's source and the rows, C it runs over). run.choices: {key: chunk}."""
+    import numba
+
+    choices: dict = {}
+    seen: set = set()
+
+    def wrap(kernel: Callable, source: str) -> Callable:
+        def tuned(rows: int, C: int, *arrays: np.ndarray) -> None:
+            key = (source, rows, C)
+            outs = arrays[len(arrays) - n_writes[source]:]
+
+            def run(chunk: int) -> list[np.ndarray]:
+                old = numba.set_parallel_chunksize(chunk)
+                try:
+                    kernel(rows, C, *arrays)
+                finally:
+                    numba.set_parallel_chunksize(old)
+                return [o.copy() for o in outs]
+
+            if key not in seen:
+                choices[key] = tuner.tune(key, candidates, run)
+                seen.add(key)
+            old = numba.set_parallel_chunksize(choices[key])
+            try:
+                kernel(rows, C, *arrays)
+            finally:
+                numba.set_parallel_chunksize(old)
+        return tuned
+
+    n_writes: dict[str, int] = {}
+
+    def source_fn(g: Graph, group: Sequence[Node], name: str) -> str:
+        src = numba_source(g, group, name)
+        n_writes[src] = len(kernel_io(g, group)[1])
+        return src
+
+    run = build_kernels(graph, source_fn=source_fn, kernel_wrapper=wrap)
+    run.choices = choices
+    return run
+
+
+def gpt_block_weights(c: int, n_head: int, seed: int = 0, dtype: Any = np.float32) -> list[np.ndarray]:
+    """Random weights of gpt_block for width c: ln1 (w, b), per head (wq, wk, wv) of (c, c/h), per head
+    wo of (c/h, c), ln2 (w, b), w1 (c, 4c), b1, w2 (4c, c), b2."""
+    r = np.random.default_rng(seed)
+    d = c // n_head
+    s = 1 / math.sqrt(c)
+    ws = [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c)]
+    ws += [s * r.standard_normal((c, d)) for _ in range(3 * n_head)]
+    ws += [s * r.standard_normal((d, c)) for _ in range(n_head)]
+    ws += [1 + 0.1 * r.standard_normal(c), 0.1 * r.standard_normal(c), s * r.standard_normal((c, 4 * c)),
+           0.1 * r.standard_normal(4 * c), s * r.standard_normal((4 * c, c)) / 2, 0.1 * r.standard_normal(c)]
+    return [w.astype(dtype) for w in ws]
+
+
+def causal_mask(t: int, dtype: Any = np.float32) -> np.ndarray:
+    """(t, t): 0 on and below the diagonal, -inf above."""
+    return np.triu(np.full((t, t), -np.inf, dtype), 1)
+
+
+def _ln(x: Any, w: Any, b: Any) -> Any:
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    return xc * (var + 1e-5) ** -0.5 * w + b
+
+
+def gpt_block(x: Any, mask: Any, *weights: Any) -> Any:
+    """Lesson 09's pre-LayerNorm block on x (B, T, C) with minitorch operations (traceable):
+    causal multi-head attention, then a tanh-GELU MLP, each with its residual."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    h = _ln(x, ln1_w, ln1_b)
+    scale = 1.0 / math.sqrt(qkv[0].shape[-1])
+    attn = None
+    for k in range(n_head):
+        q, kk, v = h @ qkv[3 * k], h @ qkv[3 * k + 1], h @ qkv[3 * k + 2]
+        s = (q @ kk.transpose(0, 2, 1)) * scale + mask
+        e = (s - s.max(axis=-1, keepdims=True)).exp()
+        head = (e / e.sum(axis=-1, keepdims=True)) @ v @ wo[k]
+        attn = head if attn is None else attn + head
+    x = x + attn
+    u = _ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + (0.7978845608028654 * (u + 0.044715 * u * u * u)).tanh())
+    return x + u @ w2 + b2
+
+
+def gpt_block_numpy(x: np.ndarray, mask: np.ndarray, *weights: np.ndarray) -> np.ndarray:
+    """gpt_block written directly in NumPy: heads as a batched axis, one (C, C) matrix each for q, k, v, o."""
+    n_head = (len(weights) - 8) // 4
+    ln1_w, ln1_b = weights[:2]
+    qkv, wo = weights[2:2 + 3 * n_head], weights[2 + 3 * n_head:2 + 4 * n_head]
+    ln2_w, ln2_b, w1, b1, w2, b2 = weights[2 + 4 * n_head:]
+    bsz, t, c = x.shape
+    d = c // n_head
+    wq, wk, wv = (np.concatenate(qkv[j::3], axis=1) for j in range(3))
+
+    def ln(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        mu = a.mean(-1, keepdims=True)
+        var = a.var(-1, keepdims=True)
+        return (a - mu) / np.sqrt(var + 1e-5) * w + b
+
+    h = ln(x, ln1_w, ln1_b)
+    q, k, v = ((h @ w).reshape(bsz, t, n_head, d).transpose(0, 2, 1, 3) for w in (wq, wk, wv))
+    s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + mask
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    a = (s @ v).transpose(0, 2, 1, 3).reshape(bsz, t, c)
+    x = x + a @ np.concatenate(wo, axis=0)
+    u = ln(x, ln2_w, ln2_b) @ w1 + b1
+    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u ** 3)))
+    return x + u @ w2 + b2
+
+
+def plan_flops(graph: Graph) -> int:
+    """FLOPs of a graph: pointwise nodes one per output element, reductions one per input element,
+    matmul 2 * k per output element; layout nodes and constants none."""
+    total = 0
+    for n in graph.nodes:
+        if n.op in POINTWISE:
+            total += math.prod(n.shape)
+        elif n.op in REDUCTIONS:
+            total += math.prod(n.inputs[0].shape)
+        elif n.op == "matmul":
+            total += 2 * math.prod(n.shape) * n.inputs[0].shape[-1]
+    return total
+
+
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+    """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
+    compile time and guard cost of gpt_block at (batch, t, c), float32."""
+    from minitorch.bench import benchmark
+
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    f = compile(gpt_block)
+    args = [Tensor(x), Tensor(mask), *map(Tensor, ws)]
+    import time
+
+    t0 = time.perf_counter()
+    out = f(*args)
+    t_compile = time.perf_counter() - t0
+    leaves = [Tensor(x, requires_grad=True), Tensor(mask)] + [Tensor(w, requires_grad=True) for w in ws]
+    want = gpt_block(*leaves).data
+    best = {"eager": math.inf, "numpy": math.inf, "compiled": math.inf}
+    for _ in range(rounds):
+        best["eager"] = min(best["eager"], benchmark(gpt_block, *leaves, repeat=3).min)
+        best["numpy"] = min(best["numpy"], benchmark(gpt_block_numpy, x, mask, *ws, repeat=3).min)
+        best["compiled"] = min(best["compiled"], benchmark(f, *args, repeat=3).min)
+    g = optimize(trace(gpt_block, x, mask, *ws))
+    plan = fuse(g)
+    return dict(shape=(batch, t, c), err=float(np.abs(out.data - want).max()), compile=t_compile,
+                guard=benchmark(guard_key, args, repeat=5, number=100).min,
+                eager_bytes=sum(plan_bytes(g, eager_plan(g))), fused_bytes=sum(plan_bytes(g, plan)),
+                eager_kernels=len(eager_plan(g)), fused_kernels=len(plan), **best)
+
+
+def print_speed_table(results: Sequence[dict]) -> None:
+    """The table of block_speed results: ms, ratios, kernels, MB, compile s, guard us, max error."""
+    print("gpt_block (causal attention, 4 heads + GELU MLP), float32; times: fastest run, ms")
+    print(f"{'shape':>14} {'eager':>8} {'NumPy':>8} {'compiled':>9} {'eager/comp':>11} {'NumPy/comp':>11} "
+          f"{'kernels':>9} {'MB eager':>9} {'MB fused':>9} {'compile s':>10} {'guard us':>9} {'max err':>8}")
+    for r in results:
+        print(f"{str(r['shape']):>14} {1e3 * r['eager']:>8.2f} {1e3 * r['numpy']:>8.2f} {1e3 * r['compiled']:>9.2f} "
+              f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
+              f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
+              f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")
