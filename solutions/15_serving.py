@@ -167,7 +167,7 @@ class ServerThread:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 30.0):
         import uvicorn
 
-        self.host, self.port = host, port or free_port(host)
+        self.app, self.host, self.port = app, host, port or free_port(host)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
                                 timeout_graceful_shutdown=graceful_timeout, lifespan="on")
         self.server = uvicorn.Server(config)
@@ -187,12 +187,18 @@ class ServerThread:
         return self
 
     def stop(self, force: bool = False, timeout: float = 30.0) -> None:
+        """Graceful: no new connections, in-flight requests finish, then the app shuts down (its
+        engine drains). force=True (a second Ctrl-C): connections are dropped at once and the
+        app's engine, if it has one (app.state.engine), aborts what it was serving."""
         self.server.should_exit = True
         if force:
             self.server.force_exit = True
         self.thread.join(timeout)
         if self.thread.is_alive():
             raise RuntimeError(f"ServerThread: the server on {self.url} did not stop in {timeout} s")
+        engine = getattr(getattr(self.app, "state", None), "engine", None)
+        if force and engine is not None:
+            engine.stop(drain=False)
 
     def __enter__(self) -> "ServerThread":
         return self.start()

@@ -472,6 +472,35 @@ def test_http_graceful_shutdown_finishes_in_flight_requests(lesson):
     check_pool_empty(eng)
 
 
+@pytest.mark.exercise("15.2")
+def test_http_second_stop_is_immediate(lesson):
+    eng = lesson.Engine(W64, num_blocks=32, block_size=8, prefix_caching=False, step_interval=0.05)
+    probe(lesson, "15.2", eng)
+    srv = ServerThread(lesson.make_app(eng, TOK, "tiny-gpt")).start()
+    out = {}
+
+    def client():
+        try:
+            out["r"] = httpx.post(srv.url + "/v1/completions", json=body(TOK.encode("if x:"), 55), timeout=60)
+        except httpx.HTTPError as exc:
+            out["r"] = exc
+
+    t = threading.Thread(target=client)
+    t.start()
+    deadline = time.monotonic() + 20
+    while eng.stats()["running"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    srv.stop(force=True)                                    # a second Ctrl-C: do not wait for the 55 tokens
+    t.join(30)
+    req = eng.finished[-1]
+    assert req.finish_reason == "abort" and len(req.output) < 55, \
+        f"a forced stop must abort the request in flight, not finish it: {req.finish_reason}, {len(req.output)} tokens"
+    assert isinstance(out["r"], httpx.HTTPError) or out["r"].status_code != 200 or \
+        len(out["r"].json()["choices"][0]["text"]) < 55
+    assert eng._thread is None
+    check_pool_empty(eng)
+
+
 # ====================================================================== 15.3 streaming
 @pytest.mark.exercise("15.3")
 def test_sse_event_bytes(lesson):
@@ -684,3 +713,49 @@ def test_goodput(lesson):
     assert math.isclose(got, 3 / 4.0), f"3 requests met both SLOs in 4 s: goodput 0.75 requests/s, got {got}"
     assert math.isclose(lesson.goodput(recs, 2.0, ttft_slo=10, tpot_slo=10), 5 / 2.0)
     assert lesson.goodput([], 1.0, 1.0, 1.0) == 0
+
+
+# ====================================================================== the page, in a browser
+@pytest.mark.exercise("15.3")
+@pytest.mark.timeout(90)
+def test_page_streams_tokens_and_shows_the_batch(lesson):
+    from course.browser import CHROMIUM_FLAGS, find_chromium, missing
+
+    why = missing()
+    if why:
+        pytest.skip(f"no browser check: {why}")
+    eng = ref().Engine(W64, num_blocks=32, block_size=8, step_interval=0.03)
+    prompt = "def main():"
+    want = TOK.decode(alone(TOK.encode(prompt), 40))
+
+    def drive(url):
+        from playwright.sync_api import sync_playwright
+
+        seen = {}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page()
+                page.goto(url + "/")
+                page.fill("#prompt", prompt)
+                page.fill("#max", "40")
+                page.click("#go")
+                page.wait_for_function("document.getElementById('out').textContent.length > 0", timeout=20_000)
+                seen["partial"] = page.text_content("#out")
+                page.wait_for_function("document.getElementById('running').textContent === '1'", timeout=20_000)
+                seen["blocks"] = int(page.text_content("#blocks"))
+                page.wait_for_function(f"document.getElementById('out').textContent.length === {len(want)}",
+                                       timeout=30_000)
+                seen["final"] = page.text_content("#out")
+                page.wait_for_function("document.getElementById('running').textContent === '0'", timeout=20_000)
+                seen["total"] = int(page.text_content("#total"))
+            finally:
+                browser.close()
+        return seen
+
+    with serving(lesson, eng, "15.3") as srv:
+        seen = in_thread(lambda: drive(srv.url))
+    assert 0 < len(seen["partial"]) < len(want), \
+        f"the page should show tokens as they stream: first saw {seen['partial']!r} of {want!r}"
+    assert seen["final"] == want, f"the page shows {seen['final']!r}, the model generates {want!r}"
+    assert seen["blocks"] > 0 and seen["total"] == 32, f"the panel showed {seen['blocks']} of {seen['total']} KV blocks"
