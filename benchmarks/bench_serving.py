@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,38 +35,10 @@ import minitorch.serve as serve_mod
 from minitorch.quant import matmul_int8, quantize
 from minitorch.serve import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
 from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
-from minitorch.server_kit import free_port, run_load, sample_workload
+from minitorch.server_kit import ServerProcess, run_load, sample_workload
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextmanager
-def server_process(**engine_kw):
-    """minitorch.server.serve in a child process on a free port; yields its URL."""
-    import httpx
-
-    port = free_port()
-    args = ", ".join(f"{k}={v!r}" for k, v in engine_kw.items())
-    code = f"from minitorch.server import serve; serve(port={port}, step_interval=0.0, {args})"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the server process did not start")
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def tokens_per_s(records, duration):
@@ -79,7 +49,7 @@ def tokens_per_s(records, duration):
 def load_section() -> None:
     n = 24 if SMALL else 64
     work = sample_workload(n, 1)
-    with server_process(num_blocks=64, block_size=8, max_running=32) as url:
+    with ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0) as url:
         run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
         one, d1 = run_load(url, work, [0] * n, max_concurrency=1)
         many, d16 = run_load(url, work, [0] * n, max_concurrency=16)

@@ -48,7 +48,6 @@ class GenRequest:
     num_computed: int = 0
     num_cached: int = 0
     preemptions: int = 0
-    registered: int = 0
     arrival: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -209,7 +208,8 @@ class Engine:
         self.records: deque[dict[str, Any]] = deque(maxlen=history)
         self.finished: deque[GenRequest] = deque(maxlen=history)
         self.counters = {"generated_tokens": 0, "prompt_tokens": 0, "prefix_query_tokens": 0,
-                         "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0}
+                         "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
+                         "peak_running": 0}
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
 
     # ---------------------------------------------------------------- requests in and out
@@ -277,7 +277,6 @@ class Engine:
         self.running.remove(request)
         self.cache.free(request.id)
         request.num_computed = 0
-        request.registered = 0
         request.preemptions += 1
         self.counters["preemptions"] += 1
         self.waiting.appendleft(request)
@@ -374,6 +373,7 @@ class Engine:
                         self._finish(request, "length")
                         record["finished"].append(request.id)
                 self.counters["generated_tokens"] += new_tokens
+                self.counters["peak_running"] = max(self.counters["peak_running"], len(plan))
                 self._recent.append((now, new_tokens))
             self.steps += 1
             record["blocks_used"] = self.blocks_used()
@@ -642,7 +642,8 @@ async def sse_stream(stream: TokenStream, chunk: Callable[[str, str | None, bool
 def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-gpt") -> Any:
     """The FastAPI application over `engine`: POST /v1/completions and /v1/chat/completions
     (streamed with sse_stream when "stream": true), GET /v1/models, /health, /metrics
-    (Prometheus text), /stats (JSON for the page) and / (the page). The engine's loop starts
+    (Prometheus text), /stats (JSON for the page) and / (the page); POST /reset_prefix_cache
+    (empties the prefix cache and the peak-running counter, as vLLM's endpoint of that name). The engine's loop starts
     with the app and stops, after draining, when the server shuts down."""
     from contextlib import asynccontextmanager
 
@@ -735,6 +736,15 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        with engine.lock:
+            dropped = engine.prefix.num_cached if engine.prefix is not None else 0
+            if engine.prefix is not None:
+                engine.prefix.clear()
+            engine.counters["peak_running"] = 0
+        return {"dropped_blocks": dropped}
+
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         return engine.stats()
@@ -765,8 +775,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02
 
     _, app = build_server(step_interval=step_interval, **engine_kw)
     print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                  timeout_graceful_shutdown=30)).run()
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      timeout_graceful_shutdown=30)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down gracefully
+        pass
+    print("minitorch server: stopped")
 
 
 class Histogram:

@@ -135,6 +135,54 @@ class ServerThread:
         self.stop()
 
 
+class ServerProcess:
+    """`minitorch.server.serve(port=..., **serve_kw)` in a child process (its own interpreter, so
+    a load generator in this one does not share its lock). `with ServerProcess(...) as url:`
+    waits for /health, and on leaving sends SIGINT (a graceful stop) and waits for the exit."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **serve_kw: Any):
+        self.host, self.port, self.serve_kw = host, port or free_port(host), serve_kw
+        self.proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> str:
+        import os
+        import signal  # noqa: F401 - used in __exit__
+        import subprocess
+        import sys
+
+        import httpx
+
+        args = "".join(f", {k}={v!r}" for k, v in self.serve_kw.items())
+        code = f"from minitorch.server import serve; serve(host={self.host!r}, port={self.port}{args})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"ServerProcess: the server did not start on {self.url}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait()
+
+
 def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
                     output_len: tuple[int, int] = (8, 24)) -> list[tuple[str, int]]:
     """n (prompt, max_tokens) pairs: prompts are slices of the tiny GPT's corpus with lengths

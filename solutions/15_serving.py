@@ -207,6 +207,54 @@ class ServerThread:
         self.stop()
 
 
+class ServerProcess:
+    """`minitorch.server.serve(port=..., **serve_kw)` in a child process (its own interpreter, so
+    a load generator in this one does not share its lock). `with ServerProcess(...) as url:`
+    waits for /health, and on leaving sends SIGINT (a graceful stop) and waits for the exit."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **serve_kw: Any):
+        self.host, self.port, self.serve_kw = host, port or free_port(host), serve_kw
+        self.proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> str:
+        import os
+        import signal  # noqa: F401 - used in __exit__
+        import subprocess
+        import sys
+
+        import httpx
+
+        args = "".join(f", {k}={v!r}" for k, v in self.serve_kw.items())
+        code = f"from minitorch.server import serve; serve(host={self.host!r}, port={self.port}{args})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"ServerProcess: the server did not start on {self.url}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait()
+
+
 def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
                     output_len: tuple[int, int] = (8, 24)) -> list[tuple[str, int]]:
     """n (prompt, max_tokens) pairs: prompts are slices of the tiny GPT's corpus with lengths
@@ -328,7 +376,6 @@ class GenRequest:
     num_computed: int = 0
     num_cached: int = 0
     preemptions: int = 0
-    registered: int = 0
     arrival: float = field(default_factory=time.perf_counter)
     token_times: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -579,7 +626,8 @@ class Engine:
         self.records: deque[dict[str, Any]] = deque(maxlen=history)
         self.finished: deque[GenRequest] = deque(maxlen=history)
         self.counters = {"generated_tokens": 0, "prompt_tokens": 0, "prefix_query_tokens": 0,
-                         "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0}
+                         "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
+                         "peak_running": 0}
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
 
     # ---------------------------------------------------------------- requests in and out
@@ -647,7 +695,6 @@ class Engine:
         self.running.remove(request)
         self.cache.free(request.id)
         request.num_computed = 0
-        request.registered = 0
         request.preemptions += 1
         self.counters["preemptions"] += 1
         self.waiting.appendleft(request)
@@ -746,6 +793,7 @@ class Engine:
                         self._finish(request, "length")
                         record["finished"].append(request.id)
                 self.counters["generated_tokens"] += new_tokens
+                self.counters["peak_running"] = max(self.counters["peak_running"], len(plan))
                 self._recent.append((now, new_tokens))
             self.steps += 1
             record["blocks_used"] = self.blocks_used()
@@ -1079,7 +1127,8 @@ async def sse_stream(stream: TokenStream, chunk: Callable[[str, str | None, bool
 def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-gpt") -> Any:
     """The FastAPI application over `engine`: POST /v1/completions and /v1/chat/completions
     (streamed with sse_stream when "stream": true), GET /v1/models, /health, /metrics
-    (Prometheus text), /stats (JSON for the page) and / (the page). The engine's loop starts
+    (Prometheus text), /stats (JSON for the page) and / (the page); POST /reset_prefix_cache
+    (empties the prefix cache and the peak-running counter, as vLLM's endpoint of that name). The engine's loop starts
     with the app and stops, after draining, when the server shuts down."""
     from contextlib import asynccontextmanager
 
@@ -1172,6 +1221,15 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        with engine.lock:
+            dropped = engine.prefix.num_cached if engine.prefix is not None else 0
+            if engine.prefix is not None:
+                engine.prefix.clear()
+            engine.counters["peak_running"] = 0
+        return {"dropped_blocks": dropped}
+
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         return engine.stats()
@@ -1202,8 +1260,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02
 
     _, app = build_server(step_interval=step_interval, **engine_kw)
     print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                  timeout_graceful_shutdown=30)).run()
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      timeout_graceful_shutdown=30)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down gracefully
+        pass
+    print("minitorch server: stopped")
 
 # %% tags=["check"]
 check("15.2")
@@ -1443,26 +1505,26 @@ check("15.5")
 # ## 7. Under load: the latency-throughput curve
 #
 # Now the whole stack under a load generator, as vLLM's `benchmark_serving.py` does it: the
-# server in a thread of this kernel, float32 weights, a workload of corpus prompts (8-32
+# server in its own process (`ServerProcess`, given: in this kernel it would share Python's
+# interpreter lock with the load generator), float32 weights, a workload of corpus prompts (8-32
 # characters) and output lengths (8-24 tokens) drawn at random (`sample_workload`, given), and
 # `run_load` (given) sending each request at its Poisson time and recording when every token
 # arrives. First the baseline, one request at a time (what a server without batching does);
 # then rates up to `inf` (everything at once). The SLO for goodput: TTFT <= 250 ms and TPOT <=
-# 50 ms. Each rate starts from an empty prefix cache (`prefix.clear()`), so the rates compare
-# batching alone.
+# 50 ms. Each rate starts from an empty prefix cache (`POST /reset_prefix_cache`), so the rates
+# compare batching alone.
 
 # %% tags=["demo"]
 import matplotlib.pyplot as plt
 
-from minitorch.server_kit import run_load, sample_workload
+from minitorch.server_kit import ServerProcess, run_load, sample_workload
 
 SLO = {"ttft_slo": 0.25, "tpot_slo": 0.05}
 
 
-def load_point(url: str, engine: Engine, workload: list, rate: float, seed: int, max_concurrency: int | None = None) -> dict:
-    """One run of the load generator; its throughput, latencies and goodput."""
-    with engine.lock:
-        engine.prefix.clear()
+def load_point(url: str, workload: list, rate: float, seed: int, max_concurrency: int | None = None) -> dict:
+    """One run of the load generator, from an empty prefix cache; throughput, latencies, goodput."""
+    httpx.post(url + "/reset_prefix_cache")
     records, duration = run_load(url, workload, poisson_arrivals(rate, len(workload), seed),
                                  max_concurrency=max_concurrency)
     assert all(r["status"] == 200 for r in records), [r for r in records if r["status"] != 200][:1]
@@ -1479,13 +1541,12 @@ rates = [10.0, math.inf] if SMALL else [2.0, 5.0, 10.0, 20.0, 40.0, 80.0, math.i
 points, baseline, peak_running = [], None, 0
 try:
     sse_event("probe"), Engine(W64).schedule(), poisson_arrivals(1.0, 1), goodput([], 1.0, 1.0, 1.0)
-    load_engine, load_app = build_server(np.float32, num_blocks=48, block_size=8, max_running=32)
-    with ServerThread(load_app) as srv:
-        run_load(srv.url, sample_workload(4, 99), [0, 0, 0, 0])                 # warm up
-        baseline = load_point(srv.url, load_engine, sample_workload(n_requests, 1), math.inf, 0, max_concurrency=1)
+    with ServerProcess(num_blocks=48, block_size=8, max_running=32, step_interval=0.0) as url:
+        run_load(url, sample_workload(4, 99), [0, 0, 0, 0])                     # warm up
+        baseline = load_point(url, sample_workload(n_requests, 1), math.inf, 0, max_concurrency=1)
         for i, rate in enumerate(rates):
-            points.append(load_point(srv.url, load_engine, sample_workload(n_requests, 2 + i), rate, i))
-        peak_running = max(len(r["chunks"]) for r in load_engine.records)
+            points.append(load_point(url, sample_workload(n_requests, 2 + i), rate, i))
+        peak_running = httpx.get(url + "/stats").json()["peak_running"]
     print(f"{'rate (req/s)':>12} {'tokens/s':>9} {'req/s':>6} {'goodput':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'TPOT p50':>9} {'ITL p99':>8}")
     for p in [dict(baseline, rate="1 at a time")] + points:
