@@ -1594,14 +1594,15 @@ except NotImplementedError as exc:
 # A decode step reads every weight once whatever the batch, and each sequence's KV cache once.
 # For a batch of b sequences at context c, lesson 11's `decode_step_cost` gives FLOPs ~ b (2N
 # + attention) and bytes ~ N x bytes per weight + b x KV bytes: the arithmetic intensity grows
-# with b until the KV reads dominate. On a GPU, where a small decode is memory-bound, a step of
-# 32 sequences costs barely more than a step of one (Pope et al. 2022; the roofline in
-# [inference](../hardware_notes/inference.md#serving)). Here the tiny GPT's weights (110,784
-# parameters, 0.4 MB in float32) sit in the CPU's cache, and a step is mostly fixed cost:
-# NumPy calls and Python per layer, the same for 1 sequence or 64. Either way the step time
-# grows far slower than the batch, so tokens per second grow with it, until the step's work
-# (or, on a GPU, its compute roof) catches up. Measured below: decode steps with b sequences at
-# a context of about 40 tokens.
+# with b until the KV reads dominate. On a GPU, where decode is memory-bound, a step of 16
+# sequences of Llama-2-7B at 1,024 tokens costs about 1.6x a step of one, for 10x the tokens
+# (Pope et al. 2022; the table in [inference](../hardware_notes/inference.md#serving)). Here
+# the tiny GPT's weights (110,784 parameters, 0.4 MB in float32) sit in the CPU's cache, and a
+# step of one sequence is mostly fixed cost: NumPy calls and Python per layer, which do not
+# grow with the batch. Either way the step time grows far slower than the batch, so tokens per
+# second grow with it, until the per-sequence work (the caches' reads on a GPU, the arithmetic
+# and attention calls here) catches up. Measured below: decode steps of b sequences at a
+# context of about 40 tokens (FLOP/byte from `decode_step_cost`, float32).
 
 # %% tags=["demo"]
 from minitorch.serve import decode_step_cost, kv_cache_bytes

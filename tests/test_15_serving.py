@@ -391,7 +391,7 @@ def test_http_overload_answers_429_and_drops_nobody(lesson):
     with serving(lesson, eng, "15.2") as srv:
         results = post_all(srv.url, [body(p, 8) for p in prompts])
     statuses = [s for s, _, _ in results]
-    assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 6, \
+    assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 5, \
         f"30 requests at once into a queue of 4: expected some 200s and some 429s, got {statuses}"
     for (status, headers, js), p in zip(results, prompts):
         if status == 429:
@@ -724,7 +724,7 @@ def test_page_streams_tokens_and_shows_the_batch(lesson):
     why = missing()
     if why:
         pytest.skip(f"no browser check: {why}")
-    eng = ref().Engine(W64, num_blocks=32, block_size=8, step_interval=0.03)
+    eng = ref().Engine(W64, num_blocks=32, block_size=8, step_interval=0.05)
     prompt = "def main():"
     want = TOK.decode(alone(TOK.encode(prompt), 40))
 
