@@ -1,20 +1,20 @@
 """Lesson 15: the served tiny GPT under load.
 
-1. Throughput: the server (minitorch.server.serve, float32, 64 blocks of 8, max_running 32) in its
-   own process, 64 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
-   greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
-   request when the last one is answered). Output tokens/s and the ratio.
-2. Latency at half the saturating rate: the saturating rate is the request rate the server
-   reaches with every request sent at once; then Poisson arrivals at half that rate: TTFT, TPOT
-   and ITL percentiles, goodput under TTFT <= 250 ms and TPOT <= 50 ms.
-3. Decode tokens/s: the engine's step (paged cache, batched) for one sequence and for 16, against
+1. Decode tokens/s: the engine's step (paged cache, batched) for one sequence and for 16, against
    lesson 11's dense-cache step (forward_cached) for one sequence, on the tiny GPT (contexts
    of 32-56 tokens) and on a GPT of the tiny GPT's shape with a 528-token context (random
    weights) at 512 tokens.
-4. int8 against float32: the engine's decode step with every Linear layer run as W8A8 (lesson
+2. int8 against float32: the engine's decode step with every Linear layer run as W8A8 (lesson
    10's per-channel int8 weights, per-token int8 activations, matmul_int8 with int32
    accumulation) against float32, batch 1 and 16 (the benchmark swaps minitorch.serve.linear
    for the run; nothing in the lessons changes).
+3. Throughput: the server (minitorch.server.serve, float32, 64 blocks of 8, max_running 32) in its
+   own process, 64 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
+   greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
+   request when the last one is answered). Output tokens/s and the ratio.
+4. Latency at half the saturating rate: the saturating rate is the request rate the server
+   reaches with every request sent at once; then Poisson arrivals at half that rate: TTFT, TPOT
+   and ITL percentiles, goodput under TTFT <= 250 ms and TPOT <= 50 ms.
 
 Wall times (perf_counter), medians of repeated steps, on a machine that may be shared: read the
 ratios. The load generator and the server run in separate processes so that they do not share
@@ -23,7 +23,6 @@ one interpreter lock. `make bench L=serving`.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import contextmanager
@@ -57,14 +56,14 @@ def load_section() -> None:
         sat = n / dsat
         half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
     t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
-    print(f"\n1. throughput, {n} requests, server in its own process")
+    print(f"\n3. throughput, {n} requests, server in its own process")
     print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}")
     print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x")
     print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x")
     print(f"{'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} {tokens_per_s(burst, dsat) / t1:>5.1f}x  "
           "(saturating rate)")
     s = latency_stats(half)
-    print(f"\n2. Poisson arrivals at half the saturating rate ({sat / 2:.1f} requests/s)")
+    print(f"\n4. Poisson arrivals at half the saturating rate ({sat / 2:.1f} requests/s)")
     for k in ("ttft", "tpot", "itl"):
         print(f"   {k.upper():>4}: p50 {1e3 * s[k]['p50']:7.2f} ms   p90 {1e3 * s[k]['p90']:7.2f} ms   "
               f"p99 {1e3 * s[k]['p99']:7.2f} ms")
@@ -104,7 +103,7 @@ def decode_section() -> None:
     tiny = load_tiny_weights(np.float32)
     long_ctx = random_gpt_weights(block_size=528, dtype=np.float32)
     steps = 8 if SMALL else 24
-    print("\n3. decode tokens/s (median step), float32")
+    print("\n1. decode tokens/s (median step), float32")
     print(f"{'model':>18} {'context':>8} {'L11 dense b=1':>14} {'engine b=1':>11} {'engine b=16':>12} "
           f"{'b=1 ratio':>10} {'b=16 / b=1':>11}")
     for name, W, ctx in (("tiny GPT", tiny, 32), ("tiny shape, 528", long_ctx, 512 - steps)):
@@ -144,7 +143,7 @@ def int8_linears(W):
 def int8_section() -> None:
     W = load_tiny_weights(np.float32)
     steps = 8 if SMALL else 24
-    print("\n4. int8 (W8A8, matmul_int8) against float32, the engine's decode step on the tiny GPT")
+    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's decode step on the tiny GPT")
     print(f"{'batch':>6} {'float32 tok/s':>14} {'int8 tok/s':>11} {'int8 / f32':>11}")
     for b in (1, 16):
         f32 = engine_decode_time(W, b, 32, steps)
