@@ -1536,8 +1536,8 @@ def load_point(url: str, workload: list, rate: float, seed: int, max_concurrency
             "tpot_p50": stats["tpot"]["p50"], "itl_p99": stats["itl"]["p99"]}
 
 
-n_requests = 16 if SMALL else 96
-rates = [10.0, math.inf] if SMALL else [2.0, 5.0, 10.0, 20.0, 40.0, 80.0, math.inf]
+n_requests = 16 if SMALL else 128
+rates = [10.0, math.inf] if SMALL else [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 240.0, 320.0, 480.0, math.inf]
 points, baseline, peak_running = [], None, 0
 try:
     sse_event("probe"), Engine(W64).schedule(), poisson_arrivals(1.0, 1), goodput([], 1.0, 1.0, 1.0)
