@@ -1557,16 +1557,17 @@ try:
     print(f"batching: {points[-1]['tokens_per_s'] / baseline['tokens_per_s']:.1f}x the tokens/s of one at a time; "
           f"most requests in one step: {peak_running}")
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    tps = [p["tokens_per_s"] for p in points]
-    ax[0].plot(tps, [1e3 * p["ttft_p99"] for p in points], "o-", label="p99 TTFT")
-    ax[0].plot(tps, [1e3 * p["ttft_p50"] for p in points], "s--", label="p50 TTFT")
+    shown = [p for p in points if math.isfinite(p["rate"])]
+    tps = [p["tokens_per_s"] for p in shown]
+    ax[0].plot(tps, [1e3 * p["ttft_p99"] for p in shown], "o-", label="p99 TTFT")
+    ax[0].plot(tps, [1e3 * p["ttft_p50"] for p in shown], "s--", label="p50 TTFT")
+    ax[0].plot(points[-1]["tokens_per_s"], 1e3 * points[-1]["ttft_p99"], "kx", label="p99, all at once")
     ax[0].axvline(baseline["tokens_per_s"], color="grey", ls=":", label="one at a time")
     ax[0].set_xlabel("throughput (output tokens/s)")
     ax[0].set_ylabel("time to first token (ms)")
     ax[0].set_yscale("log")
     ax[0].legend(fontsize=8)
     ax[0].set_title("latency against throughput")
-    shown = [p for p in points if math.isfinite(p["rate"])]
     ax[1].plot([p["rate"] for p in shown], [p["requests_per_s"] for p in shown], "o-", label="throughput")
     ax[1].plot([p["rate"] for p in shown], [p["goodput"] for p in shown], "s--", label="goodput (SLO met)")
     ax[1].plot([0, max(rates[:-1] or [1])], [0, max(rates[:-1] or [1])], "k:", lw=0.8, label="offered load")
