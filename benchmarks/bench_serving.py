@@ -1,0 +1,163 @@
+"""Lesson 15: the served tiny GPT under load.
+
+1. Decode tokens/s: the engine's step (paged cache, batched) for one sequence and for 16, against
+   lesson 11's dense-cache step (forward_cached) for one sequence, on the tiny GPT (contexts
+   of 32-56 tokens) and on a GPT of the tiny GPT's shape with a 528-token context (random
+   weights) at 512 tokens.
+2. int8 against float32: the engine's decode step with every Linear layer run as W8A8 (lesson
+   10's per-channel int8 weights, per-token int8 activations, matmul_int8 with int32
+   accumulation) against float32, batch 1 and 16 (the benchmark swaps minitorch.serve.linear
+   for the run; nothing in the lessons changes).
+3. Throughput: the server (minitorch.server.serve, float32, 64 blocks of 8, max_running 32) in its
+   own process, 64 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
+   greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
+   request when the last one is answered). Output tokens/s and the ratio.
+4. Latency at half the saturating rate: the saturating rate is the request rate the server
+   reaches with every request sent at once; then Poisson arrivals at half that rate: TTFT, TPOT
+   and ITL percentiles, goodput under TTFT <= 250 ms and TPOT <= 50 ms.
+
+Wall times (perf_counter), medians of repeated steps, on a machine that may be shared: read the
+ratios. The load generator and the server run in separate processes so that they do not share
+one interpreter lock. `make bench L=serving`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+import minitorch.serve as serve_mod
+from minitorch.quant import matmul_int8, quantize
+from minitorch.serve import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
+from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
+from minitorch.server_kit import ServerProcess, run_load, sample_workload
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tokens_per_s(records, duration):
+    assert all(r["status"] == 200 for r in records), "a request failed"
+    return sum(len(r["token_times"]) for r in records) / duration
+
+
+def load_section() -> None:
+    n = 24 if SMALL else 64
+    work = sample_workload(n, 1)
+    with ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0) as url:
+        run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
+        one, d1 = run_load(url, work, [0] * n, max_concurrency=1)
+        many, d16 = run_load(url, work, [0] * n, max_concurrency=16)
+        burst, dsat = run_load(url, sample_workload(n, 2), [0] * n)
+        sat = n / dsat
+        half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
+    t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
+    print(f"\n3. throughput, {n} requests, server in its own process")
+    print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}")
+    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x")
+    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x")
+    print(f"{'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} {tokens_per_s(burst, dsat) / t1:>5.1f}x  "
+          "(saturating rate)")
+    s = latency_stats(half)
+    print(f"\n4. Poisson arrivals at half the saturating rate ({sat / 2:.1f} requests/s)")
+    for k in ("ttft", "tpot", "itl"):
+        print(f"   {k.upper():>4}: p50 {1e3 * s[k]['p50']:7.2f} ms   p90 {1e3 * s[k]['p90']:7.2f} ms   "
+              f"p99 {1e3 * s[k]['p99']:7.2f} ms")
+    print(f"   goodput (TTFT <= 250 ms, TPOT <= 50 ms): {goodput(half, dhalf, 0.25, 0.05):.1f} of "
+          f"{n / dhalf:.1f} requests/s")
+
+
+def engine_decode_time(W, batch: int, prompt_len: int, steps: int) -> float:
+    """Median seconds of one decode step of `batch` sequences after prompts of prompt_len."""
+    eng = Engine(W, num_blocks=batch * (-(-W.block_size // 8)), block_size=8, max_running=batch,
+                 max_num_batched_tokens=batch * prompt_len, prefix_caching=False)
+    rng = np.random.default_rng(batch)
+    for _ in range(batch):
+        eng.add_request(rng.integers(0, W.vocab_size, prompt_len), steps + 2)
+    eng.step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def dense_decode_time(W, prompt_len: int, steps: int) -> float:
+    cache = KVCache.for_model(W)
+    rng = np.random.default_rng(0)
+    forward_cached(W, cache, rng.integers(0, W.vocab_size, (1, prompt_len)))
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        forward_cached(W, cache, rng.integers(0, W.vocab_size, (1, 1)))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def decode_section() -> None:
+    tiny = load_tiny_weights(np.float32)
+    long_ctx = random_gpt_weights(block_size=528, dtype=np.float32)
+    steps = 8 if SMALL else 24
+    print("\n1. decode tokens/s (median step), float32")
+    print(f"{'model':>18} {'context':>8} {'L11 dense b=1':>14} {'engine b=1':>11} {'engine b=16':>12} "
+          f"{'b=1 ratio':>10} {'b=16 / b=1':>11}")
+    for name, W, ctx in (("tiny GPT", tiny, 32), ("tiny shape, 528", long_ctx, 512 - steps)):
+        dense = dense_decode_time(W, ctx, steps)
+        e1 = engine_decode_time(W, 1, ctx, steps)
+        e16 = engine_decode_time(W, 16, ctx, steps)
+        print(f"{name:>18} {ctx + steps // 2:>8} {1 / dense:>14.0f} {1 / e1:>11.0f} {16 / e16:>12.0f} "
+              f"{dense / e1:>9.2f}x {(16 / e16) / (1 / e1):>10.1f}x")
+
+
+@contextmanager
+def int8_linears(W):
+    """Run every Linear of W as W8A8 (per-channel int8 weights, per-token int8 activations)."""
+    qw = {}
+    for name, w in W.params.items():
+        if name.startswith("blocks.") and name.endswith(".weight") and w.ndim == 2:
+            qw[name[:-len(".weight")]] = quantize(w.astype(np.float32), bits=8, symmetric=True, block=(w.shape[0], 1))
+    original = serve_mod.linear
+
+    def linear8(x, params, name):
+        q = qw.get(name)
+        if q is None:
+            return original(x, params, name)
+        k = x.shape[-1]
+        x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
+        qx = quantize(x2, bits=8, symmetric=True, block=(1, k))
+        out = matmul_int8(qx.q, q.q).astype(np.float32) * qx.scale * q.scale
+        return out.reshape(*x.shape[:-1], -1) + params[name + ".bias"]
+
+    serve_mod.linear = linear8
+    try:
+        yield
+    finally:
+        serve_mod.linear = original
+
+
+def int8_section() -> None:
+    W = load_tiny_weights(np.float32)
+    steps = 8 if SMALL else 24
+    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's decode step on the tiny GPT")
+    print(f"{'batch':>6} {'float32 tok/s':>14} {'int8 tok/s':>11} {'int8 / f32':>11}")
+    for b in (1, 16):
+        f32 = engine_decode_time(W, b, 32, steps)
+        with int8_linears(W):
+            engine_decode_time(W, b, 32, 2)                                   # compile the kernel
+            i8 = engine_decode_time(W, b, 32, steps)
+        print(f"{b:>6} {b / f32:>14.0f} {b / i8:>11.0f} {f32 / i8:>10.2f}x")
+
+
+def main(out_dir: Path) -> None:
+    decode_section()
+    int8_section()
+    load_section()
+
+
+if __name__ == "__main__":
+    main(ROOT / "build" / "bench")

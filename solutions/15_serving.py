@@ -1,0 +1,1694 @@
+# %% [markdown]
+# # Lesson 15 (capstone): serve the tiny GPT over HTTP, under load
+#
+# Lessons 09-11 built a model, made it smaller and made generating from it cheap: a paged KV
+# cache, a block allocator with shared prefixes, continuous batching. This lesson puts all of it
+# behind a real HTTP server, split the way vLLM splits it (Kwon et al. 2023; vLLM's
+# `LLMEngine`, scheduler and `KVCacheManager`):
+#
+# - an **engine**: a step loop in a background thread. Each step admits waiting requests,
+#   schedules prefill chunks and decodes against a per-step token budget (chunked prefill,
+#   Agrawal et al. 2024, "Sarathi-Serve"), runs one batched model step through lesson 11's
+#   `paged_forward`, samples, retires finished requests, and preempts when the cache runs out;
+# - **prefix caching**: full KV blocks are named by a hash chained over the tokens they hold, so
+#   a new request whose prompt starts like an earlier one reuses its blocks (vLLM's automatic
+#   prefix caching; SGLang's RadixAttention, Zheng et al. 2024);
+# - an **HTTP layer** in the form clients already speak: OpenAI's `/v1/completions` and
+#   `/v1/chat/completions`, streamed as server-sent events, with `/v1/models`, `/health` and
+#   Prometheus `/metrics`, on FastAPI and uvicorn;
+# - a **load generator** in the style of vLLM's `benchmark_serving.py`: Poisson arrivals at a
+#   given rate, TTFT / TPOT / inter-token latency percentiles, throughput and *goodput* (requests
+#   per second that meet a latency SLO, Zhong et al. 2024, "DistServe").
+#
+# You write five pieces: 15.1 prefix caching, 15.2 the engine's scheduling step, 15.3 token
+# streaming as server-sent events, 15.4 the metrics (Prometheus histograms, latency
+# percentiles), 15.5 the load generator's arrival schedule and goodput. The server around them,
+# the page and the load generator's HTTP plumbing are given (`minitorch/server_kit.py`).
+# The course's reference version is `minitorch/server.py`. Background: why decode is
+# memory-bound and what batching buys, in [inference](../hardware_notes/inference.md#serving);
+# the roofline in [roofline](../hardware_notes/roofline.md).
+#
+# Conventions: token ids are int64 arrays; times are `time.perf_counter()` seconds; the model
+# runs in float64 where outputs are compared token for token, float32 where speed is measured.
+# `make serve` starts the server for a lecture; open the address it prints.
+
+# %%
+import os
+import time
+
+import numpy as np
+
+from course.check import check
+
+SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+
+# %%
+#| default_exp server
+#| export
+"""minitorch.server: an inference server for lesson 09's tiny GPT: an engine with a step loop
+(admission, chunked prefill, decode, preemption, retirement, prefix caching) over lesson 11's
+paged KV cache, an OpenAI-compatible HTTP API with streaming and Prometheus metrics, and the
+pieces of a load generator (arrivals, latency statistics, goodput)."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import math
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request  # FastAPI reads the handlers' annotations from the module's names
+
+from minitorch.gpt import CharTokenizer, load_tiny_gpt
+from minitorch.serve import GPTWeights, PagedKVCache, gpt_weights, paged_forward, sample_token
+
+# %%
+#| export server_kit
+#| given
+"""minitorch.server_kit: the machinery around lesson 15's server that the student reads but does
+not write: the lecture page, uvicorn in a thread, and the load generator's HTTP plumbing."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+PAGE_HTML = """<!doctype html>
+<html><head><meta charset="utf-8"><title>minitorch server</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 2em; max-width: 60em; }
+textarea { width: 100%; font-family: monospace; }
+#out { white-space: pre-wrap; font-family: monospace; border: 1px solid #ccc; padding: .5em; min-height: 4em; }
+#panel span { display: inline-block; min-width: 9em; }
+.bar { height: 1em; background: #4a8; }
+</style></head>
+<body>
+<h1>minitorch: the tiny GPT, served</h1>
+<textarea id="prompt" rows="3">The for statement</textarea>
+<p>max tokens <input id="max" type="number" value="40" min="1" max="63">
+temperature <input id="temp" type="number" value="0" min="0" step="0.1">
+<button id="go">Generate</button></p>
+<div id="out"></div>
+<h2>The batch</h2>
+<div id="panel">
+<span>running: <b id="running">0</b></span><span>waiting: <b id="waiting">0</b></span>
+<span>KV blocks: <b id="blocks">0</b> / <b id="total">0</b></span>
+<span>tokens/s: <b id="tps">0</b></span><span>prefix hits: <b id="hits">0</b></span>
+<span>steps: <b id="steps">0</b></span>
+<div style="border:1px solid #ccc; width: 30em"><div class="bar" id="bar" style="width:0%"></div></div>
+</div>
+<script>
+async function poll() {
+  try {
+    const s = await (await fetch("/stats")).json();
+    for (const k of ["running", "waiting", "steps"]) document.getElementById(k).textContent = s[k];
+    document.getElementById("blocks").textContent = s.kv_blocks_used;
+    document.getElementById("total").textContent = s.kv_blocks_total;
+    document.getElementById("tps").textContent = s.tokens_per_s.toFixed(0);
+    document.getElementById("hits").textContent = (100 * s.prefix_hit_rate).toFixed(0) + "%";
+    document.getElementById("bar").style.width = (100 * s.kv_blocks_used / s.kv_blocks_total) + "%";
+  } catch (e) {}
+}
+setInterval(poll, 250);
+poll();
+document.getElementById("go").onclick = async () => {
+  const out = document.getElementById("out");
+  out.textContent = "";
+  const body = {model: MODEL, prompt: document.getElementById("prompt").value, stream: true,
+                max_tokens: +document.getElementById("max").value,
+                temperature: +document.getElementById("temp").value};
+  const r = await fetch("/v1/completions", {method: "POST", headers: {"Content-Type": "application/json"},
+                                            body: JSON.stringify(body)});
+  if (!r.ok) { out.textContent = (await r.json()).error.message; return; }
+  const reader = r.body.getReader(), dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, {stream: true});
+    let i;
+    while ((i = buf.indexOf("\\n\\n")) >= 0) {
+      const ev = buf.slice(0, i); buf = buf.slice(i + 2);
+      const data = ev.split("\\n").filter(l => l.startsWith("data: ")).map(l => l.slice(6)).join("\\n");
+      if (data === "[DONE]") return;
+      out.textContent += JSON.parse(data).choices[0].text;
+    }
+  }
+};
+</script></body></html>
+"""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn serving `app` on host:port from a background thread (port 0: a free one).
+
+    start() returns once the server accepts connections; stop() shuts it down gracefully (no new
+    connections; in-flight requests finish, then the app's shutdown runs); stop(force=True)
+    stops at once, like a second Ctrl-C."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 30.0):
+        import uvicorn
+
+        self.app, self.host, self.port = app, host, port or free_port(host)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=graceful_timeout, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "ServerThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"ServerThread: uvicorn did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, force: bool = False, timeout: float = 30.0) -> None:
+        """Graceful: no new connections, in-flight requests finish, then the app shuts down (its
+        engine drains). force=True (a second Ctrl-C): connections are dropped at once and the
+        app's engine, if it has one (app.state.engine), aborts what it was serving."""
+        self.server.should_exit = True
+        if force:
+            self.server.force_exit = True
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise RuntimeError(f"ServerThread: the server on {self.url} did not stop in {timeout} s")
+        engine = getattr(getattr(self.app, "state", None), "engine", None)
+        if force and engine is not None:
+            engine.stop(drain=False)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class ServerProcess:
+    """`minitorch.server.serve(port=..., **serve_kw)` in a child process (its own interpreter, so
+    a load generator in this one does not share its lock). `with ServerProcess(...) as url:`
+    waits for /health, and on leaving sends SIGINT (a graceful stop) and waits for the exit."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **serve_kw: Any):
+        self.host, self.port, self.serve_kw = host, port or free_port(host), serve_kw
+        self.proc: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> str:
+        import os
+        import signal  # noqa: F401 - used in __exit__
+        import subprocess
+        import sys
+
+        import httpx
+
+        args = "".join(f", {k}={v!r}" for k, v in self.serve_kw.items())
+        code = f"from minitorch.server import serve; serve(host={self.host!r}, port={self.port}{args})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self.url
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError(f"ServerProcess: the server did not start on {self.url}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: Any) -> None:
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+            self.proc.wait()
+
+
+def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
+                    output_len: tuple[int, int] = (8, 24)) -> list[tuple[str, int]]:
+    """n (prompt, max_tokens) pairs: prompts are slices of the tiny GPT's corpus with lengths
+    uniform in prompt_len (inclusive), max_tokens uniform in output_len (inclusive)."""
+    from minitorch.gpt import load_corpus
+
+    rng = np.random.default_rng(rng)
+    text = load_corpus()
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(prompt_len[0], prompt_len[1] + 1))
+        start = int(rng.integers(0, len(text) - length))
+        out.append((text[start:start + length], int(rng.integers(output_len[0], output_len[1] + 1))))
+    return out
+
+
+async def _one_request(client: Any, url: str, model: str, prompt: str, max_tokens: int, send_at: float,
+                       sem: asyncio.Semaphore | None) -> dict[str, Any]:
+    delay = send_at - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if sem is not None:
+        await sem.acquire()
+    start, times, text, status = time.perf_counter(), [], [], 0
+    try:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
+        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+            status = r.status_code
+            if status == 200:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        piece = json.loads(line[6:])["choices"][0]["text"]
+                        if piece:
+                            times.append(time.perf_counter())
+                            text.append(piece)
+    except Exception as exc:  # a refused or broken connection is a failed request, not a crash
+        status = -1
+        text.append(repr(exc))
+    finally:
+        if sem is not None:
+            sem.release()
+    return {"start": start, "token_times": times, "status": status, "text": "".join(text),
+            "max_tokens": max_tokens}
+
+
+def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: str = "tiny-gpt",
+             max_concurrency: int | None = None, timeout: float = 120.0) -> tuple[list[dict[str, Any]], float]:
+    """Send workload[i] (prompt, max_tokens) to url/v1/completions, streamed, at arrivals[i]
+    seconds after the start (open loop: a request is sent on time whatever the others do), at
+    most max_concurrency at once (None: no limit). Returns (one dict per request: start,
+    token_times, status, text, max_tokens; the wall time from the first send to the last
+    answer). Runs its own event loop in a thread, so it works inside a notebook."""
+    import httpx
+
+    result: dict[str, Any] = {}
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+            sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+            t0 = time.perf_counter()
+            tasks = [_one_request(client, url, model, p, m, t0 + float(a), sem)
+                     for (p, m), a in zip(workload, arrivals)]
+            result["records"] = await asyncio.gather(*tasks)
+            result["duration"] = time.perf_counter() - t0
+
+    def target() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=target, name="load-generator")
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["records"], result["duration"]
+
+# %% [markdown]
+# ## 1. Requests, and the engine's state
+#
+# A request carries its prompt, how many tokens to generate, how to sample (temperature and a
+# seed: each request owns its random generator, so a seeded request gives the same tokens
+# whatever else is in the batch), and the engine's bookkeeping: `num_computed`, how many of its
+# tokens (prompt and output so far) have their keys and values in the cache. A request needs
+# the next token when `num_computed == len(tokens)`: the logits of its last token are then
+# fresh. A *prefill* is any chunk of more than one token; a *decode* feeds exactly the last
+# sampled token. Preempting a request frees its blocks and sets `num_computed` to 0: it keeps
+# its output and recomputes (vLLM's default recompute preemption).
+#
+# The engine calls `on_token(token)` from its thread for every token, and `on_token(None)` once
+# when the request ends (`finish_reason`: `"length"` or `"abort"`).
+
+# %%
+#| export
+class QueueFull(RuntimeError):
+    """The engine's waiting queue is at its bound: the caller should retry later (HTTP 429)."""
+
+    def __init__(self, waiting: int, retry_after: float):
+        super().__init__(f"the server is busy: {waiting} requests are waiting; retry in {retry_after:.0f} s")
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class GenRequest:
+    """One generation request inside the engine. prompt: (P,) int64 token ids; max_tokens >= 1;
+    temperature >= 0 (0: greedy); seed for its own sampler. output: the tokens generated;
+    num_computed: tokens whose K/V are in the cache; token_times: perf_counter() at each output
+    token; arrival: perf_counter() when the engine accepted it."""
+
+    id: str
+    prompt: np.ndarray
+    max_tokens: int
+    temperature: float = 0.0
+    seed: int = 0
+    on_token: Callable[[int | None], None] | None = None
+    output: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0
+    preemptions: int = 0
+    arrival: float = field(default_factory=time.perf_counter)
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        self.prompt = np.asarray(self.prompt, dtype=np.int64).reshape(-1)
+        self.rng = np.random.default_rng(self.seed)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Prompt and output so far, (P + len(output),) int64."""
+        return np.concatenate([self.prompt, np.asarray(self.output, dtype=np.int64)])
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+# %% [markdown]
+# ## 2. Prefix caching
+#
+# Many requests share a beginning: a system prompt, a few-shot preamble, the conversation so far.
+# Their keys and values at those positions are the same numbers, so they can live in the same
+# blocks. The question is how to find a block for a prefix. vLLM names every *full* block by a
+# hash of its tokens *and of the hash of the block before it*:
+#
+#     h_0 = hash((0, tokens[0:B])),   h_i = hash((h_{i-1}, tokens[i*B:(i+1)*B]))
+#
+# Chained, because a key at position j depends on every token before j: two blocks with the same
+# tokens after different prefixes hold different keys and must not be shared. A dictionary from
+# hash to block then finds the longest cached prefix of a new prompt block by block.
+#
+# The cache holds one reference to each block it remembers (lesson 11's `BlockAllocator.share`),
+# so a block outlives the request that filled it. A block that only the cache holds
+# (reference count 1) is *evictable*: when the pool runs short the engine evicts the least
+# recently used ones. Partial blocks are never cached, so a new request never writes into a
+# shared block (no copy-on-write needed). At least the prompt's last token is always computed:
+# its logits give the first output token.
+#
+# **Exercise 15.1.** Write `block_hashes` (the chain, one hash per full block) and, in
+# `PrefixCache`, `admit` (start a sequence on the longest chain of cached blocks, sharing them),
+# `register` (remember a sequence's full blocks) and `evict` (free least recently used blocks
+# that only the cache holds). Use Python's `hash` of a tuple `(previous hash, tuple of ints)`.
+
+# %%
+#| export
+#| exercise 15.1
+def block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
+    """The chained hashes of the full blocks of `tokens` (1-D ids): len(tokens) // block_size ints,
+    h_0 = hash((0, block 0 as a tuple of ints)), h_i = hash((h_{i-1}, block i as a tuple of ints))."""
+    ### BEGIN SOLUTION
+    ids = [int(t) for t in np.asarray(tokens).reshape(-1)]
+    out, prev = [], 0
+    for i in range(len(ids) // block_size):
+        prev = hash((prev, tuple(ids[i * block_size:(i + 1) * block_size])))
+        out.append(prev)
+    return out
+    ### END SOLUTION
+
+
+class PrefixCache:
+    """Full KV blocks of a PagedKVCache, found by the chained hash of the tokens they hold.
+
+    blocks: an OrderedDict hash -> block id, least recently used first; the cache holds one
+    reference (allocator.share) to each block in it."""
+
+    def __init__(self, cache: PagedKVCache):
+        self.cache = cache
+        self.blocks: OrderedDict[int, int] = OrderedDict()
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks the prefix cache remembers."""
+        return len(self.blocks)
+
+    @property
+    def num_evictable(self) -> int:
+        """Blocks that only the prefix cache holds (reference count 1)."""
+        return sum(self.cache.allocator.refcount(b) == 1 for b in self.blocks.values())
+
+    def match(self, tokens: np.ndarray) -> list[int]:
+        """The blocks of the longest chain of cached full blocks at the start of `tokens`, at most
+        (len(tokens) - 1) // block_size of them. No side effects."""
+        out = []
+        for h in block_hashes(tokens, self.cache.block_size)[:(len(tokens) - 1) // self.cache.block_size]:
+            if h not in self.blocks:
+                break
+            out.append(self.blocks[h])
+        return out
+
+    def admit(self, seq: Any, tokens: np.ndarray) -> int:
+        """Add sequence `seq` to the paged cache holding the longest cached prefix of `tokens`
+        (1-D ids): its table is those blocks (each shared: one more reference), its length their
+        tokens; they become the most recently used. Returns that length (a multiple of
+        block_size, at most len(tokens) - 1)."""
+        ### BEGIN SOLUTION
+        hashes = block_hashes(tokens, self.cache.block_size)[:(len(tokens) - 1) // self.cache.block_size]
+        table = []
+        for h in hashes:
+            if h not in self.blocks:
+                break
+            block = self.blocks[h]
+            self.cache.allocator.share(block)
+            self.blocks.move_to_end(h)
+            table.append(block)
+        self.cache.add(seq)
+        self.cache.tables[seq] = table
+        self.cache.lengths[seq] = len(table) * self.cache.block_size
+        return self.cache.lengths[seq]
+        ### END SOLUTION
+
+    def register(self, seq: Any, tokens: np.ndarray) -> int:
+        """Remember the full blocks of sequence `seq`, whose cached tokens are `tokens` (1-D, the
+        sequence's cache.lengths[seq] tokens): block i of its table under the chained hash of
+        blocks 0..i, unless that hash is cached already; take one reference to each block added.
+        Returns the number of blocks added."""
+        ### BEGIN SOLUTION
+        table = self.cache.tables[seq]
+        added = 0
+        for i, h in enumerate(block_hashes(tokens, self.cache.block_size)):
+            if h in self.blocks:
+                self.blocks.move_to_end(h)
+                continue
+            self.cache.allocator.share(table[i])
+            self.blocks[h] = table[i]
+            added += 1
+        return added
+        ### END SOLUTION
+
+    def evict(self, n: int) -> int:
+        """Free up to n blocks that only the prefix cache holds (reference count 1), least
+        recently used first, and forget them. Returns the number freed."""
+        ### BEGIN SOLUTION
+        freed = 0
+        for h, block in list(self.blocks.items()):
+            if freed >= n:
+                break
+            if self.cache.allocator.refcount(block) == 1:
+                del self.blocks[h]
+                self.cache.allocator.release(block)
+                freed += 1
+        return freed
+        ### END SOLUTION
+
+    def clear(self) -> None:
+        """Drop every cached block (release the cache's references)."""
+        for block in self.blocks.values():
+            self.cache.allocator.release(block)
+        self.blocks.clear()
+
+# %% [markdown]
+# Two prompts that share their first 9 tokens, blocks of 4: the second reuses 2 blocks (8
+# tokens); the ninth token is in a partial block and is computed again.
+
+# %%
+from minitorch.serve import load_tiny_weights
+
+W64 = load_tiny_weights(np.float64)
+try:
+    pc_cache = PagedKVCache.for_model(W64, block_size=4, num_blocks=12)
+    pc = PrefixCache(pc_cache)
+    a = np.arange(13) % 50
+    pc_cache.add("a")
+    paged_forward(W64, pc_cache, ["a"], [a])
+    print("blocks of a:", pc_cache.tables["a"], "registered:", pc.register("a", a))
+    b = np.concatenate([a[:9], [7, 7, 7]])
+    print("b starts with", pc.admit("b", b), "cached tokens; its table:", pc_cache.tables["b"])
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% tags=["check"]
+check("15.1")
+
+# %% [markdown]
+# ## 3. The engine
+#
+# One call of `step()` is one iteration of the model over a batch, as in lesson 11's
+# `Scheduler`, with three things added: a **token budget** per step
+# (`max_num_batched_tokens`), **chunked prefill** (a long prompt is fed over several steps, a
+# chunk at a time, so that a long prefill does not stall every running decode: Agrawal et al.
+# 2024), and **prefix caching** at admission.
+#
+# `schedule()` decides the step and returns the plan: a list of `(request, n)`, feed `n` tokens
+# of that request, starting at its `num_computed`. The policy (vLLM's V1 scheduler, simplified):
+#
+# 1. Running requests first, in admission order. Each gets `min(tokens it still has to feed,
+#    budget left)` (1 for a decode). If the blocks that needs (`cache.blocks_needed`) do not fit
+#    the free blocks, less those already promised to this step, after evicting from the prefix
+#    cache (`self._fits`), preempt the *newest* running request (`self._preempt`) until it fits;
+#    if the newest is this request itself, it is preempted and the loop ends.
+# 2. Then, only if nobody was preempted in this step, waiting requests in arrival order while
+#    the budget lasts and fewer than `max_running` run: admit (`self._admit`: with the prefix
+#    cache when enabled), take `min(tokens to feed, budget)` and stop at the first one whose
+#    blocks do not fit (undo its admission with `self._unadmit`).
+#
+# `step()` (given) runs the plan through `paged_forward`, samples where a request's last token was
+# fed, retires requests that are done (their blocks go back, full ones to the prefix cache
+# first), and records the step. The tests check the plan's structure: the budget respected,
+# decodes first, every request served exactly as if alone, the pool empty when idle.
+#
+# **Exercise 15.2.** Write `Engine.schedule`.
+
+# %%
+#| export
+#| exercise 15.2
+class Engine:
+    """Continuous batching over a paged KV cache, with chunked prefill and prefix caching.
+
+    W: the model's weights; num_blocks blocks of block_size tokens; at most max_running requests
+    in the cache and max_waiting in the queue (more: QueueFull); at most max_num_batched_tokens
+    tokens fed per step; prefix_caching on or off, or a class to use for it (PrefixCache's
+    interface); step_interval: each step of the background loop lasts at least this many seconds
+    (slow motion for a lecture or a test)."""
+
+    def __init__(self, W: GPTWeights, num_blocks: int = 64, block_size: int = 8, max_running: int = 32,
+                 max_waiting: int = 256, max_num_batched_tokens: int = 48, prefix_caching: Any = True,
+                 step_interval: float = 0.0, history: int = 4096):
+        if num_blocks * block_size < W.block_size:
+            raise ValueError(f"Engine: {num_blocks} blocks of {block_size} tokens cannot hold one request of the "
+                             f"model's context ({W.block_size} tokens)")
+        for name, value in (("max_running", max_running), ("max_waiting", max_waiting),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if int(value) < 1:
+                raise ValueError(f"Engine: {name} must be >= 1, got {value}")
+        self.W = W
+        self.cache = PagedKVCache.for_model(W, block_size, num_blocks)
+        kind = PrefixCache if prefix_caching is True else prefix_caching
+        self.prefix = kind(self.cache) if kind else None
+        self.max_running, self.max_waiting = int(max_running), int(max_waiting)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.step_interval = float(step_interval)
+        self.waiting: deque[GenRequest] = deque()
+        self.running: list[GenRequest] = []
+        self.lock = threading.RLock()
+        self._wake = threading.Condition(self.lock)
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.error: Exception | None = None
+        self.steps = 0
+        self.records: deque[dict[str, Any]] = deque(maxlen=history)
+        self.finished: deque[GenRequest] = deque(maxlen=history)
+        self.counters = {"generated_tokens": 0, "prompt_tokens": 0, "prefix_query_tokens": 0,
+                         "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
+                         "peak_running": 0}
+        self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
+
+    # ---------------------------------------------------------------- requests in and out
+    def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+                    on_token: Callable[[int | None], None] | None = None) -> GenRequest:
+        """Queue a request; returns it. ValueError if it can never be served (bad ids, max_tokens <
+        1, prompt + max_tokens past the model's context, temperature < 0); QueueFull if max_waiting
+        requests wait; RuntimeError if the engine is shutting down."""
+        prompt = np.asarray(prompt).reshape(-1)
+        if len(prompt) < 1 or prompt.dtype.kind not in "iu" or prompt.min() < 0 or prompt.max() >= self.W.vocab_size:
+            raise ValueError(f"Engine.add_request: the prompt must be >= 1 token ids in [0, {self.W.vocab_size}), "
+                             f"got {len(prompt)} of dtype {prompt.dtype}")
+        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
+            raise ValueError(f"Engine.add_request: max_tokens must be an integer >= 1, got {max_tokens!r}")
+        if len(prompt) + max_tokens > self.W.block_size:
+            raise ValueError(f"Engine.add_request: {len(prompt)} prompt tokens + {max_tokens} new tokens pass the "
+                             f"model's context of {self.W.block_size} tokens")
+        if not temperature >= 0:
+            raise ValueError(f"Engine.add_request: temperature must be >= 0, got {temperature}")
+        with self.lock:
+            if self._stopping:
+                raise RuntimeError("Engine.add_request: the engine is shutting down")
+            if len(self.waiting) >= self.max_waiting:
+                self.counters["rejected"] += 1
+                raise QueueFull(len(self.waiting), self.retry_after())
+            seed = int(np.random.default_rng().integers(2 ** 31)) if seed is None else int(seed)
+            request = GenRequest(f"cmpl-{next(self._ids)}", prompt.astype(np.int64), int(max_tokens),
+                                 float(temperature), seed, on_token)
+            self.waiting.append(request)
+            self._wake.notify_all()
+        return request
+
+    def abort(self, request: GenRequest) -> bool:
+        """Stop a request at once (a client went away): its blocks go back to the pool now.
+        False if it had already finished."""
+        with self.lock:
+            if request.finished:
+                return False
+            if request in self.waiting:
+                self.waiting.remove(request)
+            elif request in self.running:
+                self.running.remove(request)
+                self.cache.free(request.id)
+            self.counters["aborted"] += 1
+            self._finish(request, "abort")
+            return True
+
+    def retry_after(self) -> float:
+        """Seconds after which a rejected client may try again: the waiting queue's work over the
+        recent token rate, at least 1."""
+        rate = max(self.tokens_per_s(), 1.0)
+        work = sum(r.max_tokens for r in self.waiting) + sum(r.max_tokens - len(r.output) for r in self.running)
+        return float(max(1, math.ceil(work / rate)))
+
+    # ---------------------------------------------------------------- scheduling
+    def _fits(self, need: int, promised: int) -> bool:
+        """Whether `need` more blocks fit beside `promised` ones, evicting from the prefix cache."""
+        short = promised + need - self.cache.num_free
+        if short > 0 and self.prefix is not None:
+            self.prefix.evict(short)
+        return promised + need <= self.cache.num_free
+
+    def _preempt(self, request: GenRequest) -> None:
+        """Free a running request's blocks and put it back at the head of the queue."""
+        self.running.remove(request)
+        self.cache.free(request.id)
+        request.num_computed = 0
+        request.preemptions += 1
+        self.counters["preemptions"] += 1
+        self.waiting.appendleft(request)
+
+    def _admit(self, request: GenRequest) -> None:
+        """Put a waiting request in the cache: num_computed becomes its cached prefix (0 without
+        prefix caching)."""
+        if self.prefix is not None:
+            request.num_computed = self.prefix.admit(request.id, request.tokens)
+        else:
+            self.cache.add(request.id)
+            request.num_computed = 0
+        request.num_cached = request.num_computed
+
+    def _unadmit(self, request: GenRequest) -> None:
+        """Undo _admit (the request stays at the head of the queue)."""
+        self.cache.free(request.id)
+        request.num_computed = 0
+
+    def schedule(self) -> list[tuple[GenRequest, int]]:
+        """Plan one step: [(request, n tokens to feed)], running requests first, then admissions;
+        moves preempted requests to self.waiting and admitted ones to self.running (in order).
+        Every planned chunk fits the budget and the free blocks."""
+        ### BEGIN SOLUTION
+        plan: list[tuple[GenRequest, int]] = []
+        budget, promised, preempted = self.max_num_batched_tokens, 0, False
+        for request in list(self.running):
+            if budget == 0 or request not in self.running:   # out of budget, or preempted below
+                break
+            n = min(request.num_tokens - request.num_computed, budget)
+            need = self.cache.blocks_needed(request.id, n)
+            while not self._fits(need, promised):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if request not in self.running:
+                break
+            plan.append((request, n))
+            budget -= n
+            promised += need
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            self._admit(request)
+            n = min(request.num_tokens - request.num_computed, budget)
+            need = self.cache.blocks_needed(request.id, n)
+            if not self._fits(need, promised):
+                self._unadmit(request)
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            plan.append((request, n))
+            budget -= n
+            promised += need
+        return plan
+        ### END SOLUTION
+
+    # ---------------------------------------------------------------- one step
+    def step(self) -> dict[str, Any]:
+        """Schedule, run the model once over the plan, sample, retire. Returns the step's record:
+        chunks [(id, n)], decode and prefill ids, preempted and finished ids, tokens fed, blocks
+        in use after the step."""
+        with self.lock:
+            before = {r.id: r.preemptions for r in self.running}
+            plan = self.schedule()
+            preempted = [r.id for r in self.waiting if r.preemptions > before.get(r.id, r.preemptions)]
+            record: dict[str, Any] = {"chunks": [(r.id, n) for r, n in plan], "preempted": preempted,
+                                      "decode": [r.id for r, n in plan if n == 1 and r.num_computed == r.num_tokens - 1],
+                                      "finished": [], "tokens": sum(n for _, n in plan)}
+            record["prefill"] = [r.id for r, _ in plan if r.id not in record["decode"]]
+            for request, _ in plan:
+                if request.id not in before:                  # admitted in this step
+                    self.counters["prefix_query_tokens"] += request.num_tokens
+                    self.counters["prefix_hit_tokens"] += request.num_cached
+                    self.counters["prompt_tokens"] += request.num_tokens
+            if plan:
+                logits = paged_forward(self.W, self.cache, [r.id for r, _ in plan],
+                                       [r.tokens[r.num_computed:r.num_computed + n] for r, n in plan])
+                now = time.perf_counter()
+                new_tokens = 0
+                for (request, n), row in zip(plan, logits):
+                    request.num_computed += n
+                    if request.num_computed == request.num_tokens:
+                        token = sample_token(row, request.temperature, request.rng)
+                        request.output.append(token)
+                        request.token_times.append(now)
+                        new_tokens += 1
+                        if request.on_token is not None:
+                            request.on_token(token)
+                    if self.prefix is not None:
+                        self.prefix.register(request.id, request.tokens[:request.num_computed])
+                    if request.done:
+                        self.running.remove(request)
+                        self.cache.free(request.id)
+                        self._finish(request, "length")
+                        record["finished"].append(request.id)
+                self.counters["generated_tokens"] += new_tokens
+                self.counters["peak_running"] = max(self.counters["peak_running"], len(plan))
+                self._recent.append((now, new_tokens))
+            self.steps += 1
+            record["blocks_used"] = self.blocks_used()
+            self.records.append(record)
+            return record
+
+    def _finish(self, request: GenRequest, reason: str) -> None:
+        request.finish_reason = reason
+        if reason != "abort":
+            self.counters["finished"] += 1
+        self.finished.append(request)
+        if request.on_token is not None:
+            request.on_token(None)
+
+    # ---------------------------------------------------------------- state
+    def has_work(self) -> bool:
+        with self.lock:
+            return bool(self.waiting or self.running)
+
+    def blocks_used(self) -> int:
+        """Blocks held by requests (blocks that only the prefix cache holds are not counted)."""
+        with self.lock:
+            cached_only = self.prefix.num_evictable if self.prefix is not None else 0
+            return self.cache.allocator.num_used - cached_only
+
+    def tokens_per_s(self, window: float = 5.0) -> float:
+        """Output tokens per second over the last `window` seconds."""
+        now = time.perf_counter()
+        with self.lock:
+            while self._recent and self._recent[0][0] < now - window:
+                self._recent.popleft()
+            if not self._recent:
+                return 0.0
+            span = max(now - self._recent[0][0], 1e-3)
+            return sum(n for _, n in self._recent) / span
+
+    def stats(self) -> dict[str, Any]:
+        """What the page and /metrics show: running, waiting, KV blocks, tokens/s, prefix hits."""
+        with self.lock:
+            q, h = self.counters["prefix_query_tokens"], self.counters["prefix_hit_tokens"]
+            return {"running": len(self.running), "waiting": len(self.waiting), "steps": self.steps,
+                    "kv_blocks_used": self.blocks_used(), "kv_blocks_total": self.cache.num_blocks,
+                    "kv_blocks_cached": self.prefix.num_cached if self.prefix is not None else 0,
+                    "tokens_per_s": self.tokens_per_s(), "prefix_hit_rate": h / q if q else 0.0,
+                    **self.counters}
+
+    def run_until_idle(self, max_steps: int = 100_000) -> list[dict[str, Any]]:
+        """Step (in this thread) until no request waits or runs; the records of those steps."""
+        out = []
+        while self.has_work():
+            out.append(self.step())
+            if len(out) > max_steps:
+                raise RuntimeError(f"Engine: more than {max_steps} steps")
+        return out
+
+    # ---------------------------------------------------------------- the background loop
+    def start(self) -> "Engine":
+        """Run the step loop in a background thread."""
+        with self.lock:
+            if self._thread is not None and self._thread.is_alive():
+                return self
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self.waiting or self.running) and not self._stopping:
+                    self._wake.wait(0.5)
+                if not (self.waiting or self.running) and self._stopping:
+                    return
+            t0 = time.perf_counter()
+            try:
+                self.step()
+            except Exception as exc:  # a bug in a step: end every request with an error, keep serving
+                self._fail_all(exc)
+            # sleep(0) at least: hand the interpreter lock to the HTTP thread between steps, so that
+            # tokens go out as they are made rather than when the lock's switch interval expires
+            time.sleep(max(0.0, self.step_interval - (time.perf_counter() - t0)))
+
+    def _fail_all(self, exc: Exception) -> None:
+        """End every request in the engine with finish_reason "error" (self.error says why)."""
+        with self.lock:
+            self.error = exc
+            for request in list(self.waiting) + list(self.running):
+                if request.id in self.cache.tables:
+                    self.cache.free(request.id)
+                self._finish(request, "error")
+            self.waiting.clear()
+            self.running.clear()
+
+    def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
+        """Stop the loop: with drain, after every accepted request has finished; without, abort
+        them first. New requests are refused from now on."""
+        with self._wake:
+            self._stopping = True
+            if not drain:
+                for request in list(self.waiting) + list(self.running):
+                    self.abort(request)
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise RuntimeError(f"Engine.stop: the step loop did not finish in {timeout} s")
+            self._thread = None
+
+# %% [markdown]
+# The engine on its own, no HTTP yet: twelve requests, prompts of 5 to 40 tokens, a budget of
+# 24 tokens per step. Long prompts are fed in chunks over several steps while the others decode.
+
+# %%
+def engine_demo() -> None:
+    eng = Engine(W64, num_blocks=40, block_size=4, max_running=8, max_num_batched_tokens=24)
+    rng = np.random.default_rng(0)
+    reqs = [eng.add_request(rng.integers(0, 100, int(rng.integers(5, 41))), 8) for _ in range(12)]
+    records = eng.run_until_idle()
+    print(f"{len(records)} steps; tokens fed per step: {[r['tokens'] for r in records]}")
+    print(f"most requests in one step: {max(len(r['chunks']) for r in records)}; "
+          f"blocks used when idle: {eng.blocks_used()}; outputs complete: {all(r.done for r in reqs)}")
+
+
+try:
+    engine_demo()
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% [markdown]
+# Exercise 15.2's check cell comes after the HTTP layer below: its tests also serve requests
+# over HTTP (200 at once, each equal to that prompt generated alone; a full queue answered with
+# 429; bad requests; a graceful shutdown).
+
+# %% [markdown]
+# ## 4. The HTTP API
+#
+# Clients of LLM servers speak OpenAI's API: vLLM, SGLang, llama.cpp's server and TGI all serve
+# it, so every client library and benchmark works against them unchanged. A completion is a POST
+# of JSON (`model`, `prompt`, `max_tokens`, `temperature`, `seed`, `stream`); the chat form takes
+# `messages` (role and content) instead of a prompt. With `stream: true` the answer is a stream
+# of **server-sent events** (the WHATWG HTML standard, section 9.2): `Content-Type:
+# text/event-stream`, each event one or more `data: ...` lines ended by a blank line. OpenAI's
+# stream sends one JSON *chunk* per event, each carrying the new text (`choices[0].text`, or
+# `choices[0].delta.content` for chat), a last chunk with `finish_reason`, and then the event
+# `data: [DONE]`.
+#
+# Errors are JSON too, `{"error": {"message", "type", "param", "code"}}`, with a 4xx status for
+# the client's mistakes: a served model must answer a bad request with a clear message and go on
+# serving, never with a 500 and a traceback. `check_request` is the one place that validates a
+# body; `APIError` carries the status. When the waiting queue is full the server answers 429
+# with a `Retry-After` header rather than queueing without bound (back-pressure: an unbounded
+# queue only turns overload into timeouts).
+#
+# The engine runs in its own thread; FastAPI's handlers run on uvicorn's event loop. A
+# `TokenStream` carries a request's tokens across: the engine calls `push(token)` from its
+# thread, which hands the token to the loop (`call_soon_threadsafe`); the handler iterates
+# `async for token in stream`. When a streaming client disconnects, Starlette cancels the
+# response's generator and the `finally` of the handler aborts the request: its blocks go back
+# at once, not when its `max_tokens` would have run out.
+#
+# **Exercise 15.3.** Write `sse_event` (one event's bytes) and `sse_stream`, the async generator
+# that turns a request's tokens into the event stream: one chunk per token, as soon as it is
+# generated, then the final chunk, then `[DONE]`.
+
+# %%
+#| export
+class APIError(Exception):
+    """An error answered as OpenAI's JSON error object with HTTP `status`."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; APIError 400 for non-UTF-8 bytes, malformed JSON or a
+    body that is not an object."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not UTF-8 (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+@dataclass
+class CompletionParams:
+    """A validated request: prompt ids, max_tokens, temperature, seed, stream, chat or not."""
+
+    prompt: np.ndarray
+    max_tokens: int
+    temperature: float
+    seed: int | None
+    stream: bool
+    chat: bool
+
+
+def chat_prompt(messages: list[dict[str, Any]]) -> str:
+    """The tiny GPT has no chat template: the messages' contents joined by blank lines, and one
+    after the last (the model continues from there)."""
+    return "\n\n".join(m["content"] for m in messages) + "\n\n"
+
+
+def check_request(body: dict[str, Any], chat: bool, model_name: str, tokenizer: CharTokenizer,
+                  context: int) -> CompletionParams:
+    """Validate a completions (chat=False) or chat completions body; APIError (4xx) naming the
+    field and the value otherwise."""
+    def field_(name: str, kind: Any, default: Any = None, required: bool = False) -> Any:
+        if name not in body or body[name] is None:
+            if required:
+                raise APIError(400, f"missing required field '{name}'", param=name)
+            return default
+        value = body[name]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+            raise APIError(400, f"'{name}' must be of type {names}, got {json.dumps(value)[:50]}", param=name)
+        return value
+
+    model = field_("model", str, required=True)
+    if model != model_name:
+        raise APIError(404, f"the model '{model[:80]}' does not exist; this server serves '{model_name}'",
+                       type="invalid_request_error", param="model", code="model_not_found")
+    if chat:
+        messages = field_("messages", list, required=True)
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                                   and m.get("role") in ("system", "user", "assistant") for m in messages):
+            raise APIError(400, "'messages' must be a non-empty list of {role: system|user|assistant, content: string}",
+                           param="messages")
+        text = chat_prompt(messages)
+    else:
+        text = field_("prompt", str, required=True)
+    if not text:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    max_tokens = field_("max_tokens", int, 16)
+    if max_tokens < 1:
+        raise APIError(400, f"'max_tokens' must be >= 1, got {max_tokens}", param="max_tokens")
+    temperature = field_("temperature", (int, float), 1.0)
+    if not 0 <= temperature <= 2 or not math.isfinite(temperature):
+        raise APIError(400, f"'temperature' must lie in [0, 2], got {temperature}", param="temperature")
+    seed = field_("seed", int)
+    stream = field_("stream", bool, False)
+    if field_("n", int, 1) != 1:
+        raise APIError(400, "only n = 1 is supported", param="n")
+    try:
+        ids = tokenizer.encode(text)
+    except ValueError as exc:
+        raise APIError(400, f"the prompt cannot be tokenized: {exc}", param="messages" if chat else "prompt") from None
+    if len(ids) + max_tokens > context:
+        raise APIError(400, f"this model's context is {context} tokens; the prompt has {len(ids)} and max_tokens is "
+                       f"{max_tokens} ({len(ids) + max_tokens} in all)", param="max_tokens",
+                       code="context_length_exceeded")
+    return CompletionParams(ids, max_tokens, float(temperature), seed, stream, chat)
+
+
+class TokenStream:
+    """A request's tokens, from the engine's thread to an event loop: push(token) (thread-safe;
+    None ends the stream); `async for token in stream` yields them in order. request: the
+    GenRequest, once the engine has accepted it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.queue = loop, asyncio.Queue()
+        self.request: GenRequest | None = None
+
+    def push(self, token: int | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
+        except RuntimeError:  # the loop has closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> "TokenStream":
+        return self
+
+    async def __anext__(self) -> int:
+        token = await self.queue.get()
+        if token is None:
+            raise StopAsyncIteration
+        return token
+
+
+def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
+                     chat: bool, first: bool = False) -> dict[str, Any]:
+    """One chunk of an OpenAI stream: a text_completion chunk, or a chat.completion.chunk whose
+    delta carries the role in the first chunk."""
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                "choices": [choice]}
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+
+# %%
+#| export
+#| exercise 15.3
+def sse_event(data: dict[str, Any] | str) -> bytes:
+    """One server-sent event: b"data: " + the JSON of `data` (a str such as "[DONE]" as it is) +
+    a blank line, UTF-8."""
+    ### BEGIN SOLUTION
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode("utf-8")
+    ### END SOLUTION
+
+
+async def sse_stream(stream: TokenStream, chunk: Callable[[str, str | None, bool], dict[str, Any]],
+                     decode: Callable[[list[int]], str]) -> AsyncIterator[bytes]:
+    """The event stream of one request: for each token from `stream`, as it arrives, the event of
+    chunk(decode([token]), None, first) (first: True for the first token only); when the stream
+    ends, the event of chunk("", stream.request.finish_reason, False), then the event "[DONE]"."""
+    ### BEGIN SOLUTION
+    first = True
+    async for token in stream:
+        yield sse_event(chunk(decode([token]), None, first))
+        first = False
+    yield sse_event(chunk("", stream.request.finish_reason, False))
+    yield sse_event("[DONE]")
+    ### END SOLUTION
+
+
+# %%
+#| export
+def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-gpt") -> Any:
+    """The FastAPI application over `engine`: POST /v1/completions and /v1/chat/completions
+    (streamed with sse_stream when "stream": true), GET /v1/models, /health, /metrics
+    (Prometheus text), /stats (JSON for the page) and / (the page); POST /reset_prefix_cache
+    (empties the prefix cache and the peak-running counter, as vLLM's endpoint of that name). The engine's loop starts
+    with the app and stops, after draining, when the server shuts down."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    from minitorch.server_kit import PAGE_HTML
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+
+    app = FastAPI(title="minitorch server", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(APIError(exc.status_code, str(exc.detail)).body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:  # a bug: say so, in JSON
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
+                            status_code=500)
+
+    async def complete(request: Request, chat: bool) -> Any:
+        params = check_request(parse_body(await request.body()), chat, model_name, tokenizer, engine.W.block_size)
+        stream = TokenStream(asyncio.get_running_loop())
+        try:
+            req = engine.add_request(params.prompt, params.max_tokens, params.temperature, params.seed, stream.push)
+        except QueueFull as exc:
+            raise APIError(429, str(exc), "rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(int(exc.retry_after))}) from None
+        except RuntimeError as exc:
+            raise APIError(503, str(exc), "server_error", code="shutting_down") from None
+        stream.request, created = req, int(time.time())
+
+        def chunk(text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
+            return completion_chunk(req.id, model_name, created, text, finish_reason, chat, first)
+
+        if params.stream:
+            async def events() -> AsyncIterator[bytes]:
+                try:
+                    async for event in sse_stream(stream, chunk, tokenizer.decode):
+                        yield event
+                finally:  # the client went away (or the stream ended): free the blocks now
+                    engine.abort(req)
+
+            return StreamingResponse(events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Request-Id": req.id})
+        try:
+            tokens = [t async for t in stream]
+        finally:
+            engine.abort(req)
+        if req.finish_reason == "error":
+            raise APIError(500, f"the engine failed: {type(engine.error).__name__}: {engine.error}", "server_error")
+        text = tokenizer.decode(tokens)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": req.finish_reason}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice.update(text=text, logprobs=None)
+        usage = {"prompt_tokens": len(req.prompt), "completion_tokens": len(tokens),
+                 "total_tokens": len(req.prompt) + len(tokens)}
+        return JSONResponse({"id": req.id, "object": "chat.completion" if chat else "text_completion",
+                             "created": created, "model": model_name, "choices": [choice], "usage": usage})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await complete(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        return await complete(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "minitorch", "max_model_len": engine.W.block_size}]}
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, Any]:
+        with engine.lock:
+            dropped = engine.prefix.num_cached if engine.prefix is not None else 0
+            if engine.prefix is not None:
+                engine.prefix.clear()
+            engine.counters["peak_running"] = 0
+        return {"dropped_blocks": dropped}
+
+    @app.get("/stats")
+    async def stats() -> dict[str, Any]:
+        return engine.stats()
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(engine), media_type="text/plain; version=0.0.4")
+
+    @app.get("/")
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE_HTML.replace("MODEL", json.dumps(model_name)))
+
+    return app
+
+
+def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any]:
+    """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
+    model, tokenizer = load_tiny_gpt()
+    engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    return engine, make_app(engine, tokenizer)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02, **engine_kw: Any) -> None:
+    """Serve the tiny GPT until Ctrl-C (`make serve`): the first Ctrl-C finishes the requests in
+    flight, a second stops at once (uvicorn's signal handling). step_interval slows each step so
+    a lecture can watch the tokens arrive."""
+    import uvicorn
+
+    _, app = build_server(step_interval=step_interval, **engine_kw)
+    print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
+    try:
+        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                      timeout_graceful_shutdown=30)).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down gracefully
+        pass
+    print("minitorch server: stopped")
+
+# %% tags=["check"]
+check("15.2")
+
+# %% [markdown]
+# Try it: a server on a free port, three requests (a completion, the same streamed, a chat), a
+# bad one, and shut down. `ServerThread` (given) runs uvicorn in a thread of this kernel.
+
+# %% tags=["demo"]
+import httpx
+
+from minitorch.server_kit import ServerThread
+
+try:
+    sse_event("probe"), Engine(W64).schedule()          # say "not attempted" before starting a server
+    demo_engine, demo_app = build_server(np.float32, num_blocks=64, block_size=8)
+    with ServerThread(demo_app) as srv:
+        body = {"model": "tiny-gpt", "prompt": "The for statement", "max_tokens": 40, "temperature": 0}
+        r = httpx.post(srv.url + "/v1/completions", json=body)
+        print(r.status_code, repr(r.json()["choices"][0]["text"]))
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        print(f"streamed: {len(events)} events, the first {events[0][:90]}..., the last {events[-1]}")
+        chat = {"model": "tiny-gpt", "messages": [{"role": "user", "content": "What is a class?"}], "max_tokens": 30}
+        print("chat:", repr(httpx.post(srv.url + "/v1/chat/completions", json=chat).json()["choices"][0]["message"]))
+        bad = httpx.post(srv.url + "/v1/completions", json={**body, "max_tokens": -3})
+        print("bad request:", bad.status_code, bad.json())
+    print("stopped; engine thread alive:", demo_engine._thread is not None)
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% tags=["check"]
+check("15.3")
+
+# %% [markdown]
+# ## 5. Metrics
+#
+# A server is run by its metrics. The latencies a user feels are the **time to first token**
+# (TTFT: queueing plus prefill), the **time per output token** after the first (TPOT: the decode
+# step, and how many others share it) and the **inter-token latency** (ITL: the gaps one by one;
+# a prefill of another request that lands between two tokens shows up here). vLLM's benchmark
+# reports each as mean and p50/p90/p99: tails matter, since a user waits for the slow ones.
+#
+# `/metrics` speaks Prometheus's text exposition format, which every monitoring stack scrapes.
+# A latency is exported as a *histogram*: for each upper bound `le` the number of observations
+# at or below it (cumulative, ending with `le="+Inf"` = the count), plus `_sum` and `_count`.
+# Percentiles are then estimated from buckets by the monitoring side (`histogram_quantile`).
+#
+# **Exercise 15.4.** Write `Histogram.observe` and `Histogram.render`, and `latency_stats`:
+# from each request's send time and token arrival times, TTFT per request, TPOT per request
+# with two or more tokens ((last - first) / (n - 1)), ITL the gaps between consecutive tokens of
+# every request pooled, each summarised by mean, p50, p90 and p99 (`np.percentile`'s linear
+# interpolation); NaN where there is no value.
+
+# %%
+#| export
+#| exercise 15.4
+class Histogram:
+    """A Prometheus histogram: `buckets`, increasing finite upper bounds; counts of observations
+    per bucket, their sum and count."""
+
+    def __init__(self, name: str, help: str, buckets: Sequence[float]):
+        bounds = [float(b) for b in buckets]
+        if not bounds or any(b >= c for b, c in zip(bounds, bounds[1:])) or not all(map(math.isfinite, bounds)):
+            raise ValueError(f"Histogram {name}: buckets must be increasing finite numbers, got {list(buckets)}")
+        self.name, self.help, self.bounds = name, help, bounds
+        self.counts = [0] * (len(bounds) + 1)     # the last: above every bound
+        self.sum, self.count = 0.0, 0
+
+    def observe(self, value: float) -> None:
+        """Count one observation: in the first bucket whose bound is >= value (or above all)."""
+        ### BEGIN SOLUTION
+        i = 0
+        while i < len(self.bounds) and value > self.bounds[i]:
+            i += 1
+        self.counts[i] += 1
+        self.sum += float(value)
+        self.count += 1
+        ### END SOLUTION
+
+    def render(self) -> str:
+        """The text format: "# HELP name help", "# TYPE name histogram", one line
+        name_bucket{le="<bound>"} <observations <= bound> per bound (cumulative), then le="+Inf"
+        (all of them), then name_sum and name_count; lines end with a newline."""
+        ### BEGIN SOLUTION
+        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        total = 0
+        for bound, n in zip(self.bounds, self.counts):
+            total += n
+            lines.append(f'{self.name}_bucket{{le="{bound!r}"}} {total}')
+        lines.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        lines += [f"{self.name}_sum {self.sum!r}", f"{self.name}_count {self.count}"]
+        return "\n".join(lines) + "\n"
+        ### END SOLUTION
+
+
+def latency_stats(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{"ttft" | "tpot" | "itl": {"mean", "p50", "p90", "p99"}} in seconds from records, each a dict
+    with "start" (send time) and "token_times" (arrival of each token, increasing); records with
+    a "status" other than 200, or no tokens, are left out."""
+    ### BEGIN SOLUTION
+    ttft, tpot, itl = [], [], []
+    for r in records:
+        times = list(r["token_times"])
+        if r.get("status", 200) != 200 or not times:
+            continue
+        ttft.append(times[0] - r["start"])
+        if len(times) >= 2:
+            tpot.append((times[-1] - times[0]) / (len(times) - 1))
+            itl.extend(np.diff(times).tolist())
+
+    def summary(values: list[float]) -> dict[str, float]:
+        if not values:
+            return {"mean": math.nan, "p50": math.nan, "p90": math.nan, "p99": math.nan}
+        p = np.percentile(values, [50, 90, 99])
+        return {"mean": float(np.mean(values)), "p50": float(p[0]), "p90": float(p[1]), "p99": float(p[2])}
+
+    return {"ttft": summary(ttft), "tpot": summary(tpot), "itl": summary(itl)}
+    ### END SOLUTION
+
+# %%
+#| export
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def render_metrics(engine: Engine) -> str:
+    """The engine's state in Prometheus text format: gauges (requests running and waiting, KV
+    blocks used, cached and total, tokens/s, prefix hit rate), counters, and TTFT / TPOT
+    histograms of the requests it finished (measured inside the server, from acceptance)."""
+    s = engine.stats()
+    out = []
+    for name, kind, value, help in (
+            ("num_requests_running", "gauge", s["running"], "Requests in the KV cache."),
+            ("num_requests_waiting", "gauge", s["waiting"], "Requests in the queue."),
+            ("kv_blocks_used", "gauge", s["kv_blocks_used"], "KV cache blocks held by requests."),
+            ("kv_blocks_cached", "gauge", s["kv_blocks_cached"], "KV cache blocks in the prefix cache."),
+            ("kv_blocks_total", "gauge", s["kv_blocks_total"], "KV cache blocks in the pool."),
+            ("generation_tokens_per_second", "gauge", s["tokens_per_s"], "Output tokens per second, last 5 s."),
+            ("prefix_cache_hit_rate", "gauge", s["prefix_hit_rate"], "Prompt tokens found in the prefix cache."),
+            ("generation_tokens_total", "counter", s["generated_tokens"], "Output tokens generated."),
+            ("prompt_tokens_total", "counter", s["prompt_tokens"], "Prompt tokens admitted."),
+            ("request_success_total", "counter", s["finished"], "Requests finished."),
+            ("request_aborted_total", "counter", s["aborted"], "Requests aborted (client gone)."),
+            ("request_rejected_total", "counter", s["rejected"], "Requests refused with 429."),
+            ("num_preemptions_total", "counter", s["preemptions"], "Preemptions.")):
+        out.append(f"# HELP minitorch_{name} {help}\n# TYPE minitorch_{name} {kind}\nminitorch_{name} {float(value)!r}\n")
+    ttft = Histogram("minitorch_time_to_first_token_seconds", "Time to first token.", LATENCY_BUCKETS)
+    tpot = Histogram("minitorch_time_per_output_token_seconds", "Time per output token after the first.",
+                     LATENCY_BUCKETS)
+    with engine.lock:
+        done = [r for r in engine.finished if r.token_times]
+    for r in done:
+        ttft.observe(r.token_times[0] - r.arrival)
+        if len(r.token_times) >= 2:
+            tpot.observe((r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1))
+    return "".join(out) + ttft.render() + tpot.render()
+
+# %%
+try:
+    h = Histogram("demo_latency_seconds", "A demo.", (0.01, 0.1, 1.0))
+    for v in (0.005, 0.02, 0.02, 0.5, 3.0):
+        h.observe(v)
+    print(h.render())
+    fake = [{"start": 0.0, "token_times": [0.12, 0.15, 0.19, 0.22]}, {"start": 1.0, "token_times": [1.05, 1.30]}]
+    print({k: {q: round(x, 4) for q, x in v.items()} for k, v in latency_stats(fake).items()})
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% tags=["check"]
+check("15.4")
+
+# %% [markdown]
+# ## 6. The load generator
+#
+# How fast is a server? It depends on how hard it is pushed. vLLM's `benchmark_serving.py`
+# sends requests **open loop**: arrival times are drawn in advance from a Poisson process at a
+# chosen rate (independent exponential gaps of mean 1/rate), and each request goes out at its
+# time whether or not earlier ones have been answered, as independent users would. A closed loop
+# (each client waits for its answer before sending again) slows down with the server and hides
+# queueing. At a low rate every request finds the server idle; as the rate nears what the server
+# can do, queues grow and TTFT climbs steeply (queueing theory: the wait grows like 1 / (1 -
+# utilisation)). `rate = inf` sends everything at once.
+#
+# Throughput alone rewards a server that answers everyone, slowly. **Goodput** (Zhong et al.
+# 2024) counts only the requests that met the service-level objective: requests per second
+# whose TTFT and TPOT are both within their bounds (a request with one token has no TPOT and
+# only needs the TTFT bound); failed requests never count.
+#
+# **Exercise 15.5.** Write `poisson_arrivals` and `goodput`.
+
+# %%
+#| export
+#| exercise 15.5
+def poisson_arrivals(rate: float, n: int, rng: Any = 0) -> np.ndarray:
+    """Send times (n,) float64 in seconds from the start of a Poisson process of `rate`
+    requests per second: the cumulative sum of n independent exponential gaps of mean 1 / rate,
+    drawn from np.random.default_rng(rng); all zeros when rate is inf. rate > 0, n >= 0."""
+    if not rate > 0 or int(n) != n or n < 0:
+        raise ValueError(f"poisson_arrivals: need rate > 0 and an integer n >= 0, got rate={rate}, n={n}")
+    ### BEGIN SOLUTION
+    if math.isinf(rate):
+        return np.zeros(int(n))
+    return np.cumsum(np.random.default_rng(rng).exponential(1.0 / rate, int(n)))
+    ### END SOLUTION
+
+
+def goodput(records: Sequence[dict[str, Any]], duration: float, ttft_slo: float, tpot_slo: float) -> float:
+    """Requests per second over `duration` seconds that succeeded (status 200, or no status, and
+    at least one token) with TTFT <= ttft_slo and, if they have two or more tokens, TPOT =
+    (last - first) / (n - 1) <= tpot_slo. records as for latency_stats."""
+    if not duration > 0:
+        raise ValueError(f"goodput: duration must be > 0, got {duration}")
+    ### BEGIN SOLUTION
+    good = 0
+    for r in records:
+        times = list(r["token_times"])
+        if r.get("status", 200) != 200 or not times or times[0] - r["start"] > ttft_slo:
+            continue
+        if len(times) >= 2 and (times[-1] - times[0]) / (len(times) - 1) > tpot_slo:
+            continue
+        good += 1
+    return good / duration
+    ### END SOLUTION
+
+# %%
+try:
+    gaps = np.diff(poisson_arrivals(10.0, 10_001, rng=1))
+    print(f"10 requests/s: mean gap {gaps.mean():.4f} s, coefficient of variation {gaps.std() / gaps.mean():.3f} "
+          "(1 for exponential gaps)")
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% tags=["check"]
+check("15.5")
+
+# %% [markdown]
+# ## 7. Under load: the latency-throughput curve
+#
+# Now the whole stack under a load generator, as vLLM's `benchmark_serving.py` does it: the
+# server in its own process (`ServerProcess`, given: in this kernel it would share Python's
+# interpreter lock with the load generator), float32 weights, a workload of corpus prompts (8-32
+# characters) and output lengths (8-24 tokens) drawn at random (`sample_workload`, given), and
+# `run_load` (given) sending each request at its Poisson time and recording when every token
+# arrives. First the baseline, one request at a time (what a server without batching does);
+# then rates up to `inf` (everything at once). The SLO for goodput: TTFT <= 250 ms and TPOT <=
+# 50 ms. Each rate starts from an empty prefix cache (`POST /reset_prefix_cache`), so the rates
+# compare batching alone.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from minitorch.server_kit import ServerProcess, run_load, sample_workload
+
+SLO = {"ttft_slo": 0.25, "tpot_slo": 0.05}
+
+
+def load_point(url: str, workload: list, rate: float, seed: int, max_concurrency: int | None = None) -> dict:
+    """One run of the load generator, from an empty prefix cache; throughput, latencies, goodput."""
+    httpx.post(url + "/reset_prefix_cache")
+    records, duration = run_load(url, workload, poisson_arrivals(rate, len(workload), seed),
+                                 max_concurrency=max_concurrency)
+    assert all(r["status"] == 200 for r in records), [r for r in records if r["status"] != 200][:1]
+    tokens = sum(len(r["token_times"]) for r in records)
+    stats = latency_stats(records)
+    return {"rate": rate, "duration": duration, "tokens_per_s": tokens / duration,
+            "requests_per_s": len(records) / duration, "goodput": goodput(records, duration, **SLO),
+            "ttft_p50": stats["ttft"]["p50"], "ttft_p99": stats["ttft"]["p99"],
+            "tpot_p50": stats["tpot"]["p50"], "itl_p99": stats["itl"]["p99"]}
+
+
+n_requests = 16 if SMALL else 128
+rates = [10.0, math.inf] if SMALL else [5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 240.0, 320.0, 480.0, math.inf]
+points, baseline, peak_running = [], None, 0
+try:
+    sse_event("probe"), Engine(W64).schedule(), poisson_arrivals(1.0, 1), goodput([], 1.0, 1.0, 1.0)
+    with ServerProcess(num_blocks=48, block_size=8, max_running=32, step_interval=0.0) as url:
+        run_load(url, sample_workload(4, 99), [0, 0, 0, 0])                     # warm up
+        baseline = load_point(url, sample_workload(n_requests, 1), math.inf, 0, max_concurrency=1)
+        for i, rate in enumerate(rates):
+            points.append(load_point(url, sample_workload(n_requests, 2 + i), rate, i))
+        peak_running = httpx.get(url + "/stats").json()["peak_running"]
+    print(f"{'rate (req/s)':>12} {'tokens/s':>9} {'req/s':>6} {'goodput':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
+          f"{'TPOT p50':>9} {'ITL p99':>8}")
+    for p in [dict(baseline, rate="1 at a time")] + points:
+        rate = p["rate"] if isinstance(p["rate"], str) else f"{p['rate']:g}"
+        print(f"{rate:>12} {p['tokens_per_s']:>9.0f} {p['requests_per_s']:>6.1f} {p['goodput']:>8.1f} "
+              f"{1e3 * p['ttft_p50']:>7.1f}ms {1e3 * p['ttft_p99']:>7.1f}ms {1e3 * p['tpot_p50']:>7.1f}ms "
+              f"{1e3 * p['itl_p99']:>6.1f}ms")
+    print(f"batching: {points[-1]['tokens_per_s'] / baseline['tokens_per_s']:.1f}x the tokens/s of one at a time; "
+          f"most requests in one step: {peak_running}")
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    shown = [p for p in points if math.isfinite(p["rate"])]
+    tps = [p["tokens_per_s"] for p in shown]
+    ax[0].plot(tps, [1e3 * p["ttft_p99"] for p in shown], "o-", label="p99 TTFT")
+    ax[0].plot(tps, [1e3 * p["ttft_p50"] for p in shown], "s--", label="p50 TTFT")
+    ax[0].plot(points[-1]["tokens_per_s"], 1e3 * points[-1]["ttft_p99"], "kx", label="p99, all at once")
+    ax[0].axvline(baseline["tokens_per_s"], color="grey", ls=":", label="one at a time")
+    ax[0].set_xlabel("throughput (output tokens/s)")
+    ax[0].set_ylabel("time to first token (ms)")
+    ax[0].set_yscale("log")
+    ax[0].legend(fontsize=8)
+    ax[0].set_title("latency against throughput")
+    ax[1].plot([p["rate"] for p in shown], [p["requests_per_s"] for p in shown], "o-", label="throughput")
+    ax[1].plot([p["rate"] for p in shown], [p["goodput"] for p in shown], "s--", label="goodput (SLO met)")
+    ax[1].plot([0, max(rates[:-1] or [1])], [0, max(rates[:-1] or [1])], "k:", lw=0.8, label="offered load")
+    ax[1].set_xlabel("offered load (requests/s)")
+    ax[1].set_ylabel("requests/s")
+    ax[1].legend(fontsize=8)
+    ax[1].set_title("throughput and goodput")
+    fig.tight_layout()
+    plt.show()
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% [markdown]
+# Read the curve from left to right. At low rates the server is mostly idle: TTFT is one
+# prefill, throughput equals the offered load. As the rate grows the batch grows, and each step
+# serves more requests for little more time (next section), so throughput climbs far above the
+# one-at-a-time baseline. Then the engine is saturated: requests queue, TTFT's tail shoots up,
+# throughput flattens, and goodput *falls* while throughput stays high: the server is busy
+# answering requests too late to count. A production server is run below that knee, and the SLO
+# decides where (DistServe's point: maximise goodput, not throughput).
+
+# %% [markdown]
+# ## 8. The arithmetic: why batching pays, and where it stops
+#
+# A decode step reads every weight once whatever the batch, and each sequence's KV cache once.
+# For a batch of b sequences at context c, lesson 11's `decode_step_cost` gives FLOPs ~ b (2N
+# + attention) and bytes ~ N x bytes per weight + b x KV bytes: the arithmetic intensity grows
+# with b until the KV reads dominate. On a GPU, where decode is memory-bound, a step of 16
+# sequences of Llama-2-7B at 1,024 tokens costs about 1.6x a step of one, for 10x the tokens
+# (Pope et al. 2022; the table in [inference](../hardware_notes/inference.md#serving)). Here
+# the tiny GPT's weights (110,784 parameters, 0.4 MB in float32) sit in the CPU's cache, and a
+# step of one sequence is mostly fixed cost: NumPy calls and Python per layer, which do not
+# grow with the batch. Either way the step time grows far slower than the batch, so tokens per
+# second grow with it, until the per-sequence work (the caches' reads on a GPU, the arithmetic
+# and attention calls here) catches up. Measured below: decode steps of b sequences at a
+# context of about 40 tokens (FLOP/byte from `decode_step_cost`, float32).
+
+# %% tags=["demo"]
+from minitorch.serve import decode_step_cost, kv_cache_bytes
+
+W32 = W64.astype(np.float32)
+batches = [1, 4, 16] if SMALL else [1, 2, 4, 8, 16, 32, 64]
+n_params = sum(v.size for k, v in W32.params.items() if k.startswith("blocks.")) + W32.params["wte.weight"].size
+print(f"{'batch':>5} {'ms/step':>8} {'tokens/s':>9} {'FLOP/byte':>9}")
+step_ms = {}
+try:
+    Engine(W64).schedule()
+    for b in batches:
+        eng = Engine(W32, num_blocks=8 * b, block_size=8, max_running=b, max_num_batched_tokens=64 * b,
+                     prefix_caching=False)
+        rng = np.random.default_rng(b)
+        for _ in range(b):
+            eng.add_request(rng.integers(0, 103, 32), 24)
+        eng.step()                                                 # the prefills
+        times = []
+        for _ in range(12 if SMALL else 20):
+            t0 = time.perf_counter()
+            eng.step()
+            times.append(time.perf_counter() - t0)
+        step_ms[b] = 1e3 * float(np.median(times))
+        flops, nbytes = decode_step_cost(n_params, W32.n_layer, W32.n_head, W32.n_kv_head, W32.head_dim, 40, b, 4, 4)
+        print(f"{b:>5} {step_ms[b]:>8.2f} {1e3 * b / step_ms[b]:>9.0f} {flops / nbytes:>9.2f}")
+    big = batches[-1]
+    print(f"a step of {big} costs {step_ms[big] / step_ms[1]:.1f}x a step of 1: "
+          f"{big * step_ms[1] / step_ms[big]:.1f}x the tokens per second")
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% [markdown]
+# **What the pool holds.** Lesson 11's formula: a token's keys and values take 2 x layers x KV
+# heads x head_dim x bytes. A pool of `num_blocks` blocks of `block_size` tokens holds
+# num_blocks x block_size tokens, and a sequence of L tokens takes ceil(L / block_size) blocks,
+# so at most num_blocks // ceil(L / block_size) sequences of that length fit at once, whatever
+# `max_running` says. The load run above used 48 blocks of 8: compare with the most requests it
+# ran in one step. On a real model the same arithmetic sets the batch: Llama-2-7B in float16
+# needs 0.5 MB of KV per token, so a 40 GB pool holds about 80,000 tokens, 20 sequences of
+# 4,096 (lesson 11; vLLM's `gpu_memory_utilization` sizes this pool).
+
+# %%
+per_token = kv_cache_bytes(W64.n_layer, W64.n_kv_head, W64.head_dim, 1, 4)
+pool_blocks, block = 48, 8
+for length in (24, 40, 64):
+    fit = pool_blocks // -(-length // block)
+    print(f"sequences of {length:>2} tokens: {fit:>2} fit in {pool_blocks} blocks of {block} "
+          f"({pool_blocks * block * per_token / 1024:.0f} KiB of float32 KV, {per_token} bytes per token)")
+
+# %% tags=["demo"]
+if points:
+    workload_len = np.mean([len(p) + m for p, m in sample_workload(n_requests, 2 + len(rates) - 1)])
+    predicted = pool_blocks // math.ceil(workload_len / block)
+    print(f"the load run at rate inf: sequences average {workload_len:.0f} tokens at the end, so about "
+          f"{predicted} fit the pool by the formula (more while they are short); the engine ran at most "
+          f"{peak_running} at once, max_running 32")
+
+# %% [markdown]
+# ## 9. Serve it for a lecture
+#
+# `make serve` runs `serve()`: the tiny GPT on http://127.0.0.1:8000/ with a page to type a
+# prompt into and watch the tokens stream, and a live panel of the batch (requests running and
+# waiting, KV blocks in use, tokens per second, prefix hits) that the page polls from `/stats`.
+# Steps are slowed to 20 ms so the audience sees the tokens arrive; open several tabs, or run
+# the load generator against it from a notebook, and watch the panel fill. Point any OpenAI
+# client at it (`base_url="http://127.0.0.1:8000/v1"`, model `"tiny-gpt"`), or
+# `curl -N localhost:8000/v1/completions -H 'Content-Type: application/json'
+# -d '{"model": "tiny-gpt", "prompt": "The with statement", "max_tokens": 40, "stream": true}'`.
+#
+# ## What to take away
+#
+# - A server is an engine plus a protocol: the engine decides, every step, who runs and how many
+#   tokens each feeds; the HTTP layer only translates. Everything hard (memory, fairness,
+#   latency) is in the step.
+# - Batching is free throughput while a step is bound by something other than the batch
+#   (memory bandwidth on a GPU, fixed overhead here), and costs latency once it is not. The
+#   latency-throughput curve shows the knee; goodput under an SLO says where to run.
+# - The KV pool, not `max_running`, bounds the batch; prefix caching stretches it by sharing.
+# - Reliability is structural: per-request sampling state, abort on disconnect, a bounded queue
+#   with 429, validation answering 4xx, draining on shutdown.
+#
+# Sources: Kwon et al. 2023 (vLLM, PagedAttention); Yu et al. 2022 (Orca, iteration-level
+# scheduling); Agrawal et al. 2024 (Sarathi-Serve, chunked prefill); Zheng et al. 2024
+# (SGLang, RadixAttention prefix sharing); Zhong et al. 2024 (DistServe, goodput); Pope et al.
+# 2022 (Efficiently Scaling Transformer Inference); vLLM's `benchmarks/benchmark_serving.py` and
+# its OpenAI-compatible server; OpenAI's API reference (completions, chat, streaming); the WHATWG
+# HTML standard, server-sent events; Prometheus's text exposition format.
