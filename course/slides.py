@@ -82,6 +82,11 @@ def export(notebook: Path, dest: Path) -> Path:
 
     nb = nbformat.read(notebook, as_version=4)
     nb.metadata.pop("widgets", None)  # a live control needs a kernel; its static picture stays
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/png" in data:
+                data.pop("application/vnd.jupyter.widget-view+json", None)
     exporter = SlidesExporter(extra_template_basedirs=[str(TEMPLATE.parent)], template_name=TEMPLATE.name)
     exporter.reveal_url_prefix = "reveal.js"
     exporter.reveal_scroll = True
