@@ -69,7 +69,8 @@ def signature(fig) -> str:
     parts = []
     for ax in fig.axes:
         parts += [np.asarray(line.get_xydata()).tobytes() for line in ax.lines]
-        parts += [repr(p.get_bbox().bounds).encode() for p in ax.patches]
+        parts += [np.asarray(p.get_path().vertices).tobytes() + p.get_patch_transform().get_matrix().tobytes()
+                  for p in ax.patches]
         parts += [np.asarray(im.get_array()).tobytes() for im in ax.images]
         parts += [np.asarray(c.get_offsets()).tobytes() for c in ax.collections]
         parts += [t.get_text().encode() for t in ax.texts + [ax.title, ax.xaxis.label, ax.yaxis.label]]
