@@ -70,7 +70,7 @@ $(SLIDES_STAMP): $(STAMP)
 		(cat build/setup-slides.log; exit 1)
 	@touch $(SLIDES_STAMP)
 
-slides: $(STAMP) $(SLIDES_STAMP)
+slides: $(STAMP) $(SLIDES_STAMP) $(if $(SHOTS),$(BROWSER_STAMP))
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.slides $(L) $(if $(SHOTS),--screenshot)
 
 bench: $(STAMP)
