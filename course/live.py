@@ -73,6 +73,7 @@ def signature(fig) -> str:
                   for p in ax.patches]
         parts += [np.asarray(im.get_array()).tobytes() for im in ax.images]
         parts += [np.asarray(c.get_offsets()).tobytes() for c in ax.collections]
+        parts += [np.asarray(path.vertices).tobytes() for c in ax.collections for path in c.get_paths()]
         parts += [t.get_text().encode() for t in ax.texts + [ax.title, ax.xaxis.label, ax.yaxis.label]]
         parts += [repr((ax.get_xlim(), ax.get_ylim())).encode()]
     parts += [t.get_text().encode() for t in fig.texts]
