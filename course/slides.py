@@ -57,6 +57,17 @@ def copy_reveal(dest: Path) -> Path:
     return out
 
 
+def ran_to_the_end(path: Path) -> bool:
+    """Every code cell of the executed notebook ran (a run that stopped leaves the rest unnumbered)."""
+    import nbformat
+
+    try:
+        cells = nbformat.read(path, as_version=4).cells
+    except Exception:  # noqa: BLE001 - unreadable: run it again
+        return False
+    return all(c.get("execution_count") for c in cells if c.cell_type == "code")
+
+
 def demo_notebook(lesson: Lesson, small: bool = False, out_dir: Path | None = None) -> Path:
     """The executed demo notebook: build/demo/NN.ipynb if newer than its source, else run it now
     (course.maintain.execute_notebook, as `make demo` does; small: MINITORCH_SMALL=1, written to
@@ -65,7 +76,7 @@ def demo_notebook(lesson: Lesson, small: bool = False, out_dir: Path | None = No
 
     out_dir = out_dir or (SLIDES / "small" if small else BUILD / "demo")
     nb = out_dir / f"{lesson.stem}.ipynb"
-    if nb.exists() and nb.stat().st_mtime > lesson.source.stat().st_mtime:
+    if nb.exists() and nb.stat().st_mtime > lesson.source.stat().st_mtime and ran_to_the_end(nb):
         return nb
     print(f"executing solutions/{lesson.stem}.py{' (MINITORCH_SMALL=1)' if small else ''} "
           f"-> {_shown(nb)}", flush=True)
