@@ -138,8 +138,9 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
             page.route("**/*", route)
             page.goto(html.resolve().as_uri())
             page.wait_for_function("() => window.Reveal && Reveal.isReady()", timeout=timeout_ms)
-            seen = page.evaluate("""() => {
+            seen = page.evaluate("""async () => {
                 const imgs = [...document.querySelectorAll('.slides img')];
+                await Promise.all(imgs.map(i => i.decode().catch(() => null)));  // hidden slides decode lazily
                 const plot = imgs.find(i => i.naturalWidth > 0);
                 let at = null;
                 if (plot) { const s = plot.closest('section'); const ix = Reveal.getIndices(s); at = [ix.h, ix.v || 0]; }
