@@ -94,6 +94,8 @@ def export(notebook: Path, dest: Path) -> Path:
     nb = nbformat.read(notebook, as_version=4)
     nb.metadata.pop("widgets", None)  # a live control needs a kernel; its static picture stays
     for cell in nb.cells:
+        if cell.cell_type == "code" and "\nlive(" in "\n" + cell.source:
+            cell.metadata["transient"] = {"remove_source": True}  # a live control's slide is its picture
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             if "image/png" in data:
@@ -151,6 +153,9 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
             if screenshot is not None and seen["at"]:
                 page.evaluate(f"() => Reveal.slide({seen['at'][0]}, {seen['at'][1]})")
                 page.wait_for_timeout(1200)  # the slide transition
+                page.evaluate("""() => { const i = [...document.querySelectorAll('section.present img')]
+                    .find(i => i.naturalWidth > 0); if (i) i.scrollIntoView({block: 'center'}); }""")
+                page.wait_for_timeout(300)
                 page.screenshot(path=str(screenshot))
         finally:
             browser.close()
