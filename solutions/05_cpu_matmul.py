@@ -684,6 +684,8 @@ def draw_tile(tile: int):
     ax.axhline(tile_sweep["ikj"], color="gray", ls="--", label="ikj (untiled)")
     ax.plot([tile], [tile_sweep[tile]], "o", color="C3", ms=12)
     ax.set(xscale="log", xlabel="tile T", ylabel="GFLOP/s", title=f"n={n}: T={tile} runs {tile_sweep[tile]:.2f} GFLOP/s")
+    ax.set_xticks(sizes, [str(t) for t in sizes])
+    ax.minorticks_off()
     ax.legend(fontsize=8)
     footprint = 3 * tile * tile * 8
     levels = {k: v for k, v in caches.items() if k in ("L1d", "L1", "L2", "L3")}
