@@ -61,6 +61,18 @@ grade-class: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade-class SUBMISSIONS=dir [OUT=dir]" && exit 2)
 	$(PY) -m course.classgrade "$(SUBMISSIONS)" --out "$(OUT)"
 
+# Lecturers: each lesson's executed demo notebook as an offline reveal.js slideshow in build/slides/
+# (runs the demo unless build/demo/ has it; reveal.js comes from the `slides` extra, installed once;
+# SHOTS=1 opens each in headless Chromium: a screenshot NN_topic.png, and a check that it loads nothing).
+SLIDES_STAMP := .venv/.slides
+$(SLIDES_STAMP): $(STAMP)
+	@mkdir -p build && $(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[slides]" > build/setup-slides.log 2>&1 || \
+		(cat build/setup-slides.log; exit 1)
+	@touch $(SLIDES_STAMP)
+
+slides: $(STAMP) $(SLIDES_STAMP) $(if $(SHOTS),$(BROWSER_STAMP))
+	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.slides $(L) $(if $(SHOTS),--screenshot)
+
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)
 

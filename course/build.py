@@ -81,14 +81,52 @@ NOTEBOOK_METADATA = {
 }
 
 
+GIVEN_HEADER = "# Given, not an exercise:"
+
+
+def slide_types(cells) -> list[str]:
+    """Each cell's `slideshow.slide_type` (RISE in JupyterLab, nbconvert's reveal.js slides), from
+    the lesson's structure alone (AUTHORING.md, "Slides"):
+
+    - a markdown cell opening with `# ` (the lesson's title) or `## ` (a section): "slide";
+      with `### `: "subslide"; any other markdown continues the slide it follows ("-");
+    - check cells, the set-up code before the first section, and given-machinery imports: "skip";
+    - a `demo` cell (a figure, a table, a live control): "subslide", so its output has the screen;
+    - any other code (an exercise's solution or stub, exported machinery): "fragment", revealed
+      under the prose that introduces it.
+    """
+    kinds, in_body = [], False
+    for cell in cells:
+        src = cell.source.lstrip()
+        cell_tags = set(cell.metadata.get("tags", []))
+        if cell.cell_type == "markdown":
+            if src.startswith("# ") or src.startswith("## "):
+                in_body = in_body or src.startswith("## ")
+                kinds.append("slide")
+            elif src.startswith("### "):
+                kinds.append("subslide")
+            else:
+                kinds.append("-")
+        elif cell.cell_type != "code":
+            kinds.append("skip")
+        elif "check" in cell_tags or not in_body or src.startswith(GIVEN_HEADER) or "#| given" in src:
+            kinds.append("skip")
+        elif "demo" in cell_tags:
+            kinds.append("subslide")
+        else:
+            kinds.append("fragment")
+    return kinds
+
+
 def _finish(nb, lesson: Lesson):
-    """Deterministic ids, no outputs, standard metadata."""
+    """Deterministic ids, no outputs, standard metadata, slide types from the structure."""
     nb = copy.deepcopy(nb)
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = from_dict(NOTEBOOK_METADATA)
-    for i, cell in enumerate(nb.cells):
+    for i, (cell, kind) in enumerate(zip(nb.cells, slide_types(nb.cells))):
         cell["id"] = f"{lesson.stem.replace('_', '-')}-{i:03d}"
         meta = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
+        meta["slideshow"] = {"slide_type": kind}
         cell.metadata = from_dict(meta)
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -126,7 +164,7 @@ def given_import(module: str, names: list[str]) -> str:
         line += f" {name},"
     lines.append(line)
     body = "\n".join(lines)
-    return (f"# Given, not an exercise: this machinery is minitorch/{module.replace('.', '/')}.py (read it there).\n"
+    return (f"{GIVEN_HEADER} this machinery is minitorch/{module.replace('.', '/')}.py (read it there).\n"
             f"from minitorch.{module} import (  # noqa: F401\n{body}\n)")
 
 

@@ -17,6 +17,7 @@ beside the lessons, and runs the browser test (course.browser) on a lesson of ea
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -64,6 +65,9 @@ def check_cell_says_what_it_must(exercise: str, text: str, stub: bool) -> bool:
     return re.match(want, text.strip()) is not None
 
 
+LIVE_REDRAW_LIMIT = 0.5  # s for one redraw of a live control (course.live) on the reference machine
+
+
 def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = False) -> tuple[bool, str, dict[str, str], list[dict]]:
     """Run the lesson's solution notebook (or, with stub=True, the student notebook) exactly as
     JupyterLab's Run All does: every cell in order in a plain kernel, nothing rewritten, stopping
@@ -91,9 +95,13 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
     out = out_dir / f"{lesson.stem}{'.stub' if stub else ''}.ipynb"
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
         results = f.name
+    with tempfile.NamedTemporaryFile("r", suffix=".live.jsonl", delete=False) as f:
+        probes = f.name  # course.live: each live control driven over its range, timed
     env = {**os.environ, "MINITORCH_SMALL": "1" if small else "0", "MT_RESULTS": results}
     if small:  # a correctness run on a shared machine: see course.grade
         env = _child_env({**env, "MT_RESULTS": results})
+    if not stub:  # the solution's run drives every live control (the stub's would repeat it)
+        env["MT_LIVE_PROBE"] = probes
     limit = round(DEMO_CELL_LIMIT * time_scale())
     running: list[int] = []
     client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
@@ -119,6 +127,17 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
     nbformat.write(nb, out)
     tests = [r for r in _read_jsonl(results) if r.get("event") == "end"]
     os.unlink(results)
+    live = _read_jsonl(probes)
+    (out_dir / f"{lesson.stem}{'.stub' if stub else ''}.live.jsonl").write_text(
+        "".join(json.dumps(p) + "\n" for p in live))  # each control's slowest redraw, for the record
+    for probe in live:
+        dead = [name for name, changes in probe["controls"].items() if not changes]
+        if not message and dead:
+            message = f"live control {probe['draw']}: moving {', '.join(dead)} over its range does not change the figure"
+        if not message and probe["slowest_s"] > LIVE_REDRAW_LIMIT * time_scale():
+            message = (f"live control {probe['draw']}: one redraw took {probe['slowest_s']:.2f} s, more than "
+                       f"{LIVE_REDRAW_LIMIT} s x{time_scale():.2f}: precompute what is slow in an earlier cell")
+    os.unlink(probes)
     checks = {}
     if not message and running and running[-1] != len(nb.cells) - 1:
         message = f"Run All stopped at cell {running[-1]}, not at the last cell ({len(nb.cells) - 1})"

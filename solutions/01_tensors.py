@@ -276,6 +276,44 @@ print(gather(x.ravel(), shape, strides, off))
 print(x[1, ::-1, 1:4:2])
 
 # %% [markdown]
+# Live: a view of a (4, n) matrix and the storage it reads. Each square of the view shows the
+# storage offset of its element (`offset + i*s0 + j*s1`), and the strip below numbers the
+# elements in the order the view visits them: in storage order for a contiguous view, jumping
+# for a transpose or a stepped slice. No view copies anything.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+VIEWS = {"a": lambda a: a, "a.T": lambda a: a.T, "a[:, ::2]": lambda a: a[:, ::2],
+         "a[1:3, 1:]": lambda a: a[1:3, 1:], "a[::-1]": lambda a: a[::-1], "a[:, 2:3]": lambda a: a[:, 2:3]}
+
+
+def draw_view(view: str, n: int):
+    a = np.arange(4 * n).reshape(4, n)  # each element's value is its storage offset
+    v = VIEWS[view](a)
+    strides = tuple(s // a.itemsize for s in v.strides)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 4.5), height_ratios=[3, 1])
+    ax.imshow(v, cmap="viridis", vmin=0, vmax=4 * n - 1, aspect="equal")
+    for (i, j), off in np.ndenumerate(v):
+        ax.text(j, i, str(off), ha="center", va="center", color="w")
+    ax.set(xticks=[], yticks=[], title=f"{view}: shape {v.shape}, strides {strides}, offset {v.ravel()[0] if v.size else 0}, "
+           f"{'contiguous' if v.flags.c_contiguous else 'not contiguous'}")
+    strip = np.full(4 * n, np.nan)
+    strip[v.ravel()] = np.arange(v.size)
+    ax2.imshow(strip[None, :], cmap="plasma", aspect="auto")
+    for k, order in enumerate(strip):
+        if not np.isnan(order):
+            ax2.text(k, 0, str(int(order)), ha="center", va="center", color="w", fontsize=8)
+    ax2.set(yticks=[], xlabel="storage offset (number: visit order; blank: not in the view)")
+    fig.tight_layout()
+    return fig
+
+
+live(draw_view, view=list(VIEWS), n=(3, 10))
+
+# %% [markdown]
 # ## 4. Broadcasting: the shape rule
 #
 # Elementwise ops on arrays of different shapes follow NumPy's broadcasting rule

@@ -777,6 +777,43 @@ def grad_check(f: Callable[..., Any], *inputs: Any, eps: float = 1e-6, atol: flo
 check("2.7")
 
 # %% [markdown]
+# Live: the two errors of a central difference, for `f(x) = sin(x) exp(x)` at `x = 1` (exact
+# derivative `(sin x + cos x) exp x`). Right of the minimum the truncation error falls as
+# `eps^2`; left of it rounding grows as `u / eps`. Switch to float32 to see the minimum rise by
+# eight orders of magnitude and move to larger eps.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+
+def central_error(eps: np.ndarray, dtype) -> np.ndarray:
+    x, e = dtype(1.0), eps.astype(dtype)
+    f = lambda t: np.sin(t) * np.exp(t)  # noqa: E731
+    exact = (np.sin(1.0) + np.cos(1.0)) * np.exp(1.0)
+    return np.abs((f(x + e) - f(x - e)) / (2 * e) - exact) / abs(exact)
+
+
+EPS = np.logspace(-14, 0, 200)
+
+
+def draw_numerical_grad(log10_eps: float, dtype: str):
+    dt = np.float64 if dtype == "float64" else np.float32
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for name, d in (("float64", np.float64), ("float32", np.float32)):
+        ax.loglog(EPS, np.maximum(central_error(EPS, d), 1e-17), label=name, alpha=1 if d is dt else 0.3)
+    err = central_error(np.array([10.0 ** log10_eps]), dt)[0]
+    ax.loglog([10.0 ** log10_eps], [max(err, 1e-17)], "o", color="C3", ms=10)
+    ax.set(xlabel="eps", ylabel="relative error", ylim=(1e-17, 10),
+           title=f"{dtype}, eps = 1e{log10_eps:.1f}: relative error {err:.1e}")
+    ax.legend(fontsize=8)
+    return fig
+
+
+live(draw_numerical_grad, log10_eps=(-14.0, 0.0), dtype=["float64", "float32"])
+
+# %% [markdown]
 # ## 8. Everything together
 #
 # With every exercise done, `grad_check` can test whole expressions: a two-layer network with

@@ -631,6 +631,43 @@ class SGD(Optimizer):
 check("3.4")
 
 # %% [markdown]
+# Live: your `SGD` on a valley 25 times steeper across than along,
+# `f(x, y) = (x^2 + 25 y^2) / 2`. Plain SGD is stable only for `lr < 2 / 25 = 0.08` (the steep
+# direction) and then crawls along the flat one; momentum (Polyak, 1964) lets a small learning
+# rate build speed along the valley while the steep oscillation cancels out.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+CURVATURE = np.array([1.0, 25.0], np.float32)
+
+
+def draw_sgd(lr: float, momentum: float):
+    w = Parameter(np.array([-4.0, 1.0], np.float32))
+    opt = SGD([w], lr=lr, momentum=momentum)
+    path = [w.numpy().copy()]
+    for _ in range(60):
+        w.grad = Tensor(CURVATURE * w.numpy())
+        opt.step()
+        path.append(w.numpy().copy())
+    path = np.clip(np.array(path), -1e3, 1e3)
+    loss = 0.5 * (path**2 * CURVATURE).sum(axis=1)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    gx, gy = np.meshgrid(np.linspace(-5, 5, 60), np.linspace(-1.6, 1.6, 60))
+    ax.contour(gx, gy, 0.5 * (gx**2 + 25 * gy**2), levels=12, colors="0.8")
+    ax.plot(path[:, 0], path[:, 1], "o-", ms=3)
+    ax.set(xlim=(-5, 5), ylim=(-1.6, 1.6), title=f"lr={lr:.3f}, momentum={momentum:.2f}")
+    ax2.semilogy(np.maximum(loss, 1e-12))
+    ax2.set(xlabel="step", ylabel="loss", ylim=(1e-8, 1e4), title=f"loss after 60 steps: {loss[-1]:.2e}")
+    fig.tight_layout()
+    return fig
+
+
+live(draw_sgd, lr=(0.005, 0.1, 0.005), momentum=(0.0, 0.95, 0.05))
+
+# %% [markdown]
 # ## 5. Adam and its bias correction
 #
 # Adam (Kingma and Ba 2015) keeps two exponential moving averages per parameter, of the

@@ -630,6 +630,28 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# Live: any kernel on the rooflines measured above. Slide its arithmetic intensity: left of the
+# ridge point the bound is `intensity x bandwidth` (memory-bound, each extra FLOP per byte is
+# free speed), right of it the flat compute roof.
+
+# %% tags=["demo"]
+from course.live import live
+
+
+def draw_roofline_point(log10_intensity: float, threads: int):
+    bw_t, peak_t = roofs[threads]
+    i = 10 ** log10_intensity
+    f = attainable_flops(i, peak_t, bw_t)
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    roofline_plot(peak_t, bw_t, {f"I = {i:.3g}": (i, f)}, ax=ax,
+                  title=f"{threads} thread(s): at most {f / 1e9:.2f} GFLOP/s, "
+                        f"{'memory' if i < peak_t / bw_t else 'compute'}-bound")
+    return fig
+
+
+live(draw_roofline_point, log10_intensity=(-2.0, 3.0), threads=sorted(roofs))
+
+# %% [markdown]
 # ## 4. Transformer arithmetic
 #
 # With the counters above you can predict the cost of a model before running it. For a

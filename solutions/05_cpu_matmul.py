@@ -659,10 +659,44 @@ n = 384 if SMALL else 2048
 a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
 t_cell = time.perf_counter()
 print(f"n={n}: B is {b.nbytes / 2**20:.1f} MiB; default tile (float64) = {default_tile(8)}")
-print(f"  ikj            {gflops_of(matmul_ikj, a, b, repeat=2):6.2f} GFLOP/s")
+tile_sweep = {"ikj": gflops_of(matmul_ikj, a, b, repeat=2)}  # kept for the live control below
+print(f"  ikj            {tile_sweep['ikj']:6.2f} GFLOP/s")
 for t in (16, 32, 64, 96, 144, 256):  # one line per tile size as it is measured: the progress
-    print(f"  tiled T={t:<4d}   {gflops_of(lambda x, y: matmul_tiled(x, y, tile=t), a, b, repeat=2):6.2f} GFLOP/s")
+    tile_sweep[t] = gflops_of(lambda x, y: matmul_tiled(x, y, tile=t), a, b, repeat=2)
+    print(f"  tiled T={t:<4d}   {tile_sweep[t]:6.2f} GFLOP/s")
 print(f"(this cell took {time.perf_counter() - t_cell:.0f} s)")
+
+# %% [markdown]
+# Live: the sweep just measured, one tile size at a time, beside what its three tiles (of A, B
+# and C, float64) occupy against this machine's caches. The rate falls off once the tiles
+# outgrow L2.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+
+def draw_tile(tile: int):
+    sizes = [t for t in tile_sweep if t != "ikj"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    ax.plot(sizes, [tile_sweep[t] for t in sizes], "o-", label="tiled")
+    ax.axhline(tile_sweep["ikj"], color="gray", ls="--", label="ikj (untiled)")
+    ax.plot([tile], [tile_sweep[tile]], "o", color="C3", ms=12)
+    ax.set(xscale="log", xlabel="tile T", ylabel="GFLOP/s", title=f"n={n}: T={tile} runs {tile_sweep[tile]:.2f} GFLOP/s")
+    ax.set_xticks(sizes, [str(t) for t in sizes])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    footprint = 3 * tile * tile * 8
+    levels = {k: v for k, v in caches.items() if k in ("L1d", "L1", "L2", "L3")}
+    ax2.barh(list(levels) + ["3 tiles"], list(levels.values()) + [footprint],
+             color=["0.7"] * len(levels) + ["C3"])
+    ax2.set(xscale="log", xlabel="bytes", title=f"3 x {tile}^2 x 8 B = {footprint / 1024:.0f} KiB")
+    fig.tight_layout()
+    return fig
+
+
+live(draw_tile, tile=[t for t in tile_sweep if t != "ikj"])
 
 # %% [markdown]
 # ## 6. Everything against NumPy

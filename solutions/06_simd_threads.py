@@ -690,6 +690,37 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# Live: why threads stop paying (Amdahl, 1967). If a fraction `s` of one run is serial (packing
+# on one thread, the fork and join, Python around the call), p threads give at most
+# `1 / (s + (1 - s) / p)`, never more than `1 / s`; a fixed cost per thread of a fork/join makes
+# the curve turn down. The dots are the simd kernel's measured speed-ups from the plot above.
+
+# %% tags=["demo"]
+from course.live import live
+
+measured_speedup = {t: gflops(matmul_simd, n_scale, t, repeat=2) for t in thread_counts}
+measured_speedup = {t: g / measured_speedup[1] for t, g in measured_speedup.items()}
+
+
+def draw_amdahl(serial_percent: float, fork_join_percent: float):
+    s, c = serial_percent / 100, fork_join_percent / 100
+    p = np.arange(1, 65)
+    speedup = 1 / (s + (1 - s) / p + c * (p - 1))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.plot(p, speedup, label="model")
+    ax.plot(p, p, ":", color="gray", label="linear")
+    ax.plot(list(measured_speedup), list(measured_speedup.values()), "o", color="C3", label="simd, measured")
+    best = int(p[np.argmax(speedup)])
+    ax.set(xscale="log", yscale="log", xlabel="threads", ylabel="speed-up", ylim=(0.8, 70),
+           title=f"serial {serial_percent:.1f}%: at most {1 / s if s else float('inf'):.0f}x; "
+                 f"best {speedup.max():.1f}x at {best} threads")
+    ax.legend(fontsize=8)
+    return fig
+
+
+live(draw_amdahl, serial_percent=(0.0, 30.0), fork_join_percent=(0.0, 2.0))
+
+# %% [markdown]
 # ## 6. minitorch's Numba backend
 #
 # Lesson 01 routes every array operation of a `Tensor` through its device's `Backend`, and

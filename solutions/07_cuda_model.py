@@ -428,6 +428,34 @@ else:
     print("On a real GPU this would write past the end of `out` without any error.")
 
 # %% [markdown]
+# Live: the launch for n elements and a block size. Each row is a block, each square a thread
+# (in warps of 32); the grid is `blocks_for(n, threads)` blocks, and the threads past n (red) are
+# the ones the guard `if i < n` turns away. A block size that is a multiple of 32 wastes at most
+# one partial warp per grid; an odd one leaves a partial warp in every block.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+from matplotlib.colors import ListedColormap
+
+from course.live import live
+
+
+def draw_grid(n: int, threads: int):
+    blocks = blocks_for(n, threads)
+    i = np.arange(blocks * threads)
+    img = np.where(i < n, (i % threads) // 32 % 2, 2).reshape(blocks, threads)
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.imshow(img, cmap=ListedColormap(["C0", "C9", "C3"]), vmin=0, vmax=2,
+              aspect="auto", interpolation="nearest")
+    ax.set(xlabel="threadIdx.x (light/dark: warps of 32)", ylabel="blockIdx.x",
+           title=f"n={n}, {threads} threads/block: {blocks} blocks, {blocks * threads - n} idle threads "
+                 f"({blocks * -(-threads // 32)} warps)")
+    return fig
+
+
+live(draw_grid, n=(1, 1000), threads=(32, 256, 32))
+
+# %% [markdown]
 # ## 2. Two-dimensional launches, and which index is x
 #
 # Grids and blocks can be 2-D (or 3-D): `kernel[(gx, gy), (bx, by)]`, and `cuda.grid(2)`

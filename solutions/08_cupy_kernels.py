@@ -398,6 +398,36 @@ for label, src in [("both barriers", sgemm_tiled_source()),
         print(f"{label}: {str(exc)[:330]}...")
 
 # %% [markdown]
+# Live: why tiles grow. A block that computes a `BM x BN` tile of C, stepping over k by `BK`,
+# loads `(BM + BN) BK` floats from global memory for `BM BN BK` multiply-adds: its arithmetic
+# intensity is `BM BN / (2 (BM + BN))` flop/byte, `T / 4` for square tiles. Against a GPU's
+# ridge point (peak flop/s over memory bandwidth, about 10 to 20 flop/byte for FP32 on recent
+# parts), a 16 x 16 tile stays memory-bound; register blocking (section 5) is how tiles reach
+# 64 or 128 while shared memory holds only the `BK` slice.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+
+def draw_tile_intensity(tile_m: int, tile_n: int, ridge: float):
+    t = np.arange(4, 257, 4)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.loglog(t, t * t / (2 * (t + t)), color="0.6", label="square tiles")
+    ai = tile_m * tile_n / (2 * (tile_m + tile_n))
+    ax.loglog([max(tile_m, tile_n)], [ai], "o", color="C3", ms=10, label=f"{tile_m} x {tile_n}")
+    ax.axhline(ridge, color="k", lw=0.8, ls="--", label=f"ridge point {ridge:g} flop/byte")
+    bound = "compute-bound" if ai >= ridge else f"memory-bound: at most {ai / ridge:.0%} of peak"
+    ax.set(xlabel="tile side (larger of BM, BN)", ylabel="flop per global byte", ylim=(0.5, 100),
+           title=f"{tile_m} x {tile_n} tile: {ai:.1f} flop/byte, {bound}")
+    ax.legend(fontsize=8)
+    return fig
+
+
+live(draw_tile_intensity, tile_m=(8, 256, 8), tile_n=(8, 256, 8), ridge=(5.0, 30.0))
+
+# %% [markdown]
 # ## 5. Register blocking: each thread computes 8x8 outputs
 #
 # The CPU lesson's lesson applies again one level down (lesson 06, the micro-kernel): keep a

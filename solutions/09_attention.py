@@ -279,6 +279,36 @@ print("rows 0-3 unchanged bit for bit:", np.array_equal(out[:, :4], out2[:, :4])
 print(causal_mask(3, 5).astype(int), "  <- 3 queries, 5 keys: the queries are positions 2, 3, 4")
 
 # %% [markdown]
+# Live: the attention weights of 8 random queries and keys. Dividing the scores by a temperature
+# below 1 sharpens each row toward its largest score (argmax), above 1 flattens it toward the
+# uniform average; the causal mask zeroes everything right of the diagonal, and each row still
+# sums to 1 over what it may see.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+
+from course.live import live
+
+_q, _k = (np.random.default_rng(7).standard_normal((8, 16)) for _ in range(2))
+
+
+def draw_attention_weights(temperature: float, causal: bool):
+    scores = _q @ _k.T / math.sqrt(_q.shape[-1]) / temperature
+    if causal:
+        scores = np.where(causal_mask(8, 8), scores, -np.inf)
+    w = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    w /= w.sum(axis=-1, keepdims=True)
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    im = ax.imshow(w, vmin=0, vmax=1, cmap="viridis")
+    fig.colorbar(im, ax=ax)
+    ax.set(xlabel="key", ylabel="query", title=f"T = {temperature:.2f}: largest weight per row "
+           f"{w.max(axis=-1).mean():.2f} on average")
+    return fig
+
+
+live(draw_attention_weights, temperature=(0.1, 5.0), causal=True)
+
+# %% [markdown]
 # ## 2. Many heads, and what attention costs
 #
 # **Multi-head attention** runs h attentions side by side on slices of the model width C: head

@@ -747,6 +747,35 @@ for label, x, kw in [
 # buys that bit back.
 
 # %% [markdown]
+# Live: the bits and the scale's granularity against the error, on the same weight matrix. Each
+# bit halves the step (the error falls about 2x per bit) until the large columns set the step
+# of everything sharing their scale.
+
+# %% tags=["demo"]
+from course.live import live
+
+GRANULARITY = {"per-tensor": None, "per-channel": (-1, 1), "per-group (32, 1)": (32, 1)}
+
+
+def draw_quant_error(bits: int, scales: str):
+    qt = quantize(W_demo, bits=bits, block=GRANULARITY[scales])
+    err = qt.dequantize() - W_demo
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    ax.hist(W_demo[:, 4:].ravel(), bins=80, color="0.7", label="weights")
+    ax.hist(qt.dequantize()[:, 4:].ravel(), bins=80, histtype="step", color="C3", label="quantized")
+    ax.set(xlabel="weight (columns 4..127)", title=f"int{bits}, {scales}")
+    ax.legend(fontsize=8)
+    curve = [rel_err(W_demo, quantize(W_demo, bits=b, block=GRANULARITY[scales])) for b in range(2, 9)]
+    ax2.semilogy(range(2, 9), curve, "o-")
+    ax2.semilogy([bits], [np.linalg.norm(err) / np.linalg.norm(W_demo)], "o", color="C3", ms=10)
+    ax2.set(xlabel="bits", ylabel="relative error", ylim=(1e-3, 2))
+    fig.tight_layout()
+    return fig
+
+
+live(draw_quant_error, bits=(2, 8), scales=list(GRANULARITY))
+
+# %% [markdown]
 # ## 4. int4: two values per byte
 #
 # NumPy has no 4-bit type, so 4-bit weights are stored two per byte: element 2i in the low

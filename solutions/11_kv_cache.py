@@ -1280,6 +1280,32 @@ print(f"4 samples of 40 + 20 tokens: {shared.allocator.num_used} blocks shared, 
       f"{4 * -(-60 // 8)} without sharing")
 
 # %% [markdown]
+# Live: the block size against the slots the same 32 sequences waste. A sequence wastes at most
+# `block_size - 1` slots in its last block; small blocks waste least but mean longer block
+# tables and more, smaller reads (vLLM's default is 16 tokens).
+
+# %% tags=["demo"]
+from course.live import live
+
+
+def draw_block_waste(block_size: int, max_len: int):
+    lengths = np.minimum(seq_lengths, max_len)
+    blocks = -(-lengths // block_size)
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    x = np.arange(len(lengths))
+    ax.bar(x, max_len, color="0.9", label=f"dense: {max_len} reserved")
+    ax.bar(x, blocks * block_size, color="C1", label="paged: allocated")
+    ax.bar(x, lengths, color="C0", label="tokens")
+    paged_use, dense_use = lengths.sum() / (blocks.sum() * block_size), lengths.sum() / (len(lengths) * max_len)
+    ax.set(xlabel="sequence", ylabel="KV slots", ylim=(0, 130),
+           title=f"block size {block_size}: paged {paged_use:.0%} used, dense {dense_use:.0%} used")
+    ax.legend(fontsize=8, loc="upper right", ncols=3)
+    return fig
+
+
+live(draw_block_waste, block_size=(1, 64), max_len=(64, 128))
+
+# %% [markdown]
 # ## 6. Continuous batching
 #
 # A server gets requests at random times, with prompts and outputs of different lengths. Batching

@@ -2107,6 +2107,32 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
+# Live: the model for any ranks, latency and bandwidth (a 100 MB gradient marked): the naive
+# line climbs with N, the ring's bandwidth term does not, and the crossover `N alpha / beta` moves.
+
+# %% tags=["demo"]
+from course.live import live
+
+
+def draw_allreduce(ranks: int, alpha_us: float, gbytes_per_s: float):
+    a, b = alpha_us * 1e-6, 1 / (gbytes_per_s * 1e9)
+    sizes = np.logspace(1, 9, 60)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, color in [("naive_allreduce", "C3"), ("ring_allreduce", "C0")]:
+        ax.loglog(sizes, [collective_cost(name, s, ranks, a, b).time for s in sizes], color=color, label=name)
+    ax.loglog(sizes, np.log2(ranks) * (a + sizes * b), ":", color="gray", label="recursive doubling")
+    ax.axvline(ranks * a / b, color="k", lw=0.5)
+    ring = collective_cost("ring_allreduce", 1e8, ranks, a, b).time
+    naive = collective_cost("naive_allreduce", 1e8, ranks, a, b).time
+    ax.set(xlabel="message size S (bytes)", ylabel="time (s)", ylim=(1e-7, 1e3),
+           title=f"N={ranks}: 100 MB takes {ring * 1e3:.1f} ms (ring), {naive * 1e3:.1f} ms (naive)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+live(draw_allreduce, ranks=(2, 64), alpha_us=(1.0, 50.0), gbytes_per_s=(1.0, 100.0))
+
+# %% [markdown]
 # ## 4. Data-parallel training
 #
 # Every rank builds the same model (the same seed, or rank 0's weights broadcast once, as

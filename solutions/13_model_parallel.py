@@ -361,6 +361,33 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# Live: drag the stages and the micro-batches (the simulator redraws the timeline; the bubble is
+# the white space, `(p - 1) / (m + p - 1)` for both schedules).
+
+# %% tags=["demo"]
+from course.live import live
+
+
+def draw_pipeline(stages: int, micro_batches: int, schedule: str):
+    fn = gpipe_schedule if schedule == "GPipe" else one_f_one_b_schedule
+    tl = simulate_schedule(fn(stages, micro_batches))
+    fig, ax = plt.subplots(figsize=(10, 3))
+    for (kind, color) in (("F", "#4c72b0"), ("B", "#dd8452")):  # one bar set per stage and kind: quick to draw
+        for s in range(stages):
+            bars = [(float(iv.start), float(iv.end - iv.start)) for iv in tl.intervals
+                    if iv.stage == s and iv.step.kind == kind]
+            ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=color, edgecolors="white", linewidth=0.5)
+    ax.set(yticks=range(stages), yticklabels=[f"stage {s}" for s in range(stages)], ylim=(stages - 0.5, -0.5),
+           xlim=(0, float(tl.makespan)), xlabel="time units (forwards blue, backwards orange)",
+           title=f"{schedule}, p={stages}, m={micro_batches}: bubble {float(tl.bubble):.3f}, "
+                 f"stage 0 holds {tl.peak_in_flight[0]} micro-batches")
+    fig.tight_layout()
+    return fig
+
+
+live(draw_pipeline, stages=(2, 8), micro_batches=(1, 32), schedule=["1F1B", "GPipe"])
+
+# %% [markdown]
 # Over m, for p = 4 (unit time, `t_b = 2 t_f`): the bubble falls like `(p-1)/(m+p-1)` for
 # both schedules, while the activations held by stage 0 grow like m for GPipe and stay at p
 # for 1F1B. That is why every large-scale trainer runs 1F1B or a variant of it, with m several

@@ -1,0 +1,167 @@
+"""Live controls for lectures: a slider (or menu) beside a figure that redraws as it moves.
+
+    from course.live import live
+    live(draw_bubble, micro_batches=(1, 32, 1), stages=(2, 8, 1))
+
+`draw(**values)` draws one matplotlib figure for the controls' values (it may create it with
+`plt.subplots` and return it, or draw on the current figure) and must be fast enough to drag:
+precompute what is slow (a measured sweep, a trained model) in an earlier cell and only look it up
+or simulate here. Controls are ipywidgets' `interact` abbreviations: `(lo, hi)` or `(lo, hi, step)`
+(an int or float slider), a list of choices (a dropdown), a bool (a checkbox), or a widget.
+
+Executed in a plain kernel (`make check`, `make demo`, `make slides`) the cell renders its first
+picture once, which is also what the slides and a static page show (the output carries a PNG
+beside the widget); in JupyterLab the widget takes over and each move redraws.
+
+With MT_LIVE_PROBE=<file> in the environment (course.maintain's notebook runs set it) each control
+is also driven at its extremes and its middle, and one line per control goes to the file: whether
+the pictures differ and the slowest redraw, so `make check` proves every control is live and fast.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import time
+from typing import Any, Callable
+
+
+def _widget(name: str, spec: Any):
+    import ipywidgets as w
+
+    if isinstance(spec, w.ValueWidget):
+        widget = spec
+    else:
+        widget = w.interactive.widget_from_abbrev(spec)
+        if widget is None:
+            raise ValueError(f"live: control {name}={spec!r} is not a slider range (lo, hi[, step]), a list or a bool")
+    widget.description = name
+    widget.continuous_update = True
+    widget.style = {"description_width": "initial"}
+    return widget
+
+
+def _values(widget) -> list:
+    """The control's extremes and middle (what the probe drives)."""
+    if hasattr(widget, "min") and hasattr(widget, "max"):
+        lo, hi = widget.min, widget.max
+        mid = (lo + hi) / 2
+        if isinstance(lo, int) and isinstance(hi, int):
+            step = getattr(widget, "step", 1) or 1
+            mid = lo + round((mid - lo) / step) * step
+        return [lo, mid, hi]
+    if hasattr(widget, "options") and widget.options:
+        opts = [o[1] if isinstance(o, tuple) else o for o in widget.options]
+        return [opts[0], opts[len(opts) // 2], opts[-1]]
+    if isinstance(widget.value, bool):
+        return [False, True]
+    return [widget.value]
+
+
+def signature(fig) -> str:
+    """A hash of what the figure shows (lines, bars, images, texts, axis limits), to tell two
+    pictures apart without rasterising them."""
+    import numpy as np
+
+    parts = []
+    for ax in fig.axes:
+        parts += [np.asarray(line.get_xydata()).tobytes() for line in ax.lines]
+        parts += [np.asarray(p.get_path().vertices).tobytes() + p.get_patch_transform().get_matrix().tobytes()
+                  for p in ax.patches]
+        parts += [np.asarray(im.get_array()).tobytes() for im in ax.images]
+        parts += [np.asarray(c.get_offsets()).tobytes() for c in ax.collections]
+        parts += [np.asarray(path.vertices).tobytes() for c in ax.collections for path in c.get_paths()]
+        parts += [t.get_text().encode() for t in ax.texts + [ax.title, ax.xaxis.label, ax.yaxis.label]]
+        parts += [repr((ax.get_xlim(), ax.get_ylim())).encode()]
+    parts += [t.get_text().encode() for t in fig.texts]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()
+
+
+class Live:
+    """A live control: `widgets` by name, `render(**values)` draws and returns the figure (what
+    tests call), `box` the ipywidgets layout shown in JupyterLab."""
+
+    def __init__(self, draw: Callable[..., Any], controls: dict[str, Any]):
+        import ipywidgets as w
+
+        if not controls:
+            raise ValueError("live: give at least one control, e.g. live(draw, n=(1, 10))")
+        self.draw = draw
+        self.widgets = {name: _widget(name, spec) for name, spec in controls.items()}
+        self.out = w.Output()
+        self.box = w.VBox([w.HBox(list(self.widgets.values())), self.out])
+        self.first_png = b""
+        for widget in self.widgets.values():
+            widget.observe(lambda _change: self.redraw(), names="value")
+
+    def values(self) -> dict[str, Any]:
+        return {name: widget.value for name, widget in self.widgets.items()}
+
+    def render(self, **values):
+        """Draw the figure for these values (the controls' current ones where not given)."""
+        import matplotlib.pyplot as plt
+
+        values = {**self.values(), **values}
+        plt.close("all")
+        fig = self.draw(**values)
+        return fig if fig is not None else plt.gcf()
+
+    def redraw(self) -> None:
+        import matplotlib.pyplot as plt
+        from IPython.display import clear_output, display
+
+        with self.out:
+            clear_output(wait=True)
+            fig = self.render()
+            display(fig)
+            plt.close(fig)
+
+    def probe(self) -> dict:
+        """Drive each control over its extremes and middle (the others at their values): does the
+        picture change, and the slowest redraw in seconds."""
+        import matplotlib.pyplot as plt
+
+        report = {"draw": getattr(self.draw, "__name__", "?"), "controls": {}, "slowest_s": 0.0}
+        for name, widget in self.widgets.items():
+            sigs = []
+            for v in _values(widget):
+                t0 = time.perf_counter()
+                fig = self.render(**{name: v})
+                fig.canvas.draw()  # what the browser waits for: the picture, not just the data
+                report["slowest_s"] = max(report["slowest_s"], time.perf_counter() - t0)
+                sigs.append(signature(fig))
+                plt.close(fig)
+            report["controls"][name] = len(set(sigs)) > 1
+        return report
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.box._repr_mimebundle_(**kwargs) or {}
+        if self.first_png:
+            bundle["image/png"] = base64.b64encode(self.first_png).decode()
+        bundle["text/plain"] = f"live control: {', '.join(self.widgets)}"
+        return bundle
+
+
+def live(draw: Callable[..., Any], **controls: Any) -> Live:
+    """A figure with controls: `draw(**values)` redraws it for the controls' values. Returns the
+    Live object (display it as the cell's last expression; tests call `.render(...)`)."""
+    import matplotlib.pyplot as plt
+
+    ctl = Live(draw, controls)
+    fig = ctl.render()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    ctl.first_png = buf.getvalue()
+    with ctl.out:
+        from IPython.display import display
+
+        display(fig)
+    plt.close(fig)
+    probe_file = os.environ.get("MT_LIVE_PROBE")
+    if probe_file:
+        with open(probe_file, "a") as f:
+            f.write(json.dumps(ctl.probe()) + "\n")
+    return ctl

@@ -1,0 +1,73 @@
+"""course.live: the lecturer's live controls. The helper itself on toy figures; every lesson
+01-13 has one. (Each lesson's own control is driven over its extremes and middle, and timed,
+whenever its notebook runs under course.maintain: `make check` fails on a control that changes
+nothing or redraws slower than LIVE_REDRAW_LIMIT x the machine's time scale; the timings are
+written to build/check/NN_topic.live.jsonl.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ipywidgets")
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from course.live import Live, live, signature  # noqa: E402
+from course.source import ROOT, all_lessons, read_source, tags  # noqa: E402
+
+
+def draw_power(a: float, kind: str):
+    fig, ax = plt.subplots(figsize=(3, 2))
+    x = np.linspace(0, 1, 20)
+    ax.plot(x, x**a)
+    ax.set_title(kind)
+    return fig
+
+
+def test_render_follows_the_controls_and_the_probe_says_so(tmp_path, monkeypatch):
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("MT_LIVE_PROBE", str(probe))
+    ctl = live(draw_power, a=(0.5, 4.0), kind=["x", "y"])
+    assert isinstance(ctl, Live) and set(ctl.widgets) == {"a", "kind"}
+    sigs = {signature(ctl.render(a=v)) for v in (0.5, 2.25, 4.0)}
+    assert len(sigs) == 3
+    assert signature(ctl.render(kind="x")) != signature(ctl.render(kind="y"))
+    seen = []
+    ctl.draw = lambda **values: seen.append(values) or draw_power(**values)
+    ctl.widgets["a"].value = 3.0  # what a drag does: a redraw with the new value
+    assert seen == [{"a": 3.0, "kind": "x"}]
+    (report,) = [json.loads(line) for line in probe.read_text().splitlines()]
+    assert report["controls"] == {"a": True, "kind": True} and report["slowest_s"] < 5
+    bundle = ctl._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and bundle["image/png"]
+
+
+def test_a_control_that_changes_nothing_is_reported(tmp_path, monkeypatch):
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("MT_LIVE_PROBE", str(probe))
+    live(lambda a, unused: draw_power(a, "x"), a=(1, 3), unused=(0, 10))
+    assert json.loads(probe.read_text())["controls"] == {"a": True, "unused": False}
+
+
+def test_bad_controls_are_named():
+    with pytest.raises(ValueError, match="give at least one control"):
+        live(draw_power)
+    with pytest.raises(ValueError, match="a=.*not a slider range"):
+        live(draw_power, a=object(), kind=["x"])
+
+
+@pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="needs the course's sources")
+def test_every_lesson_up_to_13_has_a_live_control_in_a_demo_cell():
+    missing = []
+    for lesson in all_lessons():
+        if int(lesson.number) > 13:
+            continue
+        cells = read_source(lesson).cells
+        if not any(c.cell_type == "code" and "demo" in tags(c) and "\nlive(" in "\n" + c.source for c in cells):
+            missing.append(lesson.stem)
+    assert not missing, f"no live control in {missing}"
