@@ -8,7 +8,7 @@ FORCE   ?=
 # measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
 BLAS_THREADS ?= 1
 
-.PHONY: setup lab build test check browser demo bench gpucheck clean release grade-class slides
+.PHONY: setup lab build test check browser demo bench gpucheck clean release grade-class slides serve
 
 # The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
 PYTHON ?= python3
@@ -72,6 +72,12 @@ $(SLIDES_STAMP): $(STAMP)
 
 slides: $(STAMP) $(SLIDES_STAMP) $(if $(SHOTS),$(BROWSER_STAMP))
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.slides $(L) $(if $(SHOTS),--screenshot)
+
+# Lecturers: serve the tiny GPT (lesson 15) on http://127.0.0.1:$(PORT)/ until Ctrl-C
+# (the first Ctrl-C finishes the requests in flight, a second stops at once).
+PORT ?= 8000
+serve: $(STAMP)
+	$(PY) -c "from minitorch.server import serve; serve(port=$(PORT))"
 
 bench: $(STAMP)
 	$(PY) -m benchmarks $(L)
