@@ -25,7 +25,7 @@ from minitorch.autograd import Tensor
 from minitorch.comm import mpi_status, run
 from minitorch.moe import (ExpertParallelMoE, MoEMLP, all_to_all, dispatch, exchange_counts, grouped_gemm,
                            top_k_gating)
-from minitorch.parallel import machine_load
+from minitorch.parallel import machine_load, mpi_best_seconds
 
 
 def best_time(fn, reps: int = 5) -> float:
@@ -80,22 +80,7 @@ def a2a_timings(comm, sizes_bytes: list[int], budget: float = 0.05) -> list[tupl
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
         ops = [lambda: all_to_all(comm, x, send, recv),
                lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE])]
-        best = []
-        for op in ops:
-            op()
-            world.Barrier()
-            t0 = time.perf_counter()
-            op()
-            reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
-            trials = []
-            for _ in range(3):
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    op()
-                world.Barrier()
-                trials.append((time.perf_counter() - t0) / reps)
-            best.append(min(trials))
+        best = [mpi_best_seconds(op, budget) for op in ops]
         if not np.array_equal(all_to_all(comm, x, send, recv), y.reshape(-1, 8)):
             raise AssertionError(f"rank {r}: all_to_all and Alltoallv disagree at {nbytes} bytes")
         out.append((nbytes, *best))

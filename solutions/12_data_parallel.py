@@ -1941,6 +1941,29 @@ def mpi4py_ring_allreduce(world: Any, x: np.ndarray) -> np.ndarray:
     return np.concatenate(parts).reshape(x.shape)
 
 
+def mpi_best_seconds(op: Callable[[], Any], budget: float = 0.05) -> float:
+    """On every rank of an MPI run: seconds per call of `op()` (a collective step every rank
+    runs), the best of 3 trials of about `budget` seconds between barriers; the repetitions are
+    agreed by all ranks (the fewest any rank asks for, 1 to 200), after one warm-up call."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    op()  # warm up
+    world.Barrier()
+    t0 = time.perf_counter()
+    op()
+    reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
+    trials = []
+    for _ in range(3):
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            op()
+        world.Barrier()
+        trials.append((time.perf_counter() - t0) / reps)
+    return min(trials)
+
+
 def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
                       ring: Callable | None = None) -> list[tuple[int, float, float, float]]:
     """On every rank of an MPI run: per size (bytes of float64), the seconds per all-reduce of
@@ -1955,22 +1978,7 @@ def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05
         x = np.random.default_rng(comm.rank).standard_normal(nbytes // 8)
         y = np.empty_like(x)
         ops = [lambda: ring(comm, x), lambda: mpi4py_ring_allreduce(world, x), lambda: world.Allreduce(x, y)]
-        best = []
-        for op in ops:
-            op()  # warm up
-            world.Barrier()
-            t0 = time.perf_counter()
-            op()
-            reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
-            trials = []
-            for _ in range(3):
-                world.Barrier()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    op()
-                world.Barrier()
-                trials.append((time.perf_counter() - t0) / reps)
-            best.append(min(trials))
+        best = [mpi_best_seconds(op, budget) for op in ops]
         if not (np.array_equal(ring(comm, x), mpi4py_ring_allreduce(world, x)) and np.allclose(ring(comm, x), y)):
             raise AssertionError(f"rank {comm.rank}: the rings or MPI.Allreduce disagree at {nbytes} bytes")
         out.append((nbytes, *best))
