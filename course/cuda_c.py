@@ -43,6 +43,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from course.notebook import SkipCell
+
 HERE = Path(__file__).resolve().parent
 PRELUDE = HERE / "cuda_prelude.h"
 RUNTIME = HERE / "cuda_emu_runtime.cpp"
@@ -66,10 +68,10 @@ class EmulatorUnsupported(KernelError):
     """The kernel uses something the CPU emulator cannot run; it can only be graded on a GPU."""
 
 
-class NvrtcUnavailable(RuntimeError):
+class NvrtcUnavailable(SkipCell, RuntimeError):
     """NVRTC cannot compile here (no CuPy, or no NVRTC wheel for this platform, e.g. macOS): the PTX
-    checks cannot run. Tests that meet it are skipped with its message (tests/conftest.py); the CPU
-    emulator still runs the kernels."""
+    checks cannot run. Tests that meet it are skipped with its message (tests/conftest.py), a
+    notebook cell that meets it skips saying why (a SkipCell); the CPU emulator still runs the kernels."""
 
 
 # ---------------------------------------------------------------------------------------------

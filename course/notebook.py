@@ -140,7 +140,7 @@ class _Hooks:
         """The line that stands for this error, or None for a real error (a traceback)."""
         found = stub_exercise(value)
         withheld = _withheld(value)
-        if isinstance(value, SkipCell) or _nvrtc_missing(value):
+        if isinstance(value, SkipCell):  # require_gpu(), course.cuda_c.NvrtcUnavailable
             line = f"skipped: {value}"
             why = f"was skipped ({value})"
         elif withheld:
@@ -158,15 +158,6 @@ class _Hooks:
         for name in defined_names(self.cell):
             self.incomplete.setdefault(name, why)
         return line
-
-
-def _nvrtc_missing(value: BaseException) -> bool:
-    """course.cuda_c.compile_ptx where NVRTC cannot run (its wheels exist for Linux only)."""
-    if type(value).__name__ != "NvrtcUnavailable":  # cheap test first: most errors are not it
-        return False
-    from course.cuda_c import NvrtcUnavailable
-
-    return isinstance(value, NvrtcUnavailable)
 
 
 def _withheld(value: BaseException) -> str | None:
