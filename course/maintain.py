@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -247,7 +248,28 @@ def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
     return stages
 
 
+def serialise_ast_parse() -> None:
+    """Make every `ast.parse` in this process take one lock. CPython 3.11's AST constructor is
+    not thread-safe ("SystemError: AST constructor recursion depth mismatch", python/cpython#106905),
+    and `make check` builds notebooks in two threads while the libraries it uses parse too
+    (jupytext's cell metadata goes through `ast.literal_eval`, 3.11's tracebacks through
+    `ast.parse`). A lock in our own code alone did not stop it: CI hit it in lesson 12."""
+    import ast
+
+    if getattr(ast.parse, "serialised", False):
+        return
+    lock, parse = threading.RLock(), ast.parse
+
+    def locked_parse(*args, **kwargs):
+        with lock:
+            return parse(*args, **kwargs)
+
+    locked_parse.serialised, locked_parse.lock = True, lock
+    ast.parse = locked_parse
+
+
 def check(lessons: list[Lesson], machinery: bool = True) -> int:
+    serialise_ast_parse()
     start = time.perf_counter()
     failures = 0
     print("== build sync", flush=True)

@@ -330,3 +330,35 @@ def test_long_arrays_are_summarised_by_numpy_and_absurd_messages_elided():
     assert len(short) <= MAX_CHARS + 100 and short.startswith("line 0\n") and short.endswith("line 4999")
     assert re.search(r"\.\.\. \(\d+ characters, \d+ lines elided\) \.\.\.", short), short
     assert elide("a\nb") == "a\nb"
+
+
+def test_check_serialises_ast_parse_across_threads():
+    """`make check` builds notebooks in threads; CPython 3.11's parser is not thread-safe
+    (python/cpython#106905), so maintain makes every ast.parse in the process, the libraries'
+    literal_eval included, take one lock, and doing it twice wraps it once."""
+    import ast
+    import threading
+
+    from course.maintain import serialise_ast_parse
+
+    serialise_ast_parse()
+    first = ast.parse
+    serialise_ast_parse()
+    assert ast.parse is first and first.serialised
+    inside = []
+    lock_taken = threading.Event()
+
+    def hold_the_lock():  # one thread inside a parse: another's literal_eval must wait for it
+        with first.lock:
+            lock_taken.set()
+            inside.append("held")
+            threading.Event().wait(0.2)
+            inside.append("released")
+
+    t = threading.Thread(target=hold_the_lock)
+    t.start()
+    lock_taken.wait()
+    assert ast.literal_eval("['demo', 'gpu']") == ["demo", "gpu"]
+    inside.append("parsed")
+    t.join()
+    assert inside == ["held", "released", "parsed"]
