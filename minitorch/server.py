@@ -769,15 +769,14 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
 
 def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02, **engine_kw: Any) -> None:
     """Serve the tiny GPT until Ctrl-C (`make serve`): the first Ctrl-C finishes the requests in
-    flight, a second stops at once (uvicorn's signal handling). step_interval slows each step so
-    a lecture can watch the tokens arrive."""
-    import uvicorn
+    flight, a second aborts them and stops at once (server_kit.uvicorn_server). step_interval slows
+    each step so a lecture can watch the tokens arrive."""
+    from minitorch.server_kit import uvicorn_server
 
     _, app = build_server(step_interval=step_interval, **engine_kw)
     print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                      timeout_graceful_shutdown=30)).run()
+        uvicorn_server(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30).run()
     except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down gracefully
         pass
     print("minitorch server: stopped")

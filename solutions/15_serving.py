@@ -157,6 +157,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def abort_engine(app: Any) -> None:
+    """A forced stop: end every request the app's engine holds (finish_reason "abort") so that the
+    responses in flight return and their connections close. uvicorn's force-exit alone is not
+    enough: since Python 3.12, asyncio's `Server.wait_closed()` waits for every open connection,
+    so the server would still wait for the last token of every request in flight."""
+    engine = getattr(getattr(app, "state", None), "engine", None)
+    if engine is not None:  # in a thread: this may run in a signal handler
+        threading.Thread(target=engine.stop, kwargs={"drain": False}, name="force-stop", daemon=True).start()
+
+
+def uvicorn_server(app: Any, **config: Any) -> Any:
+    """A uvicorn.Server for `app` (keyword arguments: uvicorn.Config's) whose second Ctrl-C also
+    aborts the app's engine (abort_engine), so that it stops at once on every Python."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            if self.force_exit:
+                abort_engine(app)
+
+    return Server(uvicorn.Config(app, **config))
+
+
 class ServerThread:
     """uvicorn serving `app` on host:port from a background thread (port 0: a free one).
 
@@ -165,12 +189,9 @@ class ServerThread:
     stops at once, like a second Ctrl-C."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 30.0):
-        import uvicorn
-
         self.app, self.host, self.port = app, host, port or free_port(host)
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
-                                timeout_graceful_shutdown=graceful_timeout, lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn_server(app, host=self.host, port=self.port, log_level="warning",
+                                     timeout_graceful_shutdown=graceful_timeout, lifespan="on")
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
 
     @property
@@ -193,12 +214,13 @@ class ServerThread:
         self.server.should_exit = True
         if force:
             self.server.force_exit = True
+            abort_engine(self.app)
         self.thread.join(timeout)
         if self.thread.is_alive():
             raise RuntimeError(f"ServerThread: the server on {self.url} did not stop in {timeout} s")
         engine = getattr(getattr(self.app, "state", None), "engine", None)
         if force and engine is not None:
-            engine.stop(drain=False)
+            engine.stop(drain=False)  # joins the engine's thread (abort_engine's may not have yet)
 
     def __enter__(self) -> "ServerThread":
         return self.start()
@@ -1254,15 +1276,14 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
 
 def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02, **engine_kw: Any) -> None:
     """Serve the tiny GPT until Ctrl-C (`make serve`): the first Ctrl-C finishes the requests in
-    flight, a second stops at once (uvicorn's signal handling). step_interval slows each step so
-    a lecture can watch the tokens arrive."""
-    import uvicorn
+    flight, a second aborts them and stops at once (server_kit.uvicorn_server). step_interval slows
+    each step so a lecture can watch the tokens arrive."""
+    from minitorch.server_kit import uvicorn_server
 
     _, app = build_server(step_interval=step_interval, **engine_kw)
     print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                      timeout_graceful_shutdown=30)).run()
+        uvicorn_server(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30).run()
     except KeyboardInterrupt:  # uvicorn re-raises the signal once it has shut down gracefully
         pass
     print("minitorch server: stopped")
