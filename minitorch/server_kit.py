@@ -341,27 +341,33 @@ def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo,
                 for d in range(hd):
                     k_pool[layer, block, g, slot, d] = qkv[r, k_at + g * hd + d]
                     v_pool[layer, block, g, slot, d] = qkv[r, v_at + g * hd + d]
+            n_keys = pos + 1                                     # keys 0 .. pos: the causal bound
             for head in range(n_head):
                 g, q0 = head // group, head * hd                 # its K/V head; its columns in q and att
-                m = -np.inf
-                for j in range(pos + 1):                         # keys 0 .. pos: the causal bound
-                    kb, ks = tables[r, j // bs], j % bs
-                    s = dt.type(0)
-                    for d in range(hd):
-                        s += qkv[r, q0 + d] * k_pool[layer, kb, g, ks, d]
-                    scores[j] = s * scale
+                q, o = qkv[r, q0:q0 + hd], att[r, q0:q0 + hd]
+                for b0 in range(0, n_keys, bs):                  # scores, a block of the table at a time
+                    k_block = k_pool[layer, tables[r, b0 // bs], g]            # (block_size, hd)
+                    for j in range(min(bs, n_keys - b0)):
+                        s = dt.type(0)
+                        for d in range(hd):
+                            s += q[d] * k_block[j, d]
+                        scores[b0 + j] = s * scale
+                m = scores[0]
+                for j in range(1, n_keys):
                     m = max(m, scores[j])
+                total = dt.type(0)
+                for j in range(n_keys):                          # softmax, unnormalised
+                    scores[j] = math.exp(scores[j] - m)
+                    total += scores[j]
+                o[:] = 0.0
+                for b0 in range(0, n_keys, bs):                  # the weighted sum of the values
+                    v_block = v_pool[layer, tables[r, b0 // bs], g]
+                    for j in range(min(bs, n_keys - b0)):
+                        p = scores[b0 + j]
+                        for d in range(hd):
+                            o[d] += p * v_block[j, d]
                 for d in range(hd):
-                    att[r, q0 + d] = 0.0
-                total = 0.0
-                for j in range(pos + 1):
-                    kb, ks = tables[r, j // bs], j % bs
-                    p = dt.type(math.exp(scores[j] - m))
-                    total += p
-                    for d in range(hd):
-                        att[r, q0 + d] += p * v_pool[layer, kb, g, ks, d]
-                for d in range(hd):
-                    att[r, q0 + d] /= total
+                    o[d] /= total
         _linear_rows(att, wo[layer], bo[layer], res)
         for r in range(nb):
             for i in range(c):
@@ -417,23 +423,23 @@ class FusedDecoder:
         W = self.W
         tokens = np.asarray(tokens).reshape(-1)
         if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
-                (len(tokens) and (tokens.min() < 0 or tokens.max() >= W.vocab_size)):
+                not all(0 <= t < W.vocab_size for t in tokens.tolist()):
             raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
                              f"sequences, got {tokens.tolist()}")
         if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
             raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
                              f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
-        positions = np.array([cache.lengths[s] for s in seqs], dtype=np.int64)
-        if len(positions) and positions.max() >= W.block_size:
-            raise ValueError(f"FusedDecoder: position {positions.max()} is past the context of {W.block_size}")
+        positions = [cache.lengths[s] for s in seqs]
+        if positions and max(positions) >= W.block_size:
+            raise ValueError(f"FusedDecoder: position {max(positions)} is past the context of {W.block_size}")
         need = sum(cache.blocks_needed(s, 1) for s in seqs)
         if need > cache.num_free:
             raise RuntimeError(f"FusedDecoder: the step needs {need} blocks, {cache.num_free} are free")
         for s in seqs:
             cache.append(s, 1)
         logits = np.empty((len(seqs), W.vocab_size), W.dtype)
-        fused_decode_kernel(tokens.astype(np.int64), positions, cache.block_table(seqs), *self.packed,
-                            cache.k, cache.v, W.n_head, W.ln_eps, logits)
+        fused_decode_kernel(tokens.astype(np.int64), np.array(positions, dtype=np.int64), cache.block_table(seqs),
+                            *self.packed, cache.k, cache.v, W.n_head, W.ln_eps, logits)
         return logits
 
 
@@ -442,9 +448,11 @@ def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len:
     """Seconds of each of n_tokens greedy steps of one sequence after a random prompt_len-token
     prompt (step 0 is the prompt's prefill), four ways: "no cache" (lesson 11's gpt_forward on
     every token each step), "lesson 11" (its dense-cache step, forward_cached), and the engine's
-    step (`engine`, the Engine class, one request) with decode="reference" and "fused". Per step
-    the fastest of `repeats` interleaved runs (no_cache_repeats for the slow one). prompt_len +
-    n_tokens must fit W.block_size."""
+    step (`engine`, the Engine class, one request) with decode="reference" and "fused". All on one
+    thread (NumPy's BLAS limited to one, like the fused step). Per step the fastest of `repeats`
+    interleaved runs (no_cache_repeats for the slow one). prompt_len + n_tokens must fit
+    W.block_size."""
+    from minitorch.bench import blas_limit
     from minitorch.serve import decode_latencies
 
     prompt = np.random.default_rng(seed).integers(0, W.vocab_size, prompt_len)
@@ -461,14 +469,15 @@ def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len:
         return out
 
     runs = {k: np.full(n_tokens, np.inf) for k in ("no cache", "lesson 11", "engine reference", "engine fused")}
-    engine_run("fused")                                          # compile the kernel
-    for i in range(max(repeats, no_cache_repeats)):
-        if i < no_cache_repeats:
-            runs["no cache"] = np.minimum(runs["no cache"], decode_latencies(W, prompt, n_tokens, use_cache=False))
-        if i < repeats:
-            runs["lesson 11"] = np.minimum(runs["lesson 11"], decode_latencies(W, prompt, n_tokens))
-            runs["engine reference"] = np.minimum(runs["engine reference"], engine_run("reference"))
-            runs["engine fused"] = np.minimum(runs["engine fused"], engine_run("fused"))
+    with blas_limit(1):
+        engine_run("fused")                                      # compile the kernel
+        for i in range(max(repeats, no_cache_repeats)):
+            if i < no_cache_repeats:
+                runs["no cache"] = np.minimum(runs["no cache"], decode_latencies(W, prompt, n_tokens, use_cache=False))
+            if i < repeats:
+                runs["lesson 11"] = np.minimum(runs["lesson 11"], decode_latencies(W, prompt, n_tokens))
+                runs["engine reference"] = np.minimum(runs["engine reference"], engine_run("reference"))
+                runs["engine fused"] = np.minimum(runs["engine fused"], engine_run("fused"))
     return runs
 
 
