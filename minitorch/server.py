@@ -788,6 +788,8 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
     model, tokenizer = load_tiny_gpt()
     engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    if engine.decoder is not None:
+        engine.decoder.warm_up()
     return engine, make_app(engine, tokenizer)
 
 

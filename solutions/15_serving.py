@@ -583,10 +583,10 @@ check("15.1")
 #    cache when enabled), take `min(tokens to feed, budget)` and stop at the first one whose
 #    blocks do not fit (undo its admission with `self._unadmit`).
 #
-# `step()` (given) runs the plan through the model (`paged_forward`, or for single-token chunks the
-# fused decode step of section 9), samples where a request's last token was
-# fed, retires requests that are done (their blocks go back, full ones to the prefix cache
-# first), and records the step. The tests check the plan's structure: the budget respected,
+# `step()` (given) runs the plan through the model (`paged_forward`; single-token chunks through
+# the fused decode step of section 9), samples where a request's last token was fed, retires
+# requests that are done (their blocks go back, full ones to the prefix cache first), and
+# records the step. The tests check the plan's structure: the budget respected,
 # decodes first, every request served exactly as if alone, the pool empty when idle.
 #
 # **Exercise 15.2.** Write `Engine.schedule`.
@@ -1278,6 +1278,8 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
     model, tokenizer = load_tiny_gpt()
     engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    if engine.decoder is not None:
+        engine.decoder.warm_up()
     return engine, make_app(engine, tokenizer)
 
 
@@ -1883,6 +1885,16 @@ class FusedDecoder:
                   stack("mlp.fc.weight"), stack("mlp.fc.bias"), stack("mlp.proj.weight"), stack("mlp.proj.bias"),
                   np.stack([p["ln_f.weight"], p["ln_f.bias"]]))
         return tuple(np.ascontiguousarray(a, dtype=W.dtype) for a in arrays)
+
+    def warm_up(self) -> None:
+        """Compile the kernel for W's dtype now (one step on a scratch cache of one block), not at the
+        first request."""
+        from minitorch.serve import PagedKVCache
+
+        W = self.W
+        scratch = PagedKVCache(W.n_layer, W.n_kv_head, W.head_dim, 1, 1, W.dtype)
+        scratch.add(0)
+        self(scratch, [0], [0])
 
     def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
         W = self.W
