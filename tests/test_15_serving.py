@@ -2,7 +2,8 @@
 
 Oracles written here, independent of the lesson: lesson 11's reference `generate` (a dense KV
 cache, one request alone) for every served output, greedy and seeded; lesson 11's reference
-`gpt_forward` (full recomputation) for logits computed on shared prefix blocks; the chained hash
+`gpt_forward` (full recomputation) for logits computed on shared prefix blocks; lesson 11's
+`paged_forward` for the logits and cache writes of the engine's fused decode step; the chained hash
 written out from its definition; NumPy for percentiles and histogram counts; a strict parser of
 server-sent events. Servers run on 127.0.0.1 on a free port, in a thread, and are spoken to with
 httpx; after every test the KV pool is checked empty. Where an exercise's tests need another
