@@ -2004,15 +2004,16 @@ except NotImplementedError as exc:
     print("not attempted:", exc)
 
 # %% [markdown]
-# On the course's 2-core development machine, busy (load average 7, `make bench L=serving`), the
-# 512-token run printed 13,831 tokens/s with the fused step against 4,103 for lesson 11's step
-# (3.4x; 2.9x in another run at load 10) and 1,808 for the engine's reference step (its paged
-# attention gathers the blocks again in every layer), and 51 without a cache: 272x for the fused
-# step, 81x for lesson 11's. The uncached figure suffers most from a busy machine (each layer's
-# scores are 4 x 512 x 512 floats, 4 MB, written and read several times; lesson 11 measured 20x
-# on the idle machine), so read the fused step against lesson 11's. The fused step's time still
-# grows with the context (compare its tokens/s after 64 and after 512 tokens): attention, which
-# grows with the context while the rest does not, is now a large part of a step.
+# On the course's 2-core development machine, busy (load average 5, `make bench L=serving`), the
+# 512-token run printed 14,291 tokens/s with the fused step against 4,318 for lesson 11's step
+# (3.3x; 3.4x and 2.9x in runs at load 7 and 10) and 2,124 for the engine's reference step (its
+# paged attention gathers the blocks again in every layer), and 146 without a cache: 98x for the
+# fused step, 30x for lesson 11's (at load 7: 272x and 81x). The uncached figure suffers most
+# from a busy machine (each layer's scores are 4 x 512 x 512 floats, 4 MB, written and read
+# several times; lesson 11 measured 20x on the idle machine), so read the fused step against
+# lesson 11's. The fused step's time still grows with the context (compare its tokens/s after 64
+# and after 512 tokens): attention, which grows with the context while the rest does not, is now
+# a large part of a step.
 
 # %% [markdown]
 # ## 10. Serve it for a lecture
