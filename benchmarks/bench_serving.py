@@ -1,14 +1,21 @@
 """Lesson 15: the served tiny GPT under load.
 
-1. Decode tokens/s: the engine's step (paged cache, batched) for one sequence and for 16, against
-   lesson 11's dense-cache step (forward_cached) for one sequence, on the tiny GPT (contexts
-   of 32-56 tokens) and on a GPT of the tiny GPT's shape with a 528-token context (random
-   weights) at 512 tokens.
-2. int8 against float32: the engine's decode step with every Linear layer run as W8A8 (lesson
-   10's per-channel int8 weights, per-token int8 activations, matmul_int8 with int32
-   accumulation) against float32, batch 1 and 16 (the benchmark swaps minitorch.serve.linear
-   for the run; nothing in the lessons changes).
-3. Throughput: the server (minitorch.server.serve, float32, 64 blocks of 8, max_running 32) in its
+1. Decode tokens/s for one sequence at 512 tokens, four ways in one run (minitorch.server_kit.
+   decode_speeds, the table the lesson prints): no cache (lesson 11's gpt_forward on every token),
+   lesson 11's dense-cache step (forward_cached), and the engine's step for one request with
+   decode="reference" (lesson 11's paged_forward) and decode="fused" (the default: one Numba
+   function per step). Greedy from a 16-token prompt on a GPT of the tiny GPT's shape with a
+   528-token context and random weights, float32, one thread; tokens/s after N tokens = N / the
+   time of the first N steps (as bench_kvcache), per step the fastest of 3 interleaved runs (2 for
+   no cache). Targets: fused >= 2x lesson 11's step, cache vs no cache >= 20x, at 512 tokens.
+   Then the median step for batches of 1 and 16: lesson 11's dense step at b = 1, the engine's
+   reference and fused steps, on the tiny GPT (context about 40) and at 512 tokens.
+2. int8 against float32: the engine's reference decode step (paged_forward) with every Linear
+   layer run as W8A8 (lesson 10's per-channel int8 weights, per-token int8 activations,
+   matmul_int8 with int32 accumulation) against float32, batch 1 and 16 (the benchmark swaps
+   minitorch.serve.linear for the run; nothing in the lessons changes; the fused step does not
+   call it).
+3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
    own process, 64 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
    greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
    request when the last one is answered). Output tokens/s and the ratio.
@@ -32,9 +39,10 @@ import numpy as np
 
 import minitorch.serve as serve_mod
 from minitorch.quant import matmul_int8, quantize
+from minitorch.bench import blas_limit, load_report
 from minitorch.serve import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
 from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
-from minitorch.server_kit import ServerProcess, run_load, sample_workload
+from minitorch.server_kit import ServerProcess, decode_speeds, print_decode_speeds, run_load, sample_workload
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,10 +79,10 @@ def load_section() -> None:
           f"{n / dhalf:.1f} requests/s")
 
 
-def engine_decode_time(W, batch: int, prompt_len: int, steps: int) -> float:
+def engine_decode_time(W, batch: int, prompt_len: int, steps: int, decode: str = "fused") -> float:
     """Median seconds of one decode step of `batch` sequences after prompts of prompt_len."""
     eng = Engine(W, num_blocks=batch * (-(-W.block_size // 8)), block_size=8, max_running=batch,
-                 max_num_batched_tokens=batch * prompt_len, prefix_caching=False)
+                 max_num_batched_tokens=batch * prompt_len, prefix_caching=False, decode=decode)
     rng = np.random.default_rng(batch)
     for _ in range(batch):
         eng.add_request(rng.integers(0, W.vocab_size, prompt_len), steps + 2)
@@ -100,18 +108,31 @@ def dense_decode_time(W, prompt_len: int, steps: int) -> float:
 
 
 def decode_section() -> None:
+    n = 128 if SMALL else 512
+    W = random_gpt_weights(block_size=16 + n, dtype=np.float32)
+    print("\n1. decode, one sequence")
+    runs = decode_speeds(W, n, Engine, repeats=3, no_cache_repeats=1 if SMALL else 2)
+    print_decode_speeds(runs, W)
+    rate = {k: n / v.sum() for k, v in runs.items()}
+    print(f"at {n} tokens: the fused step {rate['engine fused'] / rate['lesson 11']:.2f}x lesson 11's step "
+          f"(target >= 2x); cache vs no cache {rate['engine fused'] / rate['no cache']:.1f}x with the fused step, "
+          f"{rate['lesson 11'] / rate['no cache']:.1f}x with lesson 11's (target >= 20x)")
+
     tiny = load_tiny_weights(np.float32)
     long_ctx = random_gpt_weights(block_size=528, dtype=np.float32)
     steps = 8 if SMALL else 24
-    print("\n1. decode tokens/s (median step), float32")
-    print(f"{'model':>18} {'context':>8} {'L11 dense b=1':>14} {'engine b=1':>11} {'engine b=16':>12} "
-          f"{'b=1 ratio':>10} {'b=16 / b=1':>11}")
-    for name, W, ctx in (("tiny GPT", tiny, 32), ("tiny shape, 528", long_ctx, 512 - steps)):
-        dense = dense_decode_time(W, ctx, steps)
-        e1 = engine_decode_time(W, 1, ctx, steps)
-        e16 = engine_decode_time(W, 16, ctx, steps)
-        print(f"{name:>18} {ctx + steps // 2:>8} {1 / dense:>14.0f} {1 / e1:>11.0f} {16 / e16:>12.0f} "
-              f"{dense / e1:>9.2f}x {(16 / e16) / (1 / e1):>10.1f}x")
+    print("\n   median decode step, tokens/s, float32, one thread")
+    print(f"{'model':>18} {'context':>8} {'L11 dense b=1':>14} {'engine ref b=1':>15} {'fused b=1':>10} "
+          f"{'fused / L11':>12} {'ref b=16':>9} {'fused b=16':>11} {'fused b=16 / b=1':>17}")
+    with blas_limit(1):
+        for name, Wm, ctx in (("tiny GPT", tiny, 32), ("tiny shape, 528", long_ctx, 512 - steps)):
+            dense = dense_decode_time(Wm, ctx, steps)
+            ref1 = engine_decode_time(Wm, 1, ctx, steps, "reference")
+            e1 = engine_decode_time(Wm, 1, ctx, steps)
+            ref16 = engine_decode_time(Wm, 16, ctx, steps, "reference")
+            e16 = engine_decode_time(Wm, 16, ctx, steps)
+            print(f"{name:>18} {ctx + steps // 2:>8} {1 / dense:>14.0f} {1 / ref1:>15.0f} {1 / e1:>10.0f} "
+                  f"{dense / e1:>11.2f}x {16 / ref16:>9.0f} {16 / e16:>11.0f} {(16 / e16) / (1 / e1):>16.1f}x")
 
 
 @contextmanager
@@ -143,17 +164,18 @@ def int8_linears(W):
 def int8_section() -> None:
     W = load_tiny_weights(np.float32)
     steps = 8 if SMALL else 24
-    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's decode step on the tiny GPT")
+    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's reference decode step on the tiny GPT")
     print(f"{'batch':>6} {'float32 tok/s':>14} {'int8 tok/s':>11} {'int8 / f32':>11}")
     for b in (1, 16):
-        f32 = engine_decode_time(W, b, 32, steps)
+        f32 = engine_decode_time(W, b, 32, steps, "reference")
         with int8_linears(W):
-            engine_decode_time(W, b, 32, 2)                                   # compile the kernel
-            i8 = engine_decode_time(W, b, 32, steps)
+            engine_decode_time(W, b, 32, 2, "reference")                      # compile the kernel
+            i8 = engine_decode_time(W, b, 32, steps, "reference")
         print(f"{b:>6} {b / f32:>14.0f} {b / i8:>11.0f} {f32 / i8:>10.2f}x")
 
 
 def main(out_dir: Path) -> None:
+    print(load_report())
     decode_section()
     int8_section()
     load_section()

@@ -21,6 +21,7 @@ from starlette.requests import Request  # FastAPI reads the handlers' annotation
 
 from minitorch.gpt import CharTokenizer, load_tiny_gpt
 from minitorch.serve import GPTWeights, PagedKVCache, gpt_weights, paged_forward, sample_token
+from minitorch.server_kit import FusedDecoder
 
 
 class QueueFull(RuntimeError):
@@ -177,11 +178,13 @@ class Engine:
     in the cache and max_waiting in the queue (more: QueueFull); at most max_num_batched_tokens
     tokens fed per step; prefix_caching on or off, or a class to use for it (PrefixCache's
     interface); step_interval: each step of the background loop lasts at least this many seconds
-    (slow motion for a lecture or a test)."""
+    (slow motion for a lecture or a test); decode: "fused" runs the step's single-token chunks
+    through one compiled function (FusedDecoder, section 9) and the longer chunks through
+    paged_forward, "reference" runs everything through lesson 11's paged_forward."""
 
     def __init__(self, W: GPTWeights, num_blocks: int = 64, block_size: int = 8, max_running: int = 32,
                  max_waiting: int = 256, max_num_batched_tokens: int = 48, prefix_caching: Any = True,
-                 step_interval: float = 0.0, history: int = 4096):
+                 step_interval: float = 0.0, history: int = 4096, decode: str = "fused"):
         if num_blocks * block_size < W.block_size:
             raise ValueError(f"Engine: {num_blocks} blocks of {block_size} tokens cannot hold one request of the "
                              f"model's context ({W.block_size} tokens)")
@@ -189,7 +192,10 @@ class Engine:
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if int(value) < 1:
                 raise ValueError(f"Engine: {name} must be >= 1, got {value}")
+        if decode not in ("fused", "reference"):
+            raise ValueError(f"Engine: decode must be 'fused' or 'reference', got {decode!r}")
         self.W = W
+        self.decoder = FusedDecoder(W) if decode == "fused" else None
         self.cache = PagedKVCache.for_model(W, block_size, num_blocks)
         kind = PrefixCache if prefix_caching is True else prefix_caching
         self.prefix = kind(self.cache) if kind else None
@@ -352,8 +358,7 @@ class Engine:
                     self.counters["prefix_hit_tokens"] += request.num_cached
                     self.counters["prompt_tokens"] += request.num_tokens
             if plan:
-                logits = paged_forward(self.W, self.cache, [r.id for r, _ in plan],
-                                       [r.tokens[r.num_computed:r.num_computed + n] for r, n in plan])
+                logits = self._forward(plan)
                 now = time.perf_counter()
                 new_tokens = 0
                 for (request, n), row in zip(plan, logits):
@@ -379,6 +384,25 @@ class Engine:
             record["blocks_used"] = self.blocks_used()
             self.records.append(record)
             return record
+
+    def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
+        """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
+        token. With the fused decoder, single-token chunks go through it in one call and the rest
+        through paged_forward (each token's computation depends only on its own sequence's cache,
+        so splitting the step changes no number)."""
+        fused = self.decoder is not None
+        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
+        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
+        if multi:
+            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
+            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
+        if single:
+            reqs = [plan[j][0] for j in single]
+            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
+                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
+            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:
         request.finish_reason = reason
@@ -764,6 +788,8 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
     model, tokenizer = load_tiny_gpt()
     engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    if engine.decoder is not None:
+        engine.decoder.warm_up()
     return engine, make_app(engine, tokenizer)
 
 

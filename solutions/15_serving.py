@@ -8,8 +8,9 @@
 #
 # - an **engine**: a step loop in a background thread. Each step admits waiting requests,
 #   schedules prefill chunks and decodes against a per-step token budget (chunked prefill,
-#   Agrawal et al. 2024, "Sarathi-Serve"), runs one batched model step through lesson 11's
-#   `paged_forward`, samples, retires finished requests, and preempts when the cache runs out;
+#   Agrawal et al. 2024, "Sarathi-Serve"), runs one batched model step (prefills through lesson
+#   11's `paged_forward`, decodes through a fused decode step compiled with Numba), samples,
+#   retires finished requests, and preempts when the cache runs out;
 # - **prefix caching**: full KV blocks are named by a hash chained over the tokens they hold, so
 #   a new request whose prompt starts like an earlier one reuses its blocks (vLLM's automatic
 #   prefix caching; SGLang's RadixAttention, Zheng et al. 2024);
@@ -23,7 +24,8 @@
 # You write five pieces: 15.1 prefix caching, 15.2 the engine's scheduling step, 15.3 token
 # streaming as server-sent events, 15.4 the metrics (Prometheus histograms, latency
 # percentiles), 15.5 the load generator's arrival schedule and goodput. The server around them,
-# the page and the load generator's HTTP plumbing are given (`minitorch/server_kit.py`).
+# the page, the load generator's HTTP plumbing and the fused decode step are given
+# (`minitorch/server_kit.py`).
 # The course's reference version is `minitorch/server.py`. Background: why decode is
 # memory-bound and what batching buys, in [inference](../hardware_notes/inference.md#serving);
 # the roofline in [roofline](../hardware_notes/roofline.md).
@@ -67,22 +69,27 @@ from starlette.requests import Request  # FastAPI reads the handlers' annotation
 
 from minitorch.gpt import CharTokenizer, load_tiny_gpt
 from minitorch.serve import GPTWeights, PagedKVCache, gpt_weights, paged_forward, sample_token
+from minitorch.server_kit import FusedDecoder
 
 # %%
 #| export server_kit
 #| given
 """minitorch.server_kit: the machinery around lesson 15's server that the student reads but does
-not write: the lecture page, uvicorn in a thread, and the load generator's HTTP plumbing."""
+not write: the lecture page, uvicorn in a thread, the load generator's HTTP plumbing, and the
+engine's fused decode step (one Numba function for a whole decode step of the tiny GPT)."""
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 PAGE_HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>minitorch server</title>
@@ -600,9 +607,10 @@ check("15.1")
 #    cache when enabled), take `min(tokens to feed, budget)` and stop at the first one whose
 #    blocks do not fit (undo its admission with `self._unadmit`).
 #
-# `step()` (given) runs the plan through `paged_forward`, samples where a request's last token was
-# fed, retires requests that are done (their blocks go back, full ones to the prefix cache
-# first), and records the step. The tests check the plan's structure: the budget respected,
+# `step()` (given) runs the plan through the model (`paged_forward`; single-token chunks through
+# the fused decode step of section 9), samples where a request's last token was fed, retires
+# requests that are done (their blocks go back, full ones to the prefix cache first), and
+# records the step. The tests check the plan's structure: the budget respected,
 # decodes first, every request served exactly as if alone, the pool empty when idle.
 #
 # **Exercise 15.2.** Write `Engine.schedule`.
@@ -617,11 +625,13 @@ class Engine:
     in the cache and max_waiting in the queue (more: QueueFull); at most max_num_batched_tokens
     tokens fed per step; prefix_caching on or off, or a class to use for it (PrefixCache's
     interface); step_interval: each step of the background loop lasts at least this many seconds
-    (slow motion for a lecture or a test)."""
+    (slow motion for a lecture or a test); decode: "fused" runs the step's single-token chunks
+    through one compiled function (FusedDecoder, section 9) and the longer chunks through
+    paged_forward, "reference" runs everything through lesson 11's paged_forward."""
 
     def __init__(self, W: GPTWeights, num_blocks: int = 64, block_size: int = 8, max_running: int = 32,
                  max_waiting: int = 256, max_num_batched_tokens: int = 48, prefix_caching: Any = True,
-                 step_interval: float = 0.0, history: int = 4096):
+                 step_interval: float = 0.0, history: int = 4096, decode: str = "fused"):
         if num_blocks * block_size < W.block_size:
             raise ValueError(f"Engine: {num_blocks} blocks of {block_size} tokens cannot hold one request of the "
                              f"model's context ({W.block_size} tokens)")
@@ -629,7 +639,10 @@ class Engine:
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if int(value) < 1:
                 raise ValueError(f"Engine: {name} must be >= 1, got {value}")
+        if decode not in ("fused", "reference"):
+            raise ValueError(f"Engine: decode must be 'fused' or 'reference', got {decode!r}")
         self.W = W
+        self.decoder = FusedDecoder(W) if decode == "fused" else None
         self.cache = PagedKVCache.for_model(W, block_size, num_blocks)
         kind = PrefixCache if prefix_caching is True else prefix_caching
         self.prefix = kind(self.cache) if kind else None
@@ -794,8 +807,7 @@ class Engine:
                     self.counters["prefix_hit_tokens"] += request.num_cached
                     self.counters["prompt_tokens"] += request.num_tokens
             if plan:
-                logits = paged_forward(self.W, self.cache, [r.id for r, _ in plan],
-                                       [r.tokens[r.num_computed:r.num_computed + n] for r, n in plan])
+                logits = self._forward(plan)
                 now = time.perf_counter()
                 new_tokens = 0
                 for (request, n), row in zip(plan, logits):
@@ -821,6 +833,25 @@ class Engine:
             record["blocks_used"] = self.blocks_used()
             self.records.append(record)
             return record
+
+    def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
+        """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
+        token. With the fused decoder, single-token chunks go through it in one call and the rest
+        through paged_forward (each token's computation depends only on its own sequence's cache,
+        so splitting the step changes no number)."""
+        fused = self.decoder is not None
+        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
+        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
+        if multi:
+            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
+            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
+        if single:
+            reqs = [plan[j][0] for j in single]
+            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
+                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
+            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:
         request.finish_reason = reason
@@ -1271,6 +1302,8 @@ def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
     model, tokenizer = load_tiny_gpt()
     engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    if engine.decoder is not None:
+        engine.decoder.warm_up()
     return engine, make_app(engine, tokenizer)
 
 
@@ -1624,7 +1657,8 @@ except NotImplementedError as exc:
 # grow with the batch. Either way the step time grows far slower than the batch, so tokens per
 # second grow with it, until the per-sequence work (the caches' reads on a GPU, the arithmetic
 # and attention calls here) catches up. Measured below: decode steps of b sequences at a
-# context of about 40 tokens (FLOP/byte from `decode_step_cost`, float32).
+# context of about 40 tokens through lesson 11's step (`decode="reference"`; section 9 removes
+# its fixed cost), FLOP/byte from `decode_step_cost`, float32.
 
 # %% tags=["demo"]
 from minitorch.serve import decode_step_cost, kv_cache_bytes
@@ -1638,7 +1672,7 @@ try:
     Engine(W64).schedule()
     for b in batches:
         eng = Engine(W32, num_blocks=8 * b, block_size=8, max_running=b, max_num_batched_tokens=64 * b,
-                     prefix_caching=False)
+                     prefix_caching=False, decode="reference")
         rng = np.random.default_rng(b)
         for _ in range(b):
             eng.add_request(rng.integers(0, 103, 32), 24)
@@ -1684,7 +1718,326 @@ if points:
           f"{peak_running} at once, max_running 32")
 
 # %% [markdown]
-# ## 9. Serve it for a lecture
+# ## 9. Removing the overhead: a fused decode step
+#
+# Section 8 found a step of one sequence to be mostly fixed cost. Count it: a decode step
+# multiplies the new token by each weight once and, in each layer and head, its query by every
+# cached key and the softmax by every cached value: 2N + 4 x layers x heads x head_dim x context
+# FLOPs (lesson 11's `decode_step_cost`), under a megaflop for the tiny GPT at 512 tokens of
+# context (printed below, with the rate each step achieves). Lesson 11's step spreads it over
+# dozens of NumPy calls per layer (LayerNorm, four Linear layers, reshapes, the block table's
+# gather, the mask, the softmax), each costing microseconds of interpreter and dispatch whatever
+# the size of its arrays: the step is bound by neither arithmetic nor memory but by the
+# interpreter. GPU servers meet the same wall at small batches,
+# where a decode step is hundreds of tiny kernel launches: vLLM captures the step in CUDA graphs
+# and replays it in one launch; llama.cpp runs the forward pass as a graph of C kernels with no
+# interpreter between them.
+#
+# The engine's default, `decode="fused"`, does what llama.cpp does. `fused_decode_kernel` (given,
+# in `minitorch/server_kit.py`; read it there) is one Numba function for one decode step of b
+# sequences, one token each: the embeddings; per layer LayerNorm, q, k and v as one matrix
+# product (the three weight matrices concatenated, `FusedDecoder` repacks them once), the new key
+# and value written to the sequence's slot in the paged pool, each head's attention over keys 0
+# .. pos read through the block table (scores and their maximum, then exponentials, their sum
+# and the weighted values: the causal bound is the loop's end), the output projection, LayerNorm,
+# the MLP with GELU, the residuals; then the tied output layer. The loops run in the weights'
+# dtype, their innermost loop along contiguous memory so that it vectorises, and without the
+# interpreter lock (`nogil`), so the HTTP thread keeps streaming while a step computes. Prefill
+# chunks still go through `paged_forward`: there the matrices are big and NumPy's BLAS is the
+# faster tool. Splitting a step this way changes nothing but rounding, since each token depends
+# only on its own sequence's cache: the tests check that the tokens are the same and the logits
+# equal to 1e-12 (float64).
+#
+# Why not lesson 14's compiler? It traces a function at fixed shapes and guards on them; the
+# decode step's key count grows by one every step, so every step would be a new graph and a new
+# compilation, and it leaves matrix products to NumPy, one call each. What costs here is the
+# number of calls, not the bytes between them (its fusion's target); the cure is one call per
+# step, and for that a hand-fused step is the short road (PyTorch's answer, `torch.compile` with
+# dynamic shapes and CUDA graphs, is the long one).
+
+# %%
+#| export server_kit
+#| given
+FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # lesson 09's: lets the dot products vectorise
+
+
+@njit(cache=False, nogil=True, fastmath=FASTMATH)
+def _layer_norm_rows(x, w, b, eps, out):
+    """out[r] = (x[r] - mean) / sqrt(var + eps) * w + b for each row of x (B, C) (biased variance)."""
+    nb, c = x.shape
+    for r in range(nb):
+        mean = 0.0
+        for i in range(c):
+            mean += x[r, i]
+        mean /= c
+        var = 0.0
+        for i in range(c):
+            d = x[r, i] - mean
+            var += d * d
+        rstd = 1.0 / math.sqrt(var / c + eps)
+        for i in range(c):
+            out[r, i] = (x[r, i] - mean) * rstd * w[i] + b[i]
+
+
+@njit(cache=False, nogil=True, fastmath=FASTMATH)
+def _linear_rows(x, w, b, out):
+    """out (B, n_out) = x (B, n_in) @ w (n_in, n_out) + b (n_out,); the inner loop runs along a row
+    of w (contiguous), so it vectorises."""
+    nb, n_in = x.shape
+    n_out = w.shape[1]
+    for r in range(nb):
+        for j in range(n_out):
+            out[r, j] = b[j]
+        for i in range(n_in):
+            xi = x[r, i]
+            for j in range(n_out):
+                out[r, j] += xi * w[i, j]
+
+
+@njit(cache=False, nogil=True, fastmath=FASTMATH)
+def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo, bo, wfc, bfc, wp2, bp2, lnf,
+                        k_pool, v_pool, n_head, eps, logits):
+    """One decode step of lesson 09's GPT for B sequences, one token each, over a paged KV cache.
+
+    tokens, positions (B,) int64: the new token of each sequence and its position (the tokens it
+    already has in the cache). tables (B, max_blocks) int64: each sequence's block table, covering
+    its position. Weights, all in one float dtype (FusedDecoder.pack): wte (V, C), wpe (T, C);
+    ln (L, 4, C) = LayerNorm 1 weight, bias, LayerNorm 2 weight, bias; wqkv (L, C, (Hq + 2 Hkv) hd)
+    and bqkv (L, (Hq + 2 Hkv) hd), q then k then v; wo (L, C, C), bo (L, C); wfc (L, C, 4C),
+    bfc (L, 4C); wp2 (L, 4C, C), bp2 (L, C); lnf (2, C). k_pool, v_pool (L, num_blocks, Hkv,
+    block_size, hd): the pool; this step writes each sequence's new key and value at its
+    position's slot. Writes logits (B, V)."""
+    nb = tokens.shape[0]
+    n_layer, c = wqkv.shape[0], wte.shape[1]
+    n_kv_head, bs, hd = k_pool.shape[2], k_pool.shape[3], k_pool.shape[4]
+    group = n_head // n_kv_head
+    k_at, v_at = n_head * hd, (n_head + n_kv_head) * hd      # where k and v start in a row of qkv
+    dt = wte.dtype
+    x, h = np.empty((nb, c), dt), np.empty((nb, c), dt)        # the residual stream, a LayerNorm's output
+    qkv = np.empty((nb, wqkv.shape[2]), dt)
+    att, res = np.empty((nb, c), dt), np.empty((nb, c), dt)   # merged heads, a sublayer's output
+    hid = np.empty((nb, wfc.shape[2]), dt)
+    scores = np.empty(tables.shape[1] * bs, dt)
+    scale = 1.0 / math.sqrt(hd)
+    for r in range(nb):
+        for i in range(c):
+            x[r, i] = wte[tokens[r], i] + wpe[positions[r], i]
+    for layer in range(n_layer):
+        _layer_norm_rows(x, ln[layer, 0], ln[layer, 1], eps, h)
+        _linear_rows(h, wqkv[layer], bqkv[layer], qkv)
+        for r in range(nb):
+            pos = positions[r]
+            block, slot = tables[r, pos // bs], pos % bs
+            for g in range(n_kv_head):
+                for d in range(hd):
+                    k_pool[layer, block, g, slot, d] = qkv[r, k_at + g * hd + d]
+                    v_pool[layer, block, g, slot, d] = qkv[r, v_at + g * hd + d]
+            n_keys = pos + 1                                     # keys 0 .. pos: the causal bound
+            for head in range(n_head):
+                g, q0 = head // group, head * hd                 # its K/V head; its columns in q and att
+                q, o = qkv[r, q0:q0 + hd], att[r, q0:q0 + hd]
+                for b0 in range(0, n_keys, bs):                  # scores, a block of the table at a time
+                    k_block = k_pool[layer, tables[r, b0 // bs], g]            # (block_size, hd)
+                    for j in range(min(bs, n_keys - b0)):
+                        s = dt.type(0)
+                        for d in range(hd):
+                            s += q[d] * k_block[j, d]
+                        scores[b0 + j] = s * scale
+                m = scores[0]
+                for j in range(1, n_keys):
+                    m = max(m, scores[j])
+                total = dt.type(0)
+                for j in range(n_keys):                          # softmax, unnormalised
+                    scores[j] = math.exp(scores[j] - m)
+                    total += scores[j]
+                o[:] = 0.0
+                for b0 in range(0, n_keys, bs):                  # the weighted sum of the values
+                    v_block = v_pool[layer, tables[r, b0 // bs], g]
+                    for j in range(min(bs, n_keys - b0)):
+                        p = scores[b0 + j]
+                        for d in range(hd):
+                            o[d] += p * v_block[j, d]
+                for d in range(hd):
+                    o[d] /= total
+        _linear_rows(att, wo[layer], bo[layer], res)
+        for r in range(nb):
+            for i in range(c):
+                x[r, i] += res[r, i]
+        _layer_norm_rows(x, ln[layer, 2], ln[layer, 3], eps, h)
+        _linear_rows(h, wfc[layer], bfc[layer], hid)
+        for r in range(nb):
+            for i in range(hid.shape[1]):                        # GELU, tanh form (lesson 09)
+                u = hid[r, i]
+                hid[r, i] = 0.5 * u * (1.0 + math.tanh(0.7978845608028654 * (u + 0.044715 * (u * u * u))))
+        _linear_rows(hid, wp2[layer], bp2[layer], res)
+        for r in range(nb):
+            for i in range(c):
+                x[r, i] += res[r, i]
+    _layer_norm_rows(x, lnf[0], lnf[1], eps, h)
+    for r in range(nb):
+        for t in range(wte.shape[0]):                            # the output layer, tied to wte
+            s = dt.type(0)
+            for i in range(c):
+                s += h[r, i] * wte[t, i]
+            logits[r, t] = s
+
+
+class FusedDecoder:
+    """The engine's fused decode step for the GPTWeights W: __call__(cache, seqs, tokens) appends
+    one token to each sequence of a PagedKVCache and returns the logits (len(seqs), vocab) in W's
+    dtype, equal to paged_forward(W, cache, seqs, [[t] for t in tokens]) up to rounding. The
+    weights are packed once, here; Numba compiles the kernel at the first call for each dtype."""
+
+    def __init__(self, W: Any):
+        self.W = W
+        self.packed = self.pack(W)
+
+    @staticmethod
+    def pack(W: Any) -> tuple[np.ndarray, ...]:
+        """W's parameters as fused_decode_kernel takes them: wte, wpe, ln, wqkv, bqkv, wo, bo, wfc,
+        bfc, wp2, bp2, lnf, each C-contiguous in W's dtype, per-layer arrays stacked on axis 0."""
+        p, layers = W.params, range(W.n_layer)
+
+        def stack(name: str) -> np.ndarray:
+            return np.ascontiguousarray(np.stack([p[f"blocks.{i}.{name}"] for i in layers]), dtype=W.dtype)
+
+        wqkv = np.stack([np.concatenate([p[f"blocks.{i}.attn.{n}.weight"] for n in "qkv"], axis=1) for i in layers])
+        bqkv = np.stack([np.concatenate([p[f"blocks.{i}.attn.{n}.bias"] for n in "qkv"]) for i in layers])
+        ln = np.stack([[p[f"blocks.{i}.{n}"] for n in ("ln1.weight", "ln1.bias", "ln2.weight", "ln2.bias")]
+                       for i in layers])
+        arrays = (p["wte.weight"], p["wpe.weight"], ln, wqkv, bqkv, stack("attn.proj.weight"), stack("attn.proj.bias"),
+                  stack("mlp.fc.weight"), stack("mlp.fc.bias"), stack("mlp.proj.weight"), stack("mlp.proj.bias"),
+                  np.stack([p["ln_f.weight"], p["ln_f.bias"]]))
+        return tuple(np.ascontiguousarray(a, dtype=W.dtype) for a in arrays)
+
+    def warm_up(self) -> None:
+        """Compile the kernel for W's dtype now (one step on a scratch cache of one block), not at the
+        first request."""
+        from minitorch.serve import PagedKVCache
+
+        W = self.W
+        scratch = PagedKVCache(W.n_layer, W.n_kv_head, W.head_dim, 1, 1, W.dtype)
+        scratch.add(0)
+        self(scratch, [0], [0])
+
+    def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
+        W = self.W
+        tokens = np.asarray(tokens).reshape(-1)
+        if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
+                not all(0 <= t < W.vocab_size for t in tokens.tolist()):
+            raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
+                             f"sequences, got {tokens.tolist()}")
+        if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
+            raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
+                             f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
+        positions = [cache.lengths[s] for s in seqs]
+        if positions and max(positions) >= W.block_size:
+            raise ValueError(f"FusedDecoder: position {max(positions)} is past the context of {W.block_size}")
+        need = sum(cache.blocks_needed(s, 1) for s in seqs)
+        if need > cache.num_free:
+            raise RuntimeError(f"FusedDecoder: the step needs {need} blocks, {cache.num_free} are free")
+        for s in seqs:
+            cache.append(s, 1)
+        logits = np.empty((len(seqs), W.vocab_size), W.dtype)
+        fused_decode_kernel(tokens.astype(np.int64), np.array(positions, dtype=np.int64), cache.block_table(seqs),
+                            *self.packed, cache.k, cache.v, W.n_head, W.ln_eps, logits)
+        return logits
+
+
+def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len: int = 16, repeats: int = 3,
+                  no_cache_repeats: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seconds of each of n_tokens greedy steps of one sequence after a random prompt_len-token
+    prompt (step 0 is the prompt's prefill), four ways: "no cache" (lesson 11's gpt_forward on
+    every token each step), "lesson 11" (its dense-cache step, forward_cached), and the engine's
+    step (`engine`, the Engine class, one request) with decode="reference" and "fused". All on one
+    thread (NumPy's BLAS limited to one, like the fused step). Per step the fastest of `repeats`
+    interleaved runs (no_cache_repeats for the slow one). prompt_len + n_tokens must fit
+    W.block_size."""
+    from minitorch.bench import blas_limit
+    from minitorch.serve import decode_latencies
+
+    prompt = np.random.default_rng(seed).integers(0, W.vocab_size, prompt_len)
+
+    def engine_run(decode: str) -> np.ndarray:
+        eng = engine(W, num_blocks=-(-W.block_size // 8), block_size=8, max_running=1,
+                     max_num_batched_tokens=prompt_len, prefix_caching=False, decode=decode)
+        eng.add_request(prompt, n_tokens)
+        out = np.empty(n_tokens)
+        for i in range(n_tokens):
+            t0 = time.perf_counter()
+            eng.step()
+            out[i] = time.perf_counter() - t0
+        return out
+
+    runs = {k: np.full(n_tokens, np.inf) for k in ("no cache", "lesson 11", "engine reference", "engine fused")}
+    with blas_limit(1):
+        engine_run("fused")                                      # compile the kernel
+        for i in range(max(repeats, no_cache_repeats)):
+            if i < no_cache_repeats:
+                runs["no cache"] = np.minimum(runs["no cache"], decode_latencies(W, prompt, n_tokens, use_cache=False))
+            if i < repeats:
+                runs["lesson 11"] = np.minimum(runs["lesson 11"], decode_latencies(W, prompt, n_tokens))
+                runs["engine reference"] = np.minimum(runs["engine reference"], engine_run("reference"))
+                runs["engine fused"] = np.minimum(runs["engine fused"], engine_run("fused"))
+    return runs
+
+
+def print_decode_speeds(runs: dict[str, np.ndarray], W: Any, prompt_len: int = 16) -> None:
+    """The table of decode_speeds: tokens/s after N tokens (N / the time of the first N steps)."""
+    n_max = len(runs["lesson 11"])
+    print(f"decode of one sequence, greedy, {np.dtype(W.dtype).name}, {W.n_layer} layers, d = {W.n_embd}, "
+          f"{W.n_head} heads, {W.block_size}-token context, {prompt_len}-token prompt; tokens/s after N tokens")
+    print(f"{'N':>5} {'no cache':>9} {'lesson 11':>10} {'engine ref':>11} {'engine fused':>13} {'fused / L11':>12} "
+          f"{'cache / no cache: L11':>22} {'fused':>6}")
+    for n in (64, 128, 256, 512, 1024):
+        if n > n_max:
+            break
+        rate = {k: n / v[:n].sum() for k, v in runs.items()}
+        print(f"{n:>5} {rate['no cache']:>9,.0f} {rate['lesson 11']:>10,.0f} {rate['engine reference']:>11,.0f} "
+              f"{rate['engine fused']:>13,.0f} {rate['engine fused'] / rate['lesson 11']:>11.2f}x "
+              f"{rate['lesson 11'] / rate['no cache']:>21.1f}x {rate['engine fused'] / rate['no cache']:>5.1f}x")
+
+# %% [markdown]
+# Measured: one sequence decoding greedily from a 16-token prompt, on a GPT of the tiny GPT's
+# shape with random weights and a 528-token context (the trained model's context is 64 tokens;
+# speed does not depend on the weights), as lesson 11 measured the cache against no cache. Four
+# ways: no cache, lesson 11's dense-cache step, and the engine's step (scheduling, sampling and
+# bookkeeping included) with the reference and the fused decode. `make bench L=serving` prints the
+# same table.
+
+# %% tags=["demo"]
+from minitorch.serve import decode_step_cost, random_gpt_weights
+
+n_decode = 128 if SMALL else 512
+W_long = random_gpt_weights(block_size=16 + n_decode, dtype=np.float32)
+try:
+    Engine(W64).schedule()
+    speeds = decode_speeds(W_long, n_decode, Engine, repeats=1 if SMALL else 3, no_cache_repeats=1 if SMALL else 2)
+    print_decode_speeds(speeds, W_long)
+    n_params = sum(v.size for k, v in W_long.params.items() if k.startswith("blocks.")) + W_long.params["wte.weight"].size
+    context = 16 + n_decode - 4                                   # the middle of the last 8 steps
+    flops, _ = decode_step_cost(n_params, W_long.n_layer, W_long.n_head, W_long.n_kv_head, W_long.head_dim, context)
+    for name in ("lesson 11", "engine fused"):
+        step = np.median(speeds[name][-8:])
+        print(f"{name}: a step at {context} tokens of context, {flops / 1e6:.2f} MFLOP, takes {1e6 * step:.0f} us: "
+              f"{flops / step / 1e9:.2f} GFLOP/s")
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% [markdown]
+# On the course's 2-core development machine, busy (load average 5, `make bench L=serving`), the
+# 512-token run printed 14,291 tokens/s with the fused step against 4,318 for lesson 11's step
+# (3.3x; 3.4x and 2.9x in runs at load 7 and 10) and 2,124 for the engine's reference step (its
+# paged attention gathers the blocks again in every layer), and 146 without a cache: 98x for the
+# fused step, 30x for lesson 11's (at load 7: 272x and 81x). The uncached figure suffers most
+# from a busy machine (each layer's scores are 4 x 512 x 512 floats, 4 MB, written and read
+# several times; lesson 11 measured 20x on the idle machine), so read the fused step against
+# lesson 11's. The fused step's time still grows with the context (compare its tokens/s after 64
+# and after 512 tokens): attention, which grows with the context while the rest does not, is now
+# a large part of a step.
+
+# %% [markdown]
+# ## 10. Serve it for a lecture
 #
 # `make serve` runs `serve()`: the tiny GPT on http://127.0.0.1:8000/ with a page to type a
 # prompt into and watch the tokens stream, and a live panel of the batch (requests running and
@@ -1704,12 +2057,14 @@ if points:
 #   (memory bandwidth on a GPU, fixed overhead here), and costs latency once it is not. The
 #   latency-throughput curve shows the knee; goodput under an SLO says where to run.
 # - The KV pool, not `max_running`, bounds the batch; prefix caching stretches it by sharing.
+# - A small step is bound by per-call overhead, not by arithmetic or memory: one call per step
+#   (a hand-fused Numba step here, CUDA graphs on a GPU) removes it.
 # - Reliability is structural: per-request sampling state, abort on disconnect, a bounded queue
 #   with 429, validation answering 4xx, draining on shutdown.
 #
 # Sources: Kwon et al. 2023 (vLLM, PagedAttention); Yu et al. 2022 (Orca, iteration-level
 # scheduling); Agrawal et al. 2024 (Sarathi-Serve, chunked prefill); Zheng et al. 2024
 # (SGLang, RadixAttention prefix sharing); Zhong et al. 2024 (DistServe, goodput); Pope et al.
-# 2022 (Efficiently Scaling Transformer Inference); vLLM's `benchmarks/benchmark_serving.py` and
-# its OpenAI-compatible server; OpenAI's API reference (completions, chat, streaming); the WHATWG
+# 2022 (Efficiently Scaling Transformer Inference); vLLM's `benchmarks/benchmark_serving.py`, its
+# OpenAI-compatible server and its CUDA-graph capture of decode steps; llama.cpp (ggml); OpenAI's API reference (completions, chat, streaming); the WHATWG
 # HTML standard, server-sent events; Prometheus's text exposition format.

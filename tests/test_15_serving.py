@@ -2,7 +2,8 @@
 
 Oracles written here, independent of the lesson: lesson 11's reference `generate` (a dense KV
 cache, one request alone) for every served output, greedy and seeded; lesson 11's reference
-`gpt_forward` (full recomputation) for logits computed on shared prefix blocks; the chained hash
+`gpt_forward` (full recomputation) for logits computed on shared prefix blocks; lesson 11's
+`paged_forward` for the logits and cache writes of the engine's fused decode step; the chained hash
 written out from its definition; NumPy for percentiles and histogram counts; a strict parser of
 server-sent events. Servers run on 127.0.0.1 on a free port, in a thread, and are spoken to with
 httpx; after every test the KV pool is checked empty. Where an exercise's tests need another
@@ -298,6 +299,45 @@ def test_engine_outputs_equal_each_request_alone(lesson):
     assert sum(len(r["preempted"]) for r in records) > 0, "this pool of 16 blocks is too small for 6: expected preemption"
     assert any(len(r["chunks"]) >= 4 for r in records), "continuous batching: several requests per step"
     check_pool_empty(eng)
+
+
+@pytest.mark.exercise("15.2")
+def test_fused_decode_equals_the_reference_step(lesson):
+    """The engine's default fused decode step (given) against lesson 11's paged_forward: the same
+    tokens through the engine, and the same logits and cache contents step by step, on random
+    weights of odd shapes (grouped KV heads, head_dim 12, blocks of 3 tokens)."""
+    from minitorch.serve import random_gpt_weights
+
+    W = random_gpt_weights(vocab_size=37, block_size=41, n_layer=3, n_head=4, n_kv_head=2, n_embd=48, seed=5)
+    prompts = [np.random.default_rng(i).integers(0, 37, n) for i, n in enumerate((1, 4, 9, 17))]
+    served = {}
+    for decode in ("fused", "reference"):
+        eng = lesson.Engine(W, num_blocks=60, block_size=3, max_running=4, max_num_batched_tokens=20,
+                            prefix_caching=False, decode=decode)
+        reqs = [eng.add_request(p, 41 - len(p)) for p in prompts]
+        eng.run_until_idle()
+        served[decode] = [r.output for r in reqs]
+        check_pool_empty(eng)
+    assert served["fused"] == served["reference"], \
+        f"greedy outputs with the fused step {served['fused']} differ from the reference step's {served['reference']}"
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 2e-5)):
+        Wd = W.astype(dtype)
+        caches = [PagedKVCache.for_model(Wd, 3, 60) for _ in range(2)]
+        rng = np.random.default_rng(7)
+        for s, p in enumerate(prompts):
+            for c in caches:
+                c.add(s)
+                paged_forward(Wd, c, [s], [p])
+        fused = lesson.FusedDecoder(Wd)
+        for step in range(41 - 17):
+            tokens = rng.integers(0, 37, len(prompts))
+            want = paged_forward(Wd, caches[0], list(range(len(prompts))), [[t] for t in tokens])
+            got = fused(caches[1], list(range(len(prompts))), tokens)
+            assert got.dtype == dtype and got.shape == want.shape
+            err = np.abs(got - want).max() / np.abs(want).max()
+            assert err < tol, f"{np.dtype(dtype).name} step {step}: fused logits differ from paged_forward's by {err:.2e} (relative)"
+        for a, b in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+            np.testing.assert_allclose(b, a, rtol=tol, atol=tol, err_msg="the cache the fused step wrote")
 
 
 @pytest.mark.exercise("15.2")
