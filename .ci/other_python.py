@@ -18,13 +18,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.grade import LessonResult, run_tests  # noqa: E402
-from course.maintain import BUILD, _all_pass, _check_cell_problems, execute_notebook  # noqa: E402
+from course.maintain import BUILD, _all_pass, _check_cell_problems, execute_notebook, serialise_ast_parse  # noqa: E402
 from course.source import all_lessons, find_lesson  # noqa: E402
 
 NOTEBOOKS = ("09", "10", "11")
 
 
 def main() -> int:
+    serialise_ast_parse()  # notebooks are built in two threads (python/cpython#106905)
     version = platform.python_version()
     start = time.perf_counter()
     failures, n_tests, n_skipped = [], 0, 0
