@@ -450,7 +450,7 @@ def draw_capacity(capacity_factor: float, experts: int, k: int, skew: float):
     cap = expert_capacity(T, experts, k, capacity_factor)
     d = dispatch(g.experts, experts, cap)
     load = np.bincount(g.experts.ravel(), minlength=experts)
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = plt.subplots(figsize=(9, 3.4), gridspec_kw=dict(left=0.08, right=0.98, bottom=0.14))  # no tight_layout: quicker
     ax.bar(range(experts), np.minimum(load, cap), color="C0", label="routed")
     ax.bar(range(experts), np.maximum(load - cap, 0), bottom=np.minimum(load, cap), color="C3", label="dropped")
     ax.axhline(cap, color="k", ls="--", lw=1, label=f"capacity {cap}")
@@ -459,7 +459,6 @@ def draw_capacity(capacity_factor: float, experts: int, k: int, skew: float):
            title=f"T={T}, E={experts}, k={k}, capacity factor {capacity_factor:.2f}: {d.dropped} of {T * k} "
                  f"assignments dropped ({d.dropped / (T * k):.1%}), {d.dropped_tokens} tokens lose every expert")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
     return fig
 
 
