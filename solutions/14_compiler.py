@@ -1910,7 +1910,9 @@ def draw_fusion(ops: int, then: str):
                        f"at least {nbytes / bw * 1e3:.2f} ms")
     grid = np.geomspace(0.01, 1000, 50)
     ax1.loglog(grid, np.minimum(peak, grid * bw) / 1e9, "k-", lw=1.5)
-    ax1.minorticks_off()  # (and no tight_layout): a quicker redraw
+    ax1.minorticks_off()  # these, plain tick labels (no mathtext) and no tight_layout: a quicker redraw
+    ax1.xaxis.set_major_formatter("{x:g}")
+    ax1.yaxis.set_major_formatter("{x:g}")
     ax0.set(xlabel="pointwise operations in the chain", ylabel="MB read + written", ylim=(0, None),
             title=f"{ops} pointwise ops, then {then}: bytes moved")
     ax1.set(xlabel="arithmetic intensity (FLOP / byte)", ylabel="GFLOP/s bound",
