@@ -148,7 +148,7 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
     file refused and recorded. Returns {"ready": reveal initialised, "slides": horizontal slides,
     "images": rendered <img> with a size, "outputs": output areas, "math": formulas MathJax
     typeset, "math_errors": formulas it could not, "tex_left": `$$` still in the text,
-    "math_font": whether its web font (STIX-Web, from the copy) "loaded",
+    "math_font": "loaded" if one of its web fonts (STIX-Web, from the copy) did,
     "requests": refused URLs, "missing": local files that failed to load}; with `screenshot`, a
     PNG of the first slide that shows a plot."""
     from playwright.sync_api import sync_playwright
@@ -186,7 +186,8 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
                         math: document.querySelectorAll('.slides span.MathJax').length,
                         math_errors: document.querySelectorAll('.slides .MathJax .noError, .slides .MathJax merror, .slides .MathJax_Error').length,
                         tex_left: (document.querySelector('.slides').innerText.match(/[$][$]/g) || []).length,
-                        math_font: ([...document.fonts].find(f => f.family.startsWith('STIXMathJax_Main')) || {}).status || null,
+                        math_font: [...document.fonts].some(f => f.family.startsWith('STIXMathJax') && f.status === 'loaded')
+                                ? 'loaded' : null,
                         at: at};
             }""")
             if screenshot is not None and seen["at"]:

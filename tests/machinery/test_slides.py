@@ -88,3 +88,27 @@ def test_the_lessons_latex_is_typeset_by_the_local_mathjax(deck):
     assert seen["requests"] == [] and seen["missing"] == [], seen
     assert seen["math"] == formulas and seen["math_errors"] == 0 and seen["tex_left"] == 0, seen
     assert seen["math_font"] == "loaded", seen
+
+
+def test_inline_display_and_ams_math_typeset_with_no_file_missing(tmp_path):
+    """Every kind of formula the lessons write (inline $...$, display $$...$$, AMS symbols such as
+    lesson 09's \\mathbb{R}) is typeset from the copied MathJax, and nothing it asks for is absent."""
+    pytest.importorskip("sphinx_revealjs", reason="the `slides` extra (make slides installs it)")
+    from course.browser import missing
+    from course.slides import export, inspect
+
+    if missing():
+        pytest.skip(missing())
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Formulas"),
+        nbformat.v4.new_markdown_cell("## Inline and display\n\nQ in $\\mathbb{R}^{N \\times d}$, scale "
+                                      "$1/\\sqrt d$:\n\n$$O = \\mathrm{softmax}\\!\\left(\\frac{Q K^\\top}{\\sqrt d}\\right) V$$"),
+        nbformat.v4.new_markdown_cell("## Aligned\n\n$$\\begin{aligned} m_j &= \\max(m_{j-1}, x_j) \\\\ "
+                                      "l_j &= l_{j-1} e^{m_{j-1} - m_j} \\end{aligned}$$"),
+    ])
+    src = tmp_path / "math.ipynb"
+    nbformat.write(nb, src)
+    seen = inspect(export(src, tmp_path / "out"))
+    assert seen["requests"] == [] and seen["missing"] == [], seen
+    assert seen["math"] == 4 and seen["math_errors"] == 0 and seen["tex_left"] == 0, seen
+    assert seen["math_font"] == "loaded", seen
