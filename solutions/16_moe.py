@@ -437,6 +437,8 @@ print("rows per expert (dropless):", d.group_sizes)
 # same skew drop more.
 
 # %% tags=["demo"]
+import ipywidgets as widgets
+
 from course.live import live
 
 rng_live = np.random.default_rng(2)
@@ -456,13 +458,15 @@ def draw_capacity(capacity_factor: float, experts: int, k: int, skew: float):
     ax.axhline(cap, color="k", ls="--", lw=1, label=f"capacity {cap}")
     ax.axhline(T * k / experts, color="0.5", ls=":", lw=1, label="balanced load")
     ax.set(xlabel="expert", ylabel="assignments", ylim=(0, max(load.max(), cap) * 1.15),
+           xticks=range(0, experts, max(1, experts // 16)),
            title=f"T={T}, E={experts}, k={k}, capacity factor {capacity_factor:.2f}: {d.dropped} of {T * k} "
                  f"assignments dropped ({d.dropped / (T * k):.1%}), {d.dropped_tokens} tokens lose every expert")
     ax.legend(fontsize=8, loc="upper right")
     return fig
 
 
-live(draw_capacity, capacity_factor=(0.5, 2.5, 0.05), experts=[4, 8, 16, 32], k=(1, 4), skew=(0.0, 2.0))
+live(draw_capacity, capacity_factor=(0.5, 2.0, 0.05), experts=widgets.Dropdown(options=[4, 8, 16, 32], value=8),
+     k=(1, 4), skew=(0.0, 3.0))
 
 # %% [markdown]
 # ## 3. The MoE layer, with autograd
