@@ -62,8 +62,10 @@ grade-class: $(STAMP)
 	$(PY) -m course.classgrade "$(SUBMISSIONS)" --out "$(OUT)"
 
 # Lecturers: each lesson's executed demo notebook as an offline reveal.js slideshow in build/slides/
-# (runs the demo unless build/demo/ has it; reveal.js comes from the `slides` extra, installed once;
-# SHOTS=1 opens each in headless Chromium: a screenshot NN_topic.png, and a check that it loads nothing).
+# (runs the demo unless build/demo/ has it; reveal.js and MathJax come from the `slides` extra, installed
+# once; SHOTS=1 opens each in headless Chromium: a screenshot NN_topic.png, and a check that it loads
+# nothing from the network and typesets every formula; SMALL=1 runs the demo small, MINITORCH_SMALL=1,
+# into build/slides/small/: a quick preview, not the lecture's figures).
 SLIDES_STAMP := .venv/.slides
 $(SLIDES_STAMP): $(STAMP)
 	@mkdir -p build && $(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[slides]" > build/setup-slides.log 2>&1 || \
@@ -71,7 +73,7 @@ $(SLIDES_STAMP): $(STAMP)
 	@touch $(SLIDES_STAMP)
 
 slides: $(STAMP) $(SLIDES_STAMP) $(if $(SHOTS),$(BROWSER_STAMP))
-	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.slides $(L) $(if $(SHOTS),--screenshot)
+	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.slides $(L) $(if $(SHOTS),--screenshot) $(if $(SMALL),--small)
 
 # Lecturers: serve the tiny GPT (lesson 15) on http://127.0.0.1:$(PORT)/ until Ctrl-C
 # (the first Ctrl-C finishes the requests in flight, a second stops at once).

@@ -8,9 +8,11 @@ The demo notebook is build/demo/NN_topic.ipynb, what `make demo L=NN` writes; it
 again (as `make demo` does) unless it is newer than solutions/NN_topic.py. Slide breaks are the
 `slideshow` metadata `make build` writes from the lesson's structure (course.build.slide_types).
 nbconvert's slides exporter turns it into HTML with a template (course/slides_template) that
-loads reveal.js from build/slides/reveal.js/, copied from the installed sphinx-revealjs package
-(with its licence), and loads nothing else: no jQuery, require.js, MathJax or widget manager
-from a CDN. Plots are the notebook's PNG outputs, embedded in the page.
+loads reveal.js from build/slides/reveal.js/, copied from the installed sphinx-revealjs package,
+and MathJax 2.7 (the lessons' LaTeX) from build/slides/mathjax/, copied from the
+installed jupyter-server-mathjax package (each with its licence), and loads nothing else: no
+jQuery, require.js or widget manager from a CDN. Plots are the notebook's PNG outputs, embedded
+in the page.
 """
 
 from __future__ import annotations
@@ -54,6 +56,31 @@ def copy_reveal(dest: Path) -> Path:
     shutil.copytree(src / "dist", out / "dist", ignore=shutil.ignore_patterns("*.map", "*.esm.js"))
     shutil.copytree(src / "plugin" / "notes", out / "plugin" / "notes")
     shutil.copy(src / "LICENSE", out / "LICENSE")
+    return out
+
+
+def mathjax_source() -> Path:
+    """MathJax 2.7 as the installed jupyter-server-mathjax ships it (MathJax.js, jax/, LICENSE)."""
+    try:
+        import jupyter_server_mathjax
+    except ImportError as exc:
+        raise SystemExit("make slides needs the `slides` extra (jupyter-server-mathjax): run `make slides`, "
+                         "which installs it, or pip install -e '.[slides]'") from exc
+    src = Path(jupyter_server_mathjax.__file__).parent / "static"
+    if not (src / "MathJax.js").exists() or not (src / "config" / "TeX-AMS-MML_HTMLorMML-full.js").exists():
+        raise SystemExit(f"no MathJax (MathJax.js, config/TeX-AMS-MML_HTMLorMML-full.js) in {src}: "
+                         "reinstall jupyter-server-mathjax")
+    return src
+
+
+def copy_mathjax(dest: Path) -> Path:
+    """Copy MathJax to dest/mathjax (about 10 MB: its TeX configuration, HTML-CSS output with the
+    STIX-Web fonts, extensions, licence), without the translations the slides never load."""
+    src, out = mathjax_source(), dest / "mathjax"
+    if (out / "MathJax.js").exists() and (out / "MathJax.js").stat().st_size == (src / "MathJax.js").stat().st_size:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("localization"))
     return out
 
 
@@ -110,6 +137,7 @@ def export(notebook: Path, dest: Path) -> Path:
     html = html.replace('href="../', 'href="../../')  # the lessons' links, from build/slides/
     dest.mkdir(parents=True, exist_ok=True)
     copy_reveal(dest)
+    copy_mathjax(dest)
     out = dest / f"{notebook.stem}.slides.html"
     out.write_text(html)
     return out
@@ -118,13 +146,17 @@ def export(notebook: Path, dest: Path) -> Path:
 def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000) -> dict:
     """Open the slides in headless Chromium (course.browser's), every request that is not a local
     file refused and recorded. Returns {"ready": reveal initialised, "slides": horizontal slides,
-    "images": rendered <img> with a size, "outputs": output areas, "requests": refused URLs}; with
-    `screenshot`, a PNG of the first slide that shows a plot."""
+    "images": rendered <img> with a size, "outputs": output areas, "math": formulas MathJax
+    typeset, "math_errors": formulas it could not, "tex_left": `$$` still in the text,
+    "math_font": "loaded" if one of its web fonts (STIX-Web, from the copy) did,
+    "requests": refused URLs, "missing": local files that failed to load}; with `screenshot`, a
+    PNG of the first slide that shows a plot."""
     from playwright.sync_api import sync_playwright
 
     from course.browser import CHROMIUM_FLAGS, find_chromium
 
     refused: list[str] = []
+    missing: list[str] = []
 
     def route(r):
         if r.request.url.startswith("file:"):
@@ -138,8 +170,10 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 800})
             page.route("**/*", route)
+            page.on("requestfailed", lambda r: r.url.startswith("file:") and missing.append(r.url))
             page.goto(html.resolve().as_uri())
             page.wait_for_function("() => window.Reveal && Reveal.isReady()", timeout=timeout_ms)
+            page.wait_for_function("() => !window.MathJax || window.mathjaxDone", timeout=timeout_ms)  # typeset
             seen = page.evaluate("""async () => {
                 const imgs = [...document.querySelectorAll('.slides img')];
                 await Promise.all(imgs.map(i => i.decode().catch(() => null)));  // hidden slides decode lazily
@@ -148,7 +182,13 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
                 if (plot) { const s = plot.closest('section'); const ix = Reveal.getIndices(s); at = [ix.h, ix.v || 0]; }
                 return {ready: Reveal.isReady(), slides: Reveal.getHorizontalSlides().length,
                         images: imgs.filter(i => i.naturalWidth > 0).length,
-                        outputs: document.querySelectorAll('.slides .jp-OutputArea-output').length, at: at};
+                        outputs: document.querySelectorAll('.slides .jp-OutputArea-output').length,
+                        math: document.querySelectorAll('.slides span.MathJax').length,
+                        math_errors: document.querySelectorAll('.slides .MathJax .noError, .slides .MathJax merror, .slides .MathJax_Error').length,
+                        tex_left: (document.querySelector('.slides').innerText.match(/[$][$]/g) || []).length,
+                        math_font: [...document.fonts].some(f => f.family.startsWith('STIXMathJax') && f.status === 'loaded')
+                                ? 'loaded' : null,
+                        at: at};
             }""")
             if screenshot is not None and seen["at"]:
                 page.evaluate(f"() => Reveal.slide({seen['at'][0]}, {seen['at'][1]})")
@@ -159,7 +199,7 @@ def inspect(html: Path, screenshot: Path | None = None, timeout_ms: int = 30_000
                 page.screenshot(path=str(screenshot))
         finally:
             browser.close()
-    return {**seen, "requests": refused}
+    return {**seen, "requests": refused, "missing": missing}
 
 
 def slides(lesson: Lesson, small: bool = False, dest: Path = SLIDES, demo_dir: Path | None = None) -> Path:
@@ -189,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
                 png = out.with_name(f"{lesson.stem}.png")
                 seen = inspect(out, png)
                 line += (f": {seen['slides']} slides, {seen['images']} plots, {seen['outputs']} outputs, "
-                         f"{len(seen['requests'])} network requests -> {png.relative_to(ROOT)}")
-                failed += bool(seen["requests"]) or not seen["ready"]
+                         f"{seen['math']} formulas ({seen['math_errors']} errors), {len(seen['requests'])} network "
+                         f"requests, {len(seen['missing'])} missing files -> {png.relative_to(ROOT)}")
+                failed += bool(seen["requests"] or seen["missing"] or seen["math_errors"]) or not seen["ready"]
             print(line, flush=True)
         except RuntimeError as exc:
             print(exc, flush=True)

@@ -1860,6 +1860,71 @@ roofline_plot(peak, bw, points, title="eager vs fused kernels (lesson 04's roofl
 plt.show()
 
 # %% [markdown]
+# Live: a chain of pointwise operations (`+ 0.5`, `* 1.5`, `tanh` in turn) on the same
+# (rows, 1024) float32 input, then nothing, a softmax or a LayerNorm. Eagerly every operation is
+# a kernel that reads and writes the whole array, so the bytes grow with the chain and the
+# intensity stays at about 1/8 FLOP/B; fused, the chain is one kernel that reads the input once
+# and writes the output once, and each operation added moves it right on the roofline. The
+# plans are the compiler's own (`fuse`, `plan_bytes`, `plan_flops`), computed for every length
+# when the cell runs; the roofline is the one measured above.
+
+# %% tags=["demo"]
+from course.live import live
+
+x_live = np.zeros((rows_r, 1024), np.float32)
+w_live, b_live = np.ones(1024, np.float32), np.zeros(1024, np.float32)
+TAILS = {"nothing": lambda x, w, b: x, "softmax": lambda x, w, b: softmax_fn(x), "layer norm": layer_norm_fn}
+MAX_OPS = 24
+
+
+def chain_graph(ops: int, then: str) -> Graph:
+    """The optimised graph of `ops` pointwise operations (+ 0.5, * 1.5, tanh in turn), then TAILS[then]."""
+    def chain(x, w, b):
+        for i in range(ops):
+            x = x + 0.5 if i % 3 == 0 else x * 1.5 if i % 3 == 1 else x.tanh()
+        return TAILS[then](x, w, b)
+    return optimize(trace(chain, x_live, w_live, b_live))
+
+
+def plan_summary(g: Graph) -> dict:
+    """FLOPs, and (kernels, bytes) of the eager and of the fused plan of g."""
+    return {"flops": plan_flops(g), **{name: (len(p), sum(plan_bytes(g, p))) for name, p in
+                                       (("eager", eager_plan(g)), ("fused", fuse(g)))}}
+
+
+chains = {(n, then): plan_summary(chain_graph(n, then)) for then in TAILS for n in range(1, MAX_OPS + 1)}
+
+
+def draw_fusion(ops: int, then: str):
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8),
+                                   gridspec_kw=dict(left=0.07, right=0.98, bottom=0.14, wspace=0.22))
+    here = chains[ops, then]
+    for name, color in (("eager", "C3"), ("fused", "C0")):
+        kernels, nbytes = here[name]
+        ax0.plot(range(1, MAX_OPS + 1), [chains[n, then][name][1] / 1e6 for n in range(1, MAX_OPS + 1)],
+                 "-", color=color, label=name)
+        ax0.plot(ops, nbytes / 1e6, "o", color=color)
+        intensity = here["flops"] / nbytes
+        ax1.plot(intensity, min(peak, intensity * bw) / 1e9, "o", color=color, ms=9,
+                 label=f"{name}: {kernels} kernel{'s' * (kernels > 1)}, {nbytes / 1e6:.0f} MB, "
+                       f"at least {nbytes / bw * 1e3:.2f} ms")
+    grid = np.geomspace(0.01, 1000, 50)
+    ax1.loglog(grid, np.minimum(peak, grid * bw) / 1e9, "k-", lw=1.5)
+    ax1.minorticks_off()  # these, plain tick labels (no mathtext) and no tight_layout: a quicker redraw
+    ax1.xaxis.set_major_formatter("{x:g}")
+    ax1.yaxis.set_major_formatter("{x:g}")
+    ax0.set(xlabel="pointwise operations in the chain", ylabel="MB read + written", ylim=(0, None),
+            title=f"{ops} pointwise ops, then {then}: bytes moved")
+    ax1.set(xlabel="arithmetic intensity (FLOP / byte)", ylabel="GFLOP/s bound",
+            title=f"this machine's roofline: {here['flops'] / 1e6:.0f} MFLOP")
+    ax0.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+live(draw_fusion, ops=(1, MAX_OPS), then=list(TAILS))
+
+# %% [markdown]
 # The speed table: `benchmarks/bench_compiler.py` (`make bench L=compiler`) times the whole block
 # eagerly (minitorch with autograd recording), in NumPy, and compiled, at the tiny GPT's shape and
 # 4x wider, with the bytes of each plan, the compile time and the cost of a cache hit. The numbers

@@ -1692,6 +1692,89 @@ except NotImplementedError as exc:
     print("not attempted:", exc)
 
 # %% [markdown]
+# Live: continuous batching simulated with the step times just measured (a step of b sequences
+# costs the measured time for b, interpolated between the measured batches; a new request's
+# prefill rides in its first step, which yields its first token). 200 requests of 8-24 output
+# tokens arrive at the chosen Poisson rate (`poisson_arrivals`) and the engine runs at most
+# `max_batch` at once; TTFT and goodput come from the section 5 metrics on the simulated token
+# times. Left, the latency-throughput curve for that batch limit, precomputed over rates, with
+# the chosen rate marked; right, the batch and the queue over time. One at a time
+# (`max_batch` 1) the queue explodes at a rate the batched engine serves with room to spare.
+
+# %% tags=["demo"]
+from course.live import live
+
+Engine(W64).schedule()  # the step times above need the engine (exercise 15.2)
+out_lens = np.random.default_rng(7).integers(8, 25, 200)
+log_b, log_ms = np.log(list(step_ms)), np.log(list(step_ms.values()))
+
+
+def simulate_batching(rate: float, max_batch: int) -> tuple[list[dict], float, np.ndarray]:
+    """Continuous batching of out_lens' requests at `rate` req/s with the measured step times:
+    (records as run_load writes them, duration s, rows of (time, running, waiting)). Steps with
+    the same batch run as one stretch: up to the next finish, or the next arrival with room."""
+    cost = [0.0] + [math.exp(np.interp(math.log(b), log_b, log_ms)) / 1e3 for b in range(1, max_batch + 1)]
+    arrivals = poisson_arrivals(rate, len(out_lens), 3)
+    n_req = len(out_lens)
+    times: list[list[np.ndarray]] = [[] for _ in range(n_req)]
+    left, admitted, finished = out_lens.copy(), np.zeros(n_req), np.zeros(n_req)
+    t, nxt, running = 0.0, 0, []
+    while nxt < n_req or running:
+        if not running and arrivals[nxt] > t:
+            t = float(arrivals[nxt])
+        while nxt < n_req and arrivals[nxt] <= t and len(running) < max_batch:
+            running.append(nxt)
+            admitted[nxt] = t
+            nxt += 1
+        c = cost[len(running)]
+        steps = min(left[i] for i in running)
+        if nxt < n_req and len(running) < max_batch:  # stop at the first step boundary after the next arrival
+            steps = min(steps, max(1, math.ceil((arrivals[nxt] - t) / c)))
+        stretch = t + c * np.arange(1, steps + 1)
+        for i in running:
+            times[i].append(stretch)
+            left[i] -= steps
+            finished[i] = stretch[-1]
+        t = float(stretch[-1])
+        running = [i for i in running if left[i] > 0]
+    records = [{"start": float(a), "token_times": np.concatenate(ts).tolist(), "status": 200}
+               for a, ts in zip(arrivals, times)]
+    at = np.sort(np.concatenate([arrivals, admitted, finished]))
+    count = lambda when: np.searchsorted(np.sort(when), at, side="right")  # noqa: E731
+    return records, t, np.stack([at, count(admitted) - count(finished), count(arrivals) - count(admitted)], axis=1)
+
+
+curve_rates = np.geomspace(5, 1000, 10)
+curves = {}
+for b in batches:
+    for r in curve_rates:
+        recs, dur, _ = simulate_batching(r, b)
+        curves.setdefault(b, []).append((out_lens.sum() / dur, latency_stats(recs)["ttft"]["p99"]))
+
+
+def draw_batching(rate: float, max_batch: int):
+    recs, dur, timeline = simulate_batching(rate, max_batch)
+    ttft = latency_stats(recs)["ttft"]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(left=0.07, right=0.98, bottom=0.14, wspace=0.22))
+    tps, p99 = np.array(curves[max_batch]).T
+    ax[0].plot(tps, 1e3 * p99, "o-", color="C0", label=f"rates {curve_rates[0]:g} to {curve_rates[-1]:g} req/s")
+    ax[0].plot(out_lens.sum() / dur, 1e3 * ttft["p99"], "o", color="C3", ms=10, label=f"{rate:g} req/s")
+    ax[0].set(xlabel="throughput (output tokens/s)", ylabel="p99 time to first token (ms)", yscale="log",
+              title=f"max batch {max_batch}: latency against throughput")
+    ax[0].minorticks_off()  # (and no tight_layout): a quicker redraw
+    ax[0].legend(fontsize=8)
+    ax[1].step(timeline[:, 0], timeline[:, 1], where="post", label="running")
+    ax[1].step(timeline[:, 0], timeline[:, 2], where="post", label="waiting")
+    ax[1].set(xlabel="time (s)", ylabel="requests")
+    ax[1].set_title(f"{rate:g} req/s offered: {out_lens.sum() / dur:.0f} tokens/s, goodput "
+                    f"{goodput(recs, dur, **SLO):.0f} req/s, p99 TTFT {1e3 * ttft['p99']:.0f} ms", fontsize=10)
+    ax[1].legend(fontsize=8)
+    return fig
+
+
+live(draw_batching, rate=(5.0, 500.0, 5.0), max_batch=batches)
+
+# %% [markdown]
 # **What the pool holds.** Lesson 11's formula: a token's keys and values take 2 x layers x KV
 # heads x head_dim x bytes. A pool of `num_blocks` blocks of `block_size` tokens holds
 # num_blocks x block_size tokens, and a sequence of L tokens takes ceil(L / block_size) blocks,

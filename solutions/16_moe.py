@@ -430,6 +430,45 @@ for cf in [1.0, 1.25, 2.0, None]:
 print("rows per expert (dropless):", d.group_sizes)
 
 # %% [markdown]
+# Live: the same tokens through routers of E experts, top-k, with the skew of the cell above
+# scaled (0: a random router). The bars are each expert's assignments, the dashed line its
+# capacity: what is above it (red) is dropped. A capacity factor of 1 drops tokens as soon as the
+# router is uneven; raising it buys fewer drops with more padding, and more experts with the
+# same skew drop more.
+
+# %% tags=["demo"]
+import ipywidgets as widgets
+
+from course.live import live
+
+rng_live = np.random.default_rng(2)
+x_live = rng_live.standard_normal((T, C))
+w_live = {e: rng_live.standard_normal((C, e)) * 0.3 for e in (4, 8, 16, 32)}
+
+
+def draw_capacity(capacity_factor: float, experts: int, k: int, skew: float):
+    k = min(k, experts)
+    g = top_k_gating(Tensor(x_live @ (w_live[experts] + np.linspace(1, 0, experts) * skew)), k)
+    cap = expert_capacity(T, experts, k, capacity_factor)
+    d = dispatch(g.experts, experts, cap)
+    load = np.bincount(g.experts.ravel(), minlength=experts)
+    fig, ax = plt.subplots(figsize=(9, 3.4), gridspec_kw=dict(left=0.08, right=0.98, bottom=0.14))  # no tight_layout: quicker
+    ax.bar(range(experts), np.minimum(load, cap), color="C0", label="routed")
+    ax.bar(range(experts), np.maximum(load - cap, 0), bottom=np.minimum(load, cap), color="C3", label="dropped")
+    ax.axhline(cap, color="k", ls="--", lw=1, label=f"capacity {cap}")
+    ax.axhline(T * k / experts, color="0.5", ls=":", lw=1, label="balanced load")
+    ax.set(xlabel="expert", ylabel="assignments", ylim=(0, max(load.max(), cap) * 1.15),
+           xticks=range(0, experts, max(1, experts // 16)),
+           title=f"T={T}, E={experts}, k={k}, capacity factor {capacity_factor:.2f}: {d.dropped} of {T * k} "
+                 f"assignments dropped ({d.dropped / (T * k):.1%}), {d.dropped_tokens} tokens lose every expert")
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+live(draw_capacity, capacity_factor=(0.5, 2.0, 0.05), experts=widgets.Dropdown(options=[4, 8, 16, 32], value=8),
+     k=(1, 4), skew=(0.0, 3.0))
+
+# %% [markdown]
 # ## 3. The MoE layer, with autograd
 #
 # To train, the layer must be differentiable: the gradient flows to the expert weights, to the

@@ -1,5 +1,5 @@
 """course.live: the lecturer's live controls. The helper itself on toy figures; every lesson
-01-13 has one. (Each lesson's own control is driven over its extremes and middle, and timed,
+has one. (Each lesson's own control is driven over its extremes and middle, and timed,
 whenever its notebook runs under course.maintain: `make check` fails on a control that changes
 nothing or redraws slower than LIVE_REDRAW_LIMIT x the machine's time scale; the timings are
 written to build/check/NN_topic.live.jsonl.)"""
@@ -62,11 +62,9 @@ def test_bad_controls_are_named():
 
 
 @pytest.mark.skipif(not (ROOT / "solutions").is_dir(), reason="needs the course's sources")
-def test_every_lesson_up_to_13_has_a_live_control_in_a_demo_cell():
+def test_every_lesson_has_a_live_control_in_a_demo_cell():
     missing = []
     for lesson in all_lessons():
-        if int(lesson.number) > 13:
-            continue
         cells = read_source(lesson).cells
         if not any(c.cell_type == "code" and "demo" in tags(c) and "\nlive(" in "\n" + c.source for c in cells):
             missing.append(lesson.stem)

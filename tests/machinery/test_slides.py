@@ -1,6 +1,7 @@
 """`make slides`: a lesson's executed demo notebook as an offline reveal.js slideshow. Lesson 04
-with MINITORCH_SMALL=1 (its demo draws plots and runs in seconds), exported into a temporary
-folder and opened in headless Chromium with every non-file request refused and recorded."""
+with MINITORCH_SMALL=1 (its demo draws plots and runs in seconds, and its prose has formulas),
+exported into a temporary folder and opened in headless Chromium with every non-file request
+refused and recorded: plots, outputs and typeset math, from files beside the page only."""
 
 from __future__ import annotations
 
@@ -67,3 +68,47 @@ def test_slides_render_offline_in_chromium_with_outputs_and_plots(deck, tmp_path
     assert seen["slides"] == sections(executed) > 3
     assert seen["images"] >= 1 and seen["outputs"] >= 3, seen
     assert (tmp_path / "slide.png").stat().st_size > 10_000
+    assert seen["missing"] == [], f"files the page loads are not beside it: {seen['missing']}"
+
+
+def test_the_lessons_latex_is_typeset_by_the_local_mathjax(deck):
+    """Lesson 04's markdown has three display formulas ($$...$$): MathJax, loaded from the copy
+    beside the page (no network), typesets each one with no error and leaves no TeX delimiter."""
+    from course.browser import missing
+    from course.slides import inspect
+
+    if missing():
+        pytest.skip(missing())
+    _, html, executed = deck
+    formulas = sum(c.source.count("$$") // 2 for c in executed.cells if c.cell_type == "markdown")
+    assert formulas == 3
+    assert 'src="mathjax/MathJax.js?config=' in html.read_text()
+    assert "Apache License" in (html.parent / "mathjax" / "LICENSE").read_text()
+    seen = inspect(html)
+    assert seen["requests"] == [] and seen["missing"] == [], seen
+    assert seen["math"] == formulas and seen["math_errors"] == 0 and seen["tex_left"] == 0, seen
+    assert seen["math_font"] == "loaded", seen
+
+
+def test_inline_display_and_ams_math_typeset_with_no_file_missing(tmp_path):
+    """Every kind of formula the lessons write (inline $...$, display $$...$$, AMS symbols such as
+    lesson 09's \\mathbb{R}) is typeset from the copied MathJax, and nothing it asks for is absent."""
+    pytest.importorskip("sphinx_revealjs", reason="the `slides` extra (make slides installs it)")
+    from course.browser import missing
+    from course.slides import export, inspect
+
+    if missing():
+        pytest.skip(missing())
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Formulas"),
+        nbformat.v4.new_markdown_cell("## Inline and display\n\nQ in $\\mathbb{R}^{N \\times d}$, scale "
+                                      "$1/\\sqrt d$:\n\n$$O = \\mathrm{softmax}\\!\\left(\\frac{Q K^\\top}{\\sqrt d}\\right) V$$"),
+        nbformat.v4.new_markdown_cell("## Aligned\n\n$$\\begin{aligned} m_j &= \\max(m_{j-1}, x_j) \\\\ "
+                                      "l_j &= l_{j-1} e^{m_{j-1} - m_j} \\end{aligned}$$"),
+    ])
+    src = tmp_path / "math.ipynb"
+    nbformat.write(nb, src)
+    seen = inspect(export(src, tmp_path / "out"))
+    assert seen["requests"] == [] and seen["missing"] == [], seen
+    assert seen["math"] == 4 and seen["math_errors"] == 0 and seen["tex_left"] == 0, seen
+    assert seen["math_font"] == "loaded", seen
