@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -40,36 +41,38 @@ def start_request(url: str, max_tokens: int) -> tuple[threading.Thread, dict]:
     return t, out
 
 
-@pytest.mark.timeout(120)
-def test_first_ctrl_c_finishes_the_request_in_flight():
+@contextmanager
+def server_process():
+    """A started `serve` process (server_kit.ServerProcess) and its URL; killed if a test leaves it running."""
     server = ServerProcess(step_interval=STEP)
     url = server.__enter__()
     try:
-        t, out = start_request(url, 15)
-        server.proc.send_signal(signal.SIGINT)
-        assert server.proc.wait(30) is not None
-        t.join(10)
-        assert out.get("finish") == "length", f"a graceful stop must finish the request in flight: {out}"
+        yield server.proc, url
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+@pytest.mark.timeout(120)
+def test_first_ctrl_c_finishes_the_request_in_flight():
+    with server_process() as (proc, url):
+        t, out = start_request(url, 15)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) is not None
+        t.join(10)
+        assert out.get("finish") == "length", f"a graceful stop must finish the request in flight: {out}"
 
 
 @pytest.mark.timeout(120)
 def test_second_ctrl_c_stops_at_once():
-    server = ServerProcess(step_interval=STEP)
-    url = server.__enter__()
-    try:
+    with server_process() as (proc, url):
         t, out = start_request(url, 50)
-        server.proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         t0 = time.monotonic()
-        server.proc.send_signal(signal.SIGINT)
-        server.proc.wait(30)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
         took = time.monotonic() - t0
         t.join(10)
         assert took < 50 * STEP / 2, f"a second Ctrl-C took {took:.1f} s to stop the server (the request had ~10 s left)"
         assert "error" in out or out.get("finish") != "length", f"the request in flight must be cut off: {out}"
-    finally:
-        if server.proc.poll() is None:
-            server.proc.kill()
