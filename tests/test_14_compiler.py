@@ -400,10 +400,10 @@ def touched_bytes(lesson, g, plan, arrays):
         args, seen = [], []
         for n in reads:
             ids = np.arange(m.prod(n.shape)).reshape(n.shape)
-            pr = lesson.per_row(n, dom)
+            pr, pc = lesson.per_row(n, dom), lesson.per_col(n, dom)
             seen.append(set())
-            args.append(Recorder(lesson.row_view(env[n], n.shape, dom, pr), lesson.row_view(ids, n.shape, dom, pr),
-                                 seen[-1]))
+            args.append(Recorder(lesson.row_view(env[n], n.shape, dom, pr, pc),
+                                 lesson.row_view(ids, n.shape, dom, pr, pc), seen[-1]))
         outs = []
         for n in writes:
             env[n] = np.full(n.shape, np.nan, n.dtype)
@@ -412,7 +412,7 @@ def touched_bytes(lesson, g, plan, arrays):
             seen.append(set())
             outs.append(Recorder(env[n].reshape(rows, 1 if pr else dom[1]),
                                  ids.reshape(rows, 1 if pr else dom[1]), seen[-1]))
-        scope = {"math": m, "prange": range, "f32": np.float32}
+        scope = {**lesson.KERNEL_NAMES, "prange": range}
         exec(lesson.numba_source(g, group, "k"), scope)
         scope["k"](rows, dom[1], *args, *outs)
         sizes = [n.dtype.itemsize for n in reads + writes]
@@ -746,3 +746,39 @@ def test_cuda_kernels_on_the_gpu(solo):
         run = lesson.cuda_runner(lesson.trace(fn, *args), source_fn=lesson.cuda_source, block=128, device="gpu")
         np.testing.assert_allclose(run(*args)[0], eager(fn, *args)[0], rtol=2e-5, atol=2e-6,
                                    err_msg=f"{what} on the GPU")
+
+
+@pytest.mark.exercise("14.7")
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       keepdims=st.booleans(), ties=st.booleans(), last=st.booleans())
+@example(shape=(1,), keepdims=False, ties=False, last=True)
+@example(shape=(3, 4), keepdims=True, ties=True, last=True)
+@example(shape=(2, 3, 5), keepdims=False, ties=True, last=False)
+def test_compiled_gradients_of_relu_and_max_equal_the_tape(solo, shape, keepdims, ties, last):
+    """relu's and max's gradients (lesson 02's rules: 0 at relu's kink, a max's gradient split evenly
+    among ties), on drawn shapes, a reduction over the last axis (fused) or the first (a library kernel)."""
+    lesson = solo("14.7")
+    rng = np.random.default_rng(sum(shape) * 3 + keepdims + 2 * ties)
+    x = rng.standard_normal(shape)
+    y = rng.standard_normal(shape[-1:])
+    if ties:  # repeated values: ties for the max, exact zeros for relu
+        x = np.round(x)
+    axis = -1 if last else 0
+
+    def loss(x, y):
+        h = (x * y).relu() + x.relu() * 0.5
+        m = h.max(axis=axis, keepdims=keepdims)
+        s = (x - x.max(axis=-1, keepdims=True)).exp()
+        return full_sum(m * m) + full_sum(s * y)
+
+    value, grads = lesson.compile_grad(loss, source_fn=lesson.numba_source, parallel=False)(Tensor(x), Tensor(y))
+    xt, yt = Tensor(x, requires_grad=True), Tensor(y, requires_grad=True)
+    want = loss(xt, yt)
+    want.backward()
+    np.testing.assert_allclose(value.data, want.data, rtol=1e-12, atol=1e-12)
+    for name, got, leaf in (("x", grads[0], xt), ("y", grads[1], yt)):
+        assert got.shape == leaf.shape, f"d loss / d {name}: expected shape {leaf.shape}, got {got.shape}"
+        np.testing.assert_allclose(got.data, leaf.grad.data, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"d loss / d {name}, x {x.shape} (ties: {ties}), max over axis {axis}, "
+                                           f"keepdims={keepdims}")
