@@ -795,14 +795,18 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
 
 
 def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
-                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+                  parallel: bool = True, kernel_wrapper: Callable | None = None,
+                  times: dict | None = None) -> Callable:
     """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
     default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
     arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
     allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
     call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
     the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
-    returns what runs in the kernel's place (the autotuner's hook)."""
+    returns what runs in the kernel's place (the autotuner's hook). `times`, if given, receives
+    {(k, label): [seconds of each run]} for each kernel (the profiler's hook)."""
+    import time
+
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
@@ -830,6 +834,7 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            t0 = time.perf_counter() if times is not None else 0.0
             for n in writes:
                 env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
@@ -846,12 +851,17 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
                     env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
+                if times is not None:
+                    times.setdefault((k, f"library {n.op}"), []).append(time.perf_counter() - t0)
                 continue
             ins = [row_view(env[n], n.shape, dom, per_row(n, dom), per_col(n, dom)) for n in reads]
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
                 log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
+            if times is not None:
+                kind = "reduction" if any(n.op in REDUCTIONS for n in group) else "pointwise"
+                times.setdefault((k, f"{kind} {'+'.join(n.op for n in group)}"), []).append(time.perf_counter() - t0)
         return [env[o] for o in graph.outputs]
 
     run.graph, run.plan, run.buffers = graph, plan, assign
@@ -1324,3 +1334,29 @@ def print_speed_table(results: Sequence[dict]) -> None:
               f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
               f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
               f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")
+
+
+def block_profile(batch: int, t: int, c: int, n_head: int = 4, repeat: int = 20) -> dict:
+    """{(k, label): fastest seconds} of each kernel of the compiled gpt_block at (batch, t, c),
+    float32, over `repeat` runs."""
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    times: dict = {}
+    run = build_kernels(trace(gpt_block, x, mask, *ws), times=times)
+    for _ in range(repeat):
+        run(x, mask, *ws)
+    return {key: min(v) for key, v in times.items()}
+
+
+def print_profile(shape: tuple, prof: dict, top: int = 5) -> None:
+    """The profile of block_profile: time by kind of kernel, then the `top` slowest kernels."""
+    kinds: dict[str, list] = {}
+    for (k, label), t in prof.items():
+        kind = label.split()[0] if not label.startswith("library") else label.split()[1]
+        kinds.setdefault("layout" if kind == "transpose" else kind, []).append(t)
+    total = sum(prof.values())
+    print(f"{shape}: {1e3 * total:.2f} ms in {len(prof)} kernels; " + ", ".join(
+        f"{kind} {1e3 * sum(ts):.2f} ms ({len(ts)}, {100 * sum(ts) / total:.0f}%)" for kind, ts in sorted(kinds.items())))
+    for (k, label), t in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {1e6 * t:8.0f} us  kernel {k:<3} {label[:70]}")

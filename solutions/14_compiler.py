@@ -984,7 +984,7 @@ print(g_dot.to_dot(fuse(g_dot)))
 # given) a (1, C) array, read `in0[0, c]`. The runner (given) makes these views with `reshape` and
 # `np.broadcast_to`, so nothing is copied where NumPy can avoid it. (A bias could also be seen as
 # (rows, C) with a row stride of 0, but Numba compiles a strided array as layout "A" and then does
-# not vectorise the loop: the GELU kernel of section 8 ran 10x slower that way.) The loops: one
+# not vectorise the loop over it.) The loops: one
 # over rows; inside, for each reduction in order, a loop over the columns that computes the full
 # nodes it needs (the prologue, recomputed in each loop: they are cheap, and the row is in the
 # cache) and accumulates; row nodes between the loops; a last loop over the columns for the full
@@ -1250,14 +1250,18 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
 
 
 def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
-                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+                  parallel: bool = True, kernel_wrapper: Callable | None = None,
+                  times: dict | None = None) -> Callable:
     """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
     default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
     arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
     allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
     call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
     the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
-    returns what runs in the kernel's place (the autotuner's hook)."""
+    returns what runs in the kernel's place (the autotuner's hook). `times`, if given, receives
+    {(k, label): [seconds of each run]} for each kernel (the profiler's hook)."""
+    import time
+
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
@@ -1285,6 +1289,7 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            t0 = time.perf_counter() if times is not None else 0.0
             for n in writes:
                 env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
@@ -1301,12 +1306,17 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
                     env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
+                if times is not None:
+                    times.setdefault((k, f"library {n.op}"), []).append(time.perf_counter() - t0)
                 continue
             ins = [row_view(env[n], n.shape, dom, per_row(n, dom), per_col(n, dom)) for n in reads]
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
                 log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
+            if times is not None:
+                kind = "reduction" if any(n.op in REDUCTIONS for n in group) else "pointwise"
+                times.setdefault((k, f"{kind} {'+'.join(n.op for n in group)}"), []).append(time.perf_counter() - t0)
         return [env[o] for o in graph.outputs]
 
     run.graph, run.plan, run.buffers = graph, plan, assign
@@ -2024,10 +2034,13 @@ plt.show()
 # eagerly (minitorch with autograd recording), in NumPy, and compiled, at the tiny GPT's shape and
 # 4x wider, with the bytes of each plan, the compile time and the cost of a cache hit. The numbers
 # are this machine's, measured now; read the ratios. The compiled block wins by running fewer,
-# fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers)
-# and by using all cores for the big ones. Where a fused kernel loses, it is compute-bound: a loop
-# that calls `exp` or `tanh` per element runs at the speed of the C library's scalar function,
-# while NumPy's ufuncs use SIMD, so fusion saves bytes but can cost time on a CPU
+# fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers),
+# by running each fused loop at SIMD speed (`vexp`/`vtanh` inlined, biases read as contiguous
+# rows) and by giving BLAS
+# one GEMM of all B*T rows where eager minitorch makes one call per batch element. What is left is
+# mostly matmul time, which no fusion changes: the profile below shows it. The kernels use all
+# cores only from `PARALLEL_MIN` = 2**18 elements: below that, waking the threads costs more than
+# it saves, and on a machine shared with other work a parallel loop waits for its slowest thread
 # ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
 
 # %%
@@ -2079,13 +2092,59 @@ shapes_s = [(2, 64, 64), (2, 64, 256)] if SMALL else [(8, 64, 64), (8, 64, 256)]
 print_speed_table([block_speed(*sh) for sh in shapes_s])
 
 # %% [markdown]
+# Where the compiled block's time goes: `build_kernels(..., times=...)` (given) times each step
+# of the plan; the cell sums them by kind (library matmuls, fused kernels with a reduction,
+# pointwise-only fused kernels, layout copies) and lists the slowest kernels. Each entry is the
+# fastest of the runs, so the total is a little under one run of the whole block.
+
+# %%
+#| export
+#| given
+def block_profile(batch: int, t: int, c: int, n_head: int = 4, repeat: int = 20) -> dict:
+    """{(k, label): fastest seconds} of each kernel of the compiled gpt_block at (batch, t, c),
+    float32, over `repeat` runs."""
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    times: dict = {}
+    run = build_kernels(trace(gpt_block, x, mask, *ws), times=times)
+    for _ in range(repeat):
+        run(x, mask, *ws)
+    return {key: min(v) for key, v in times.items()}
+
+
+def print_profile(shape: tuple, prof: dict, top: int = 5) -> None:
+    """The profile of block_profile: time by kind of kernel, then the `top` slowest kernels."""
+    kinds: dict[str, list] = {}
+    for (k, label), t in prof.items():
+        kind = label.split()[0] if not label.startswith("library") else label.split()[1]
+        kinds.setdefault("layout" if kind == "transpose" else kind, []).append(t)
+    total = sum(prof.values())
+    print(f"{shape}: {1e3 * total:.2f} ms in {len(prof)} kernels; " + ", ".join(
+        f"{kind} {1e3 * sum(ts):.2f} ms ({len(ts)}, {100 * sum(ts) / total:.0f}%)" for kind, ts in sorted(kinds.items())))
+    for (k, label), t in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {1e6 * t:8.0f} us  kernel {k:<3} {label[:70]}")
+
+# %% tags=["demo"]
+for sh in shapes_s:
+    print_profile(sh, block_profile(*sh, repeat=5 if SMALL else 20))
+
+# %% [markdown]
 # ## What is left out
 #
 # - Symbolic shapes: every new shape retraces (torch.compile marks a dimension dynamic after it
 #   changes once, and compiles one graph for all its sizes).
 # - Splitting at a graph break: the whole function runs eagerly; TorchDynamo compiles the parts
 #   before and after the break and runs only the break in Python.
-# - Fusing into the matmul: a bias or activation epilogue fused into the GEMM kernel itself (the
-#   compiler here fuses it into the next kernel), and the block-per-row CUDA kernel with a
-#   shared-memory reduction for wide rows (lesson 08's softmax).
-# - Gradients of `max` and `relu` in `grad_graph`, and autograd through a graph break.
+# - Fusing into the matmul: a bias or activation epilogue fused into the GEMM kernel itself, applied
+#   to each output tile while it is in registers (cuBLASLt epilogues, CUTLASS epilogue visitors,
+#   TorchInductor's Triton templates). Here the epilogue runs in the next kernel, which reads the
+#   matmul's output once, from the cache at these sizes. On the CPU the GEMM would have to be in
+#   the generated code: Numba's `np.dot` needs SciPy's BLAS (not a course dependency), and a
+#   generated triple loop is many times slower than OpenBLAS (lesson 06).
+# - Horizontal fusion: the block's per-head q, k and v matmuls share their input `h`; one GEMM
+#   with the weights concatenated (what `gpt_block_numpy` does by hand, and TorchInductor's
+#   batch-fusion passes do for linear layers) would replace twelve small ones.
+# - The block-per-row CUDA kernel with a shared-memory reduction for wide rows (lesson 08's
+#   softmax); CUDA C for the gradient-only ops `step` and `eq`.
+# - Autograd through a graph break.
