@@ -782,3 +782,23 @@ def test_compiled_gradients_of_relu_and_max_equal_the_tape(solo, shape, keepdims
         np.testing.assert_allclose(got.data, leaf.grad.data, rtol=1e-12, atol=1e-12,
                                    err_msg=f"d loss / d {name}, x {x.shape} (ties: {ties}), max over axis {axis}, "
                                            f"keepdims={keepdims}")
+
+
+@pytest.mark.exercise("14.7")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_generated_exp_and_tanh_at_the_edges(solo, dtype):
+    """The kernels' exp and tanh (vexp, vtanh: polynomials, not the C library) keep NumPy's values at
+    the edges: -inf (a causal mask) gives 0, overflow inf, nan stays nan, tiny and huge arguments."""
+    lesson = solo("14.7")
+    x = np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, 1e-9, -1e-9, 0.5, -3.0, 20.0, -20.0, 88.0, -87.0, 100.0,
+                  -100.0, 700.0, -700.0, 800.0, -800.0], dtype)
+    fn = lambda x: (x.exp(), x.tanh())  # noqa: E731
+    run = lesson.build_kernels(lesson.trace(fn, x), source_fn=lesson.numba_source, parallel=False)
+    with np.errstate(over="ignore"):
+        want_exp, want_tanh = np.exp(x), np.tanh(x)
+    got_exp, got_tanh = run(x)
+    tol = dict(rtol=1e-13, atol=0) if dtype == np.float64 else dict(rtol=1e-6, atol=0)
+    normal = np.abs(want_exp) > np.finfo(dtype).tiny  # below it vexp gives 0, NumPy a subnormal
+    np.testing.assert_allclose(got_exp[normal], want_exp[normal], **tol, err_msg=f"exp of {x[normal]}")
+    assert np.all(got_exp[~normal & ~np.isnan(x)] <= np.finfo(dtype).tiny), f"exp of {x}: {got_exp}"
+    np.testing.assert_allclose(got_tanh, want_tanh, rtol=0, atol=4 * np.finfo(dtype).eps, err_msg=f"tanh of {x}")
