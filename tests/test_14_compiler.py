@@ -749,7 +749,7 @@ def test_cuda_kernels_on_the_gpu(solo):
 
 
 @pytest.mark.exercise("14.7")
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
        keepdims=st.booleans(), ties=st.booleans(), last=st.booleans())
 @example(shape=(1,), keepdims=False, ties=False, last=True)
