@@ -776,7 +776,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
 
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 18  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 20  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -1294,7 +1294,7 @@ def plan_flops(graph: Graph) -> int:
     return total
 
 
-def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6) -> dict:
     """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
     compile time and guard cost of gpt_block at (batch, t, c), float32."""
     from minitorch.bench import benchmark

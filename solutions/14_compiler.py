@@ -1231,7 +1231,7 @@ for dt in (np.float32, np.float64):
 #| export
 #| given
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 18  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 20  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -2036,17 +2036,17 @@ plt.show()
 # are this machine's, measured now; read the ratios. The compiled block wins by running fewer,
 # fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers),
 # by running each fused loop at SIMD speed (`vexp`/`vtanh` inlined, biases read as contiguous
-# rows) and by giving BLAS
-# one GEMM of all B*T rows where eager minitorch makes one call per batch element. What is left is
-# mostly matmul time, which no fusion changes: the profile below shows it. The kernels use all
-# cores only from `PARALLEL_MIN` = 2**18 elements: below that, waking the threads costs more than
-# it saves, and on a machine shared with other work a parallel loop waits for its slowest thread
+# rows) and by giving BLAS one GEMM of all B*T rows where eager minitorch makes one call per batch
+# element. What is left is mostly matmul time, which no fusion changes: the profile below shows
+# it. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
+# waking the threads costs more than it saves, their spinning competes with BLAS's own threads,
+# and on a machine shared with other work a parallel loop waits for its slowest thread
 # ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
 
 # %%
 #| export
 #| given
-def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6) -> dict:
     """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
     compile time and guard cost of gpt_block at (batch, t, c), float32."""
     from minitorch.bench import benchmark
