@@ -13,7 +13,7 @@ a tanh-GELU MLP, float32) at the tiny GPT's shape (batch 8, 64 positions, width 
   already in the process's source cache are not compiled again); guard: what a cache hit adds
   before the kernels run (computing the guard key); max err: compiled vs eager, float32.
 
-Times are wall time (perf_counter), the fastest of 9 runs in three interleaved rounds, on a
+Times are wall time (perf_counter), the fastest of 18 runs in six interleaved rounds, on a
 machine that may be shared: read the ratios. `make bench L=compiler`.
 """
 

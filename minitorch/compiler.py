@@ -14,14 +14,16 @@ from typing import Any
 
 import numpy as np
 from numba import njit, prange
+from numba import types as numba_types
+from numba.extending import overload
 
 from minitorch import tensor as _t
 from minitorch.autograd import Tensor
 
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-UNARY = ("neg", "exp", "log", "tanh", "relu", "sqrt")
-BINARY = ("add", "sub", "mul", "div", "pow")
+UNARY = ("neg", "exp", "log", "tanh", "relu", "sqrt", "step")
+BINARY = ("add", "sub", "mul", "div", "pow", "eq")
 POINTWISE = UNARY + BINARY
 REDUCTIONS = ("sum", "max")
 SIDE_EFFECTS = ("probe",)
@@ -345,7 +347,8 @@ def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
     if n.op in REDUCTIONS:
         return getattr(np, "max" if n.op == "max" else "sum")(xs[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"])
     fn = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
-          "relu": lambda a: np.maximum(a, 0), "add": np.add, "sub": np.subtract, "mul": np.multiply,
+          "relu": lambda a: np.maximum(a, 0), "step": lambda a: (a > 0).astype(n.dtype),
+          "eq": lambda a, b: (a == b).astype(n.dtype), "add": np.add, "sub": np.subtract, "mul": np.multiply,
           "div": np.divide, "pow": np.power, "matmul": np.matmul,
           "expand": lambda a: np.broadcast_to(a, n.shape).copy(), "reshape": lambda a: a.reshape(n.shape),
           "transpose": lambda a: np.swapaxes(a, -1, -2)}[n.op]
@@ -612,9 +615,13 @@ def plan_buffers(graph: Graph, plan: Sequence[Sequence[Node]]) -> dict[Node, int
     return assign
 
 
-def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool) -> np.ndarray:
-    """a (of shape node_shape) as a 2-D (rows, C) or (rows, 1) array over domain dom, broadcast, not copied where NumPy can."""
+def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool,
+             per_col: bool = False) -> np.ndarray:
+    """a (of shape node_shape) as a 2-D array over domain dom: (rows, 1) per row, (1, C) per column,
+    else (rows, C), broadcast, not copied where NumPy can."""
     rows, width = dom
+    if per_col:
+        return a.reshape(1, width)
     target = rows + ((1,) if per_row else (width,))
     if per_row and node_shape == rows:  # a reduction without keepdims
         a = a.reshape(rows + (1,))
@@ -628,6 +635,15 @@ def per_row(node: Node, dom: tuple[tuple, int]) -> bool:
     return not node.shape or node.shape[-1] == 1 and dom[1] != 1 or node.shape == dom[0] + (1,)
 
 
+def per_col(node: Node, dom: tuple[tuple, int]) -> bool:
+    """Is this read one value per column, the same for every row (a bias of shape (C,) or (1, C))?
+    The kernel then reads it as a (1, C) array: in[0, c]."""
+    rows, width = dom
+    shape = node.shape
+    return (bool(shape) and width != 1 and shape[-1] == width and not per_row(node, dom)
+            and all(s == 1 for s in shape[:-1]) and math.prod(rows) > 1)
+
+
 def py_literal(value: float, dtype: Any) -> str:
     """A constant in generated Python/Numba source: f32(v) for float32 (float32 arithmetic), v for
     float64, math.inf / math.nan for the non-finite."""
@@ -637,9 +653,75 @@ def py_literal(value: float, dtype: Any) -> str:
     return f"f32({text})" if np.dtype(dtype) == np.float32 else text
 
 
-PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh": "math.tanh({0})",
+PY_OPS = {"neg": "(-{0})", "exp": "vexp({0})", "log": "math.log({0})", "tanh": "vtanh({0})",
           "sqrt": "math.sqrt({0})", "relu": "max({0}, 0.0)", "add": "({0} + {1})", "sub": "({0} - {1})",
-          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}"}
+          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}",
+          "step": "(1.0 if {0} > 0 else 0.0)", "eq": "(1.0 if {0} == {1} else 0.0)"}
+
+
+def vexp(x: float) -> float:
+    """exp(x) in the generated kernels: in Python math.exp; compiled by Numba, the range-reduced
+    polynomial below (no call, so LLVM vectorises the loop around it)."""
+    return math.exp(x)
+
+
+def vtanh(x: float) -> float:
+    """tanh(x) in the generated kernels: 1 - 2 / (exp(2x) + 1) with vexp when compiled."""
+    return math.tanh(x)
+
+
+def _exp32(x):  # noqa: ANN001, ANN202 - float32 -> float32, compiled by Numba
+    """exp as straight-line arithmetic (float32): x = n ln2 + r with n an integer, |r| <= ln2 / 2
+    (ln2 in two parts, n * ln2_hi exact), exp(r) by its Taylor polynomial of degree 7 in Horner form
+    (the first term left out is below half an ulp), times 2**n made from its bits. Outside the range
+    of normal numbers 0 or inf; nan stays nan."""
+    f = np.float32
+    xc = min(max(x, f(-87.3)), f(88.7))
+    n = math.floor(xc * f(1.4426950408889634) + f(0.5))
+    r = (xc - n * f(0.693359375)) - n * f(-2.1219444005469057e-4)
+    p = f(1 / 5040) * r + f(1 / 720)
+    p = ((((p * r + f(1 / 120)) * r + f(1 / 24)) * r + f(1 / 6)) * r + f(0.5)) * r + f(1.0)
+    p = p * r + f(1.0)
+    e = p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(f)  # 2**n: exponent field n + 127
+    e = f(0.0) if x < f(-87.3) else e
+    e = f(math.inf) if x > f(88.7) else e
+    return x if x != x else e
+
+
+def _exp64(x):  # noqa: ANN001, ANN202 - float64 -> float64, compiled by Numba
+    """_exp32 in float64: Taylor degree 12, 2**n with the exponent field n + 1023."""
+    xc = min(max(x, -708.0), 709.0)
+    n = math.floor(xc * 1.4426950408889634 + 0.5)
+    r = (xc - n * 0.693359375) - n * -2.1219444005469057e-4
+    p = (((1 / 479001600 * r + 1 / 39916800) * r + 1 / 3628800) * r + 1 / 362880) * r + 1 / 40320
+    p = ((((p * r + 1 / 5040) * r + 1 / 720) * r + 1 / 120) * r + 1 / 24) * r + 1 / 6
+    p = ((p * r + 0.5) * r + 1.0) * r + 1.0
+    e = p * np.int64((np.int64(n) + np.int64(1023)) << np.int64(52)).view(np.float64)
+    e = 0.0 if x < -708.0 else e
+    e = math.inf if x > 709.0 else e
+    return x if x != x else e
+
+
+@overload(vexp, jit_options={"fastmath": {"contract"}})
+def _vexp_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of the implementation
+    if isinstance(x, numba_types.Float):
+        return _exp32 if x.name == "float32" else _exp64
+    return None
+
+
+@overload(vtanh, inline="always")
+def _vtanh_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of the implementation
+    if isinstance(x, numba_types.Float):
+        one, two = (np.float32(1.0), np.float32(2.0)) if x.name == "float32" else (1.0, 2.0)
+
+        def tanh(x):  # noqa: ANN001, ANN202 - exact at both ends: exp overflows to inf -> 1, underflows to 0 -> -1
+            return one - two / (vexp(two * x) + one)
+
+        return tanh
+    return None
+
+
+KERNEL_NAMES = {"math": math, "prange": prange, "f32": np.float32, "vexp": vexp, "vtanh": vtanh}
 
 
 def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
@@ -658,7 +740,9 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
             return py_literal(n.attrs["value"], n.dtype)
         if n in inside:
             return var[n]
-        return f"{arg[n]}[r, 0]" if per_row(n, dom) else f"{arg[n]}[r, c]"
+        if per_row(n, dom):
+            return f"{arg[n]}[r, 0]"
+        return f"{arg[n]}[0, c]" if per_col(n, dom) else f"{arg[n]}[r, c]"
 
     def emit_full(n: Node, done: set, body: list[str]) -> None:
         """Emit the full nodes n needs (and n) inside a column loop."""
@@ -692,7 +776,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 
 
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 14  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 20  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -701,7 +785,7 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     another shape reuses the compiled kernel (Numba compiles once per argument types)."""
     key = (source, parallel)
     if key not in KERNEL_CACHE:
-        scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
+        scope: dict[str, Any] = dict(KERNEL_NAMES)
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
         # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
         # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
@@ -711,14 +795,18 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
 
 
 def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
-                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+                  parallel: bool = True, kernel_wrapper: Callable | None = None,
+                  times: dict | None = None) -> Callable:
     """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
     default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
     arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
     allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
     call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
     the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
-    returns what runs in the kernel's place (the autotuner's hook)."""
+    returns what runs in the kernel's place (the autotuner's hook). `times`, if given, receives
+    {(k, label): [seconds of each run]} for each kernel (the profiler's hook)."""
+    import time
+
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
@@ -746,24 +834,34 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            t0 = time.perf_counter() if times is not None else 0.0
             for n in writes:
                 env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
                 (n,) = group
                 if n.op == "matmul" and n in env:
-                    np.matmul(env[n.inputs[0]], env[n.inputs[1]], out=env[n])
+                    a, b = env[n.inputs[0]], env[n.inputs[1]]
+                    if a.ndim > 2 and b.ndim == 2:  # (..., n, k) @ (k, m): one GEMM of all rows, not one per batch
+                        np.matmul(a.reshape(-1, a.shape[-1]), b, out=env[n].reshape(-1, b.shape[-1]))
+                    else:
+                        np.matmul(a, b, out=env[n])
                 elif n in env:
                     env[n][...] = numpy_op(n, *(env[i] for i in n.inputs))
                 else:
                     env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
+                if times is not None:
+                    times.setdefault((k, f"library {n.op}"), []).append(time.perf_counter() - t0)
                 continue
-            ins = [row_view(env[n], n.shape, dom, per_row(n, dom)) for n in reads]
+            ins = [row_view(env[n], n.shape, dom, per_row(n, dom), per_col(n, dom)) for n in reads]
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
                 log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
+            if times is not None:
+                kind = "reduction" if any(n.op in REDUCTIONS for n in group) else "pointwise"
+                times.setdefault((k, f"{kind} {'+'.join(n.op for n in group)}"), []).append(time.perf_counter() - t0)
         return [env[o] for o in graph.outputs]
 
     run.graph, run.plan, run.buffers = graph, plan, assign
@@ -852,6 +950,18 @@ def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
                 kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
                 d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
             give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "relu":  # lesson 02's rule: the derivative at 0 is 0
+            give(ins[0], g.add("mul", [d, g.add("step", [ins[0]])]))
+        elif op == "max":  # lesson 02's rule: to the maximal elements, split evenly among ties
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            top = n
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+                top = _append(g, "reshape", [n], {"shape": kept}, kept, n.dtype)
+            mask = g.add("eq", [ins[0], top])
+            count = g.add("sum", [mask], {"axis": axis, "keepdims": True})
+            give(ins[0], g.add("div", [g.add("mul", [d, mask]), count]))
         elif op == "transpose":
             give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
         elif op == "matmul":
@@ -862,7 +972,7 @@ def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
             at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
             give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
         else:
-            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+            raise GraphBreak(f"grad_graph: no gradient rule for {op}")
     zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
             if new[graph.inputs[k]] not in grads}
     g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
@@ -1166,7 +1276,7 @@ def gpt_block_numpy(x: np.ndarray, mask: np.ndarray, *weights: np.ndarray) -> np
     a = (s @ v).transpose(0, 2, 1, 3).reshape(bsz, t, c)
     x = x + a @ np.concatenate(wo, axis=0)
     u = ln(x, ln2_w, ln2_b) @ w1 + b1
-    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u ** 3)))
+    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)))
     return x + u @ w2 + b2
 
 
@@ -1184,7 +1294,7 @@ def plan_flops(graph: Graph) -> int:
     return total
 
 
-def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6) -> dict:
     """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
     compile time and guard cost of gpt_block at (batch, t, c), float32."""
     from minitorch.bench import benchmark
@@ -1224,3 +1334,29 @@ def print_speed_table(results: Sequence[dict]) -> None:
               f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
               f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
               f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")
+
+
+def block_profile(batch: int, t: int, c: int, n_head: int = 4, repeat: int = 20) -> dict:
+    """{(k, label): fastest seconds} of each kernel of the compiled gpt_block at (batch, t, c),
+    float32, over `repeat` runs."""
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    times: dict = {}
+    run = build_kernels(trace(gpt_block, x, mask, *ws), times=times)
+    for _ in range(repeat):
+        run(x, mask, *ws)
+    return {key: min(v) for key, v in times.items()}
+
+
+def print_profile(shape: tuple, prof: dict, top: int = 5) -> None:
+    """The profile of block_profile: time by kind of kernel, then the `top` slowest kernels."""
+    kinds: dict[str, list] = {}
+    for (k, label), t in prof.items():
+        kind = label.split()[0] if not label.startswith("library") else label.split()[1]
+        kinds.setdefault("layout" if kind == "transpose" else kind, []).append(t)
+    total = sum(prof.values())
+    print(f"{shape}: {1e3 * total:.2f} ms in {len(prof)} kernels; " + ", ".join(
+        f"{kind} {1e3 * sum(ts):.2f} ms ({len(ts)}, {100 * sum(ts) / total:.0f}%)" for kind, ts in sorted(kinds.items())))
+    for (k, label), t in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {1e6 * t:8.0f} us  kernel {k:<3} {label[:70]}")

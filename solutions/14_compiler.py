@@ -66,6 +66,8 @@ from typing import Any
 
 import numpy as np
 from numba import njit, prange
+from numba import types as numba_types
+from numba.extending import overload
 
 from minitorch import tensor as _t
 from minitorch.autograd import Tensor
@@ -86,6 +88,7 @@ from minitorch.autograd import Tensor
 # | `probe` | x | `label` | prints a summary of x: a *side effect*, no output |
 # | `transpose` | x | | swaps the last two axes (`k.transpose(0, 2, 1)`): a library kernel |
 # | `expand`, `reshape` | x | | made only by `grad_graph` (section 5): a row value stretched over the columns, a new shape |
+# | `step`, `eq` | x; a, b | | made only by `grad_graph`: 1.0 where x > 0 (else 0.0), 1.0 where a == b (pointwise) |
 #
 # Tracing (given) calls the function with `Proxy` objects in place of tensors. A proxy has the
 # tensor's methods and operators; each one adds a node to the graph and returns a new proxy, so
@@ -110,8 +113,8 @@ from minitorch.autograd import Tensor
 #| export
 #| given
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-UNARY = ("neg", "exp", "log", "tanh", "relu", "sqrt")
-BINARY = ("add", "sub", "mul", "div", "pow")
+UNARY = ("neg", "exp", "log", "tanh", "relu", "sqrt", "step")
+BINARY = ("add", "sub", "mul", "div", "pow", "eq")
 POINTWISE = UNARY + BINARY
 REDUCTIONS = ("sum", "max")
 SIDE_EFFECTS = ("probe",)
@@ -493,7 +496,8 @@ def numpy_op(n: Node, *xs: np.ndarray) -> np.ndarray:
     if n.op in REDUCTIONS:
         return getattr(np, "max" if n.op == "max" else "sum")(xs[0], axis=n.attrs["axis"], keepdims=n.attrs["keepdims"])
     fn = {"neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
-          "relu": lambda a: np.maximum(a, 0), "add": np.add, "sub": np.subtract, "mul": np.multiply,
+          "relu": lambda a: np.maximum(a, 0), "step": lambda a: (a > 0).astype(n.dtype),
+          "eq": lambda a, b: (a == b).astype(n.dtype), "add": np.add, "sub": np.subtract, "mul": np.multiply,
           "div": np.divide, "pow": np.power, "matmul": np.matmul,
           "expand": lambda a: np.broadcast_to(a, n.shape).copy(), "reshape": lambda a: a.reshape(n.shape),
           "transpose": lambda a: np.swapaxes(a, -1, -2)}[n.op]
@@ -974,21 +978,35 @@ print(g_dot.to_dot(fuse(g_dot)))
 #
 # A fused group becomes one Python function, compiled by Numba (lesson 05). Its arguments are
 # `rows` (the product of R), `C`, then one 2-D array per read (in `kernel_io` order), then one per
-# write: every array is seen as (rows, C) if it has a value per column, or (rows, 1) if it has
-# one per row (a read whose last axis is 1, a row node, a reduction); the runner (given) makes
-# these views with `np.broadcast_to` and `reshape`, so a bias of shape (C,) is read with a row
-# stride of 0, never copied. The loops: one over rows; inside, for each reduction in order, a loop
-# over the columns that computes the full nodes it needs (the prologue, recomputed in each loop:
-# they are cheap, and the row is in the cache) and accumulates; row nodes between the loops; a
-# last loop over the columns for the full nodes the group writes (the epilogue). A reduction must
-# finish its row before anything reads it: that is why its users come after its loop.
+# write. A value per (row, column) is a (rows, C) array, read `in0[r, c]`; one value per row (a
+# read whose last axis is 1, a row node, a reduction; `per_row`, given) a (rows, 1) array, read
+# `in0[r, 0]`; one value per column, the same for every row (a bias of shape (C,); `per_col`,
+# given) a (1, C) array, read `in0[0, c]`. The runner (given) makes these views with `reshape` and
+# `np.broadcast_to`, so nothing is copied where NumPy can avoid it. (A bias could also be seen as
+# (rows, C) with a row stride of 0, but Numba compiles a strided array as layout "A" and then does
+# not vectorise the loop over it.) The loops: one
+# over rows; inside, for each reduction in order, a loop over the columns that computes the full
+# nodes it needs (the prologue, recomputed in each loop: they are cheap, and the row is in the
+# cache) and accumulates; row nodes between the loops; a last loop over the columns for the full
+# nodes the group writes (the epilogue). A reduction must finish its row before anything reads
+# it: that is why its users come after its loop.
 #
 # Name the values `v0, v1, ...` by the node's position in the group, the arrays `in0, in1, ...`
-# and `out0, out1, ...`. Ops: `math.exp/log/tanh/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`,
-# `**`; constants as `py_literal(value, dtype)` (given: `f32(0.5)` in a float32 node, so the
-# arithmetic stays in float32 as NumPy's does; `0.5` in a float64 one; `math.inf` for an
-# infinity); sums start at `0.0`, maxima at `-math.inf`. Rows run in parallel: `for r in
-# prange(rows)` (Numba's parallel range, lesson 06): each row is independent.
+# and `out0, out1, ...`. Ops: `PY_OPS[op].format(*operands)` (given): `vexp` and `vtanh` for exp
+# and tanh (below), `math.log/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`, `**`; constants as
+# `py_literal(value, dtype)` (given: `f32(0.5)` in a float32 node, so the arithmetic stays in
+# float32 as NumPy's does; `0.5` in a float64 one; `math.inf` for an infinity); sums start at
+# `0.0`, maxima at `-math.inf`. Rows run in parallel: `for r in prange(rows)` (Numba's parallel
+# range, lesson 06): each row is independent.
+#
+# `exp` and `tanh` need care on a CPU. The C library's `expf` is a function call per element,
+# which stops LLVM from vectorising the loop around it (Numba has vector versions only with
+# Intel's SVML), so a fused loop with an `exp` runs at the scalar function's speed while NumPy's
+# ufunc uses SIMD. `vexp` (given) is exp written as arithmetic the loop can inline and vectorise:
+# split x = n ln2 + r with |r| <= ln2/2, take exp(r) from its Taylor polynomial (degree 7 for
+# float32, 12 for float64: the first term left out is under half an ulp), and multiply by 2**n
+# built from its exponent bits; `vtanh(x) = 1 - 2 / (vexp(2x) + 1)`. Glibc, SLEEF and SVML compute
+# exp the same way. The cell after the exercise measures their error and speed.
 #
 # **Exercise 14.7.** Write `numba_source(graph, group, name) -> str`: the source of
 # `def name(rows, C, in0, ..., out0, ...)`.
@@ -996,9 +1014,13 @@ print(g_dot.to_dot(fuse(g_dot)))
 # %%
 #| export
 #| given
-def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool) -> np.ndarray:
-    """a (of shape node_shape) as a 2-D (rows, C) or (rows, 1) array over domain dom, broadcast, not copied where NumPy can."""
+def row_view(a: np.ndarray, node_shape: tuple, dom: tuple[tuple, int], per_row: bool,
+             per_col: bool = False) -> np.ndarray:
+    """a (of shape node_shape) as a 2-D array over domain dom: (rows, 1) per row, (1, C) per column,
+    else (rows, C), broadcast, not copied where NumPy can."""
     rows, width = dom
+    if per_col:
+        return a.reshape(1, width)
     target = rows + ((1,) if per_row else (width,))
     if per_row and node_shape == rows:  # a reduction without keepdims
         a = a.reshape(rows + (1,))
@@ -1012,6 +1034,15 @@ def per_row(node: Node, dom: tuple[tuple, int]) -> bool:
     return not node.shape or node.shape[-1] == 1 and dom[1] != 1 or node.shape == dom[0] + (1,)
 
 
+def per_col(node: Node, dom: tuple[tuple, int]) -> bool:
+    """Is this read one value per column, the same for every row (a bias of shape (C,) or (1, C))?
+    The kernel then reads it as a (1, C) array: in[0, c]."""
+    rows, width = dom
+    shape = node.shape
+    return (bool(shape) and width != 1 and shape[-1] == width and not per_row(node, dom)
+            and all(s == 1 for s in shape[:-1]) and math.prod(rows) > 1)
+
+
 def py_literal(value: float, dtype: Any) -> str:
     """A constant in generated Python/Numba source: f32(v) for float32 (float32 arithmetic), v for
     float64, math.inf / math.nan for the non-finite."""
@@ -1021,9 +1052,75 @@ def py_literal(value: float, dtype: Any) -> str:
     return f"f32({text})" if np.dtype(dtype) == np.float32 else text
 
 
-PY_OPS = {"neg": "(-{0})", "exp": "math.exp({0})", "log": "math.log({0})", "tanh": "math.tanh({0})",
+PY_OPS = {"neg": "(-{0})", "exp": "vexp({0})", "log": "math.log({0})", "tanh": "vtanh({0})",
           "sqrt": "math.sqrt({0})", "relu": "max({0}, 0.0)", "add": "({0} + {1})", "sub": "({0} - {1})",
-          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}"}
+          "mul": "({0} * {1})", "div": "({0} / {1})", "pow": "({0} ** {1})", "expand": "{0}",
+          "step": "(1.0 if {0} > 0 else 0.0)", "eq": "(1.0 if {0} == {1} else 0.0)"}
+
+
+def vexp(x: float) -> float:
+    """exp(x) in the generated kernels: in Python math.exp; compiled by Numba, the range-reduced
+    polynomial below (no call, so LLVM vectorises the loop around it)."""
+    return math.exp(x)
+
+
+def vtanh(x: float) -> float:
+    """tanh(x) in the generated kernels: 1 - 2 / (exp(2x) + 1) with vexp when compiled."""
+    return math.tanh(x)
+
+
+def _exp32(x):  # noqa: ANN001, ANN202 - float32 -> float32, compiled by Numba
+    """exp as straight-line arithmetic (float32): x = n ln2 + r with n an integer, |r| <= ln2 / 2
+    (ln2 in two parts, n * ln2_hi exact), exp(r) by its Taylor polynomial of degree 7 in Horner form
+    (the first term left out is below half an ulp), times 2**n made from its bits. Outside the range
+    of normal numbers 0 or inf; nan stays nan."""
+    f = np.float32
+    xc = min(max(x, f(-87.3)), f(88.7))
+    n = math.floor(xc * f(1.4426950408889634) + f(0.5))
+    r = (xc - n * f(0.693359375)) - n * f(-2.1219444005469057e-4)
+    p = f(1 / 5040) * r + f(1 / 720)
+    p = ((((p * r + f(1 / 120)) * r + f(1 / 24)) * r + f(1 / 6)) * r + f(0.5)) * r + f(1.0)
+    p = p * r + f(1.0)
+    e = p * np.int32((np.int32(n) + np.int32(127)) << np.int32(23)).view(f)  # 2**n: exponent field n + 127
+    e = f(0.0) if x < f(-87.3) else e
+    e = f(math.inf) if x > f(88.7) else e
+    return x if x != x else e
+
+
+def _exp64(x):  # noqa: ANN001, ANN202 - float64 -> float64, compiled by Numba
+    """_exp32 in float64: Taylor degree 12, 2**n with the exponent field n + 1023."""
+    xc = min(max(x, -708.0), 709.0)
+    n = math.floor(xc * 1.4426950408889634 + 0.5)
+    r = (xc - n * 0.693359375) - n * -2.1219444005469057e-4
+    p = (((1 / 479001600 * r + 1 / 39916800) * r + 1 / 3628800) * r + 1 / 362880) * r + 1 / 40320
+    p = ((((p * r + 1 / 5040) * r + 1 / 720) * r + 1 / 120) * r + 1 / 24) * r + 1 / 6
+    p = ((p * r + 0.5) * r + 1.0) * r + 1.0
+    e = p * np.int64((np.int64(n) + np.int64(1023)) << np.int64(52)).view(np.float64)
+    e = 0.0 if x < -708.0 else e
+    e = math.inf if x > 709.0 else e
+    return x if x != x else e
+
+
+@overload(vexp, jit_options={"fastmath": {"contract"}})
+def _vexp_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of the implementation
+    if isinstance(x, numba_types.Float):
+        return _exp32 if x.name == "float32" else _exp64
+    return None
+
+
+@overload(vtanh, inline="always")
+def _vtanh_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of the implementation
+    if isinstance(x, numba_types.Float):
+        one, two = (np.float32(1.0), np.float32(2.0)) if x.name == "float32" else (1.0, 2.0)
+
+        def tanh(x):  # noqa: ANN001, ANN202 - exact at both ends: exp overflows to inf -> 1, underflows to 0 -> -1
+            return one - two / (vexp(two * x) + one)
+
+        return tanh
+    return None
+
+
+KERNEL_NAMES = {"math": math, "prange": prange, "f32": np.float32, "vexp": vexp, "vtanh": vtanh}
 
 # %%
 #| export
@@ -1045,7 +1142,9 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
             return py_literal(n.attrs["value"], n.dtype)
         if n in inside:
             return var[n]
-        return f"{arg[n]}[r, 0]" if per_row(n, dom) else f"{arg[n]}[r, c]"
+        if per_row(n, dom):
+            return f"{arg[n]}[r, 0]"
+        return f"{arg[n]}[0, c]" if per_col(n, dom) else f"{arg[n]}[r, c]"
 
     def emit_full(n: Node, done: set, body: list[str]) -> None:
         """Emit the full nodes n needs (and n) inside a column loop."""
@@ -1078,6 +1177,51 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     return "\n".join(lines) + "\n"
     ### END SOLUTION
 
+# %% tags=["demo"]
+# vexp and vtanh: error against NumPy in float64, and the time of a loop over 2**16 elements
+from minitorch.bench import benchmark  # noqa: E402
+
+_fm = {"reassoc", "contract", "arcp", "nsz"}  # the generated kernels' fastmath flags
+
+
+@njit(fastmath=_fm, error_model="numpy")
+def _loop_vexp(x, out):
+    for i in range(x.size):
+        out[i] = vexp(x[i])
+
+
+@njit(fastmath=_fm, error_model="numpy")
+def _loop_exp(x, out):
+    for i in range(x.size):
+        out[i] = math.exp(x[i])
+
+
+@njit(fastmath=_fm, error_model="numpy")
+def _loop_vtanh(x, out):
+    for i in range(x.size):
+        out[i] = vtanh(x[i])
+
+
+@njit(fastmath=_fm, error_model="numpy")
+def _loop_tanh(x, out):
+    for i in range(x.size):
+        out[i] = math.tanh(x[i])
+
+
+for dt in (np.float32, np.float64):
+    xe = np.linspace(-80, 80, 1 << 16).astype(dt)  # normal results in float32 and float64
+    out = np.empty_like(xe)
+    exact = np.exp(xe.astype(np.float64))
+    _loop_vexp(xe, out)
+    ulps = np.max(np.abs(out - exact) / exact) / np.finfo(dt).eps
+    _loop_vtanh(xe / 8, out)
+    tanh_err = np.max(np.abs(out - np.tanh(xe.astype(np.float64) / 8)))
+    t = {name: benchmark(fn, xe / 16, out, repeat=20).min * 1e6
+         for name, fn in [("vexp", _loop_vexp), ("math.exp", _loop_exp), ("vtanh", _loop_vtanh), ("math.tanh", _loop_tanh),
+                          ("np.exp", lambda a, o: np.exp(a, out=o)), ("np.tanh", lambda a, o: np.tanh(a, out=o))]}
+    print(f"{np.dtype(dt).name}: vexp max relative error {ulps:.2f} eps, vtanh max absolute error {tanh_err:.1e}; "
+          + ", ".join(f"{k} {v:.0f} us" for k, v in t.items()))
+
 # %% [markdown]
 # The runner (given) turns a plan into one callable: it generates and compiles each fused group's
 # kernel once (`compile_numba`), runs the library kernels with NumPy, and keeps a dictionary of
@@ -1087,7 +1231,7 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 #| export
 #| given
 KERNEL_CACHE: dict[tuple[str, bool], Callable] = {}
-PARALLEL_MIN = 1 << 14  # elements in a kernel's domain from which its rows run on all cores
+PARALLEL_MIN = 1 << 20  # elements in a kernel's domain from which its rows run on all cores
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -1096,7 +1240,7 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     another shape reuses the compiled kernel (Numba compiles once per argument types)."""
     key = (source, parallel)
     if key not in KERNEL_CACHE:
-        scope: dict[str, Any] = {"math": math, "prange": prange, "f32": np.float32}
+        scope: dict[str, Any] = dict(KERNEL_NAMES)
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
         # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
         # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
@@ -1106,14 +1250,18 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
 
 
 def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | None = None,
-                  parallel: bool = True, kernel_wrapper: Callable | None = None) -> Callable:
+                  parallel: bool = True, kernel_wrapper: Callable | None = None,
+                  times: dict | None = None) -> Callable:
     """The compiled runner of `graph`: optimize, fuse, plan the buffers, generate (numba_source by
     default) and compile every fused group. runner(*arrays) -> [output arrays]; it checks the
     arrays against the graph's inputs first (`check_arrays`). Intermediate values live in buffers
     allocated once (`plan_buffers`), so a runner is not re-entrant; outputs are new arrays each
     call. `log`, if given, receives (kernel name, reads, writes) for each kernel run: the arrays of
     the nodes it read and wrote (before any view). kernel_wrapper(kernel, source), if given,
-    returns what runs in the kernel's place (the autotuner's hook)."""
+    returns what runs in the kernel's place (the autotuner's hook). `times`, if given, receives
+    {(k, label): [seconds of each run]} for each kernel (the profiler's hook)."""
+    import time
+
     source_fn = source_fn or numba_source
     graph = optimize(graph)
     plan = fuse(graph)
@@ -1141,24 +1289,34 @@ def build_kernels(graph: Graph, source_fn: Callable | None = None, log: list | N
             if n.op == "const":
                 env[n] = np.asarray(n.attrs["value"], dtype=n.dtype)
         for k, (kernel, group, reads, writes, dom) in enumerate(steps):
+            t0 = time.perf_counter() if times is not None else 0.0
             for n in writes:
                 env[n] = pool[assign[n]].reshape(n.shape) if n in assign else np.empty(n.shape, n.dtype)
             if kernel is None:
                 (n,) = group
                 if n.op == "matmul" and n in env:
-                    np.matmul(env[n.inputs[0]], env[n.inputs[1]], out=env[n])
+                    a, b = env[n.inputs[0]], env[n.inputs[1]]
+                    if a.ndim > 2 and b.ndim == 2:  # (..., n, k) @ (k, m): one GEMM of all rows, not one per batch
+                        np.matmul(a.reshape(-1, a.shape[-1]), b, out=env[n].reshape(-1, b.shape[-1]))
+                    else:
+                        np.matmul(a, b, out=env[n])
                 elif n in env:
                     env[n][...] = numpy_op(n, *(env[i] for i in n.inputs))
                 else:
                     env[n] = np.asarray(numpy_op(n, *(env[i] for i in n.inputs)), dtype=n.dtype)
                 if log is not None:
                     log.append((f"library {n.op}", [env[i] for i in n.inputs if i.op != "const"], [env[n]]))
+                if times is not None:
+                    times.setdefault((k, f"library {n.op}"), []).append(time.perf_counter() - t0)
                 continue
-            ins = [row_view(env[n], n.shape, dom, per_row(n, dom)) for n in reads]
+            ins = [row_view(env[n], n.shape, dom, per_row(n, dom), per_col(n, dom)) for n in reads]
             outs = [env[n].reshape(math.prod(dom[0]), 1 if per_row(n, dom) else dom[1]) for n in writes]
             kernel(math.prod(dom[0]), dom[1], *ins, *outs)
             if log is not None:
                 log.append((f"kernel{k}", [env[n] for n in reads], [env[n] for n in writes]))
+            if times is not None:
+                kind = "reduction" if any(n.op in REDUCTIONS for n in group) else "pointwise"
+                times.setdefault((k, f"{kind} {'+'.join(n.op for n in group)}"), []).append(time.perf_counter() - t0)
         return [env[o] for o in graph.outputs]
 
     run.graph, run.plan, run.buffers = graph, plan, assign
@@ -1311,6 +1469,18 @@ def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
                 kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
                 d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
             give(ins[0], _append(g, "expand", [d], {"shape": ins[0].shape}, ins[0].shape, d.dtype))
+        elif op == "relu":  # lesson 02's rule: the derivative at 0 is 0
+            give(ins[0], g.add("mul", [d, g.add("step", [ins[0]])]))
+        elif op == "max":  # lesson 02's rule: to the maximal elements, split evenly among ties
+            axis = n.attrs["axis"] % len(ins[0].shape)
+            top = n
+            if not n.attrs["keepdims"]:
+                kept = ins[0].shape[:axis] + (1,) + ins[0].shape[axis + 1:]
+                d = _append(g, "reshape", [d], {"shape": kept}, kept, d.dtype)
+                top = _append(g, "reshape", [n], {"shape": kept}, kept, n.dtype)
+            mask = g.add("eq", [ins[0], top])
+            count = g.add("sum", [mask], {"axis": axis, "keepdims": True})
+            give(ins[0], g.add("div", [g.add("mul", [d, mask]), count]))
         elif op == "transpose":
             give(ins[0], _append(g, "transpose", [d], {}, ins[0].shape, d.dtype))
         elif op == "matmul":
@@ -1321,7 +1491,7 @@ def grad_graph(graph: Graph, wrt: Sequence[int] | None = None) -> Graph:
             at = _append(g, "transpose", [a], {}, a.shape[:-2] + (a.shape[-1], a.shape[-2]), a.dtype)
             give(a, g.add("matmul", [d, bt])), give(b, g.add("matmul", [at, d]))
         else:
-            raise GraphBreak(f"grad_graph: no gradient rule for {op} (relu, max and probe are forward-only here)")
+            raise GraphBreak(f"grad_graph: no gradient rule for {op}")
     zero = {k: g.add("mul", [new[graph.inputs[k]], const(0.0, graph.inputs[k])]) for k in wrt
             if new[graph.inputs[k]] not in grads}
     g.outputs = [new[loss]] + [grads.get(new[graph.inputs[k]], zero.get(k)) for k in wrt]
@@ -1785,7 +1955,7 @@ def gpt_block_numpy(x: np.ndarray, mask: np.ndarray, *weights: np.ndarray) -> np
     a = (s @ v).transpose(0, 2, 1, 3).reshape(bsz, t, c)
     x = x + a @ np.concatenate(wo, axis=0)
     u = ln(x, ln2_w, ln2_b) @ w1 + b1
-    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u ** 3)))
+    u = 0.5 * u * (1.0 + np.tanh(0.7978845608028654 * (u + 0.044715 * u * u * u)))
     return x + u @ w2 + b2
 
 # %% [markdown]
@@ -1929,16 +2099,19 @@ live(draw_fusion, ops=(1, MAX_OPS), then=list(TAILS))
 # eagerly (minitorch with autograd recording), in NumPy, and compiled, at the tiny GPT's shape and
 # 4x wider, with the bytes of each plan, the compile time and the cost of a cache hit. The numbers
 # are this machine's, measured now; read the ratios. The compiled block wins by running fewer,
-# fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers)
-# and by using all cores for the big ones. Where a fused kernel loses, it is compute-bound: a loop
-# that calls `exp` or `tanh` per element runs at the speed of the C library's scalar function,
-# while NumPy's ufuncs use SIMD, so fusion saves bytes but can cost time on a CPU
+# fused kernels (no per-operation tape, allocation and dispatch; intermediates in reused buffers),
+# by running each fused loop at SIMD speed (`vexp`/`vtanh` inlined, biases read as contiguous
+# rows) and by giving BLAS one GEMM of all B*T rows where eager minitorch makes one call per batch
+# element. What is left is mostly matmul time, which no fusion changes: the profile below shows
+# it. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
+# waking the threads costs more than it saves, their spinning competes with BLAS's own threads,
+# and on a machine shared with other work a parallel loop waits for its slowest thread
 # ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
 
 # %%
 #| export
 #| given
-def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 3) -> dict:
+def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6) -> dict:
     """Times (s, fastest run; eager, NumPy and compiled interleaved over `rounds`), bytes, kernels,
     compile time and guard cost of gpt_block at (batch, t, c), float32."""
     from minitorch.bench import benchmark
@@ -1984,13 +2157,59 @@ shapes_s = [(2, 64, 64), (2, 64, 256)] if SMALL else [(8, 64, 64), (8, 64, 256)]
 print_speed_table([block_speed(*sh) for sh in shapes_s])
 
 # %% [markdown]
+# Where the compiled block's time goes: `build_kernels(..., times=...)` (given) times each step
+# of the plan; the cell sums them by kind (library matmuls, fused kernels with a reduction,
+# pointwise-only fused kernels, layout copies) and lists the slowest kernels. Each entry is the
+# fastest of the runs, so the total is a little under one run of the whole block.
+
+# %%
+#| export
+#| given
+def block_profile(batch: int, t: int, c: int, n_head: int = 4, repeat: int = 20) -> dict:
+    """{(k, label): fastest seconds} of each kernel of the compiled gpt_block at (batch, t, c),
+    float32, over `repeat` runs."""
+    ws = gpt_block_weights(c, n_head, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    mask = causal_mask(t)
+    times: dict = {}
+    run = build_kernels(trace(gpt_block, x, mask, *ws), times=times)
+    for _ in range(repeat):
+        run(x, mask, *ws)
+    return {key: min(v) for key, v in times.items()}
+
+
+def print_profile(shape: tuple, prof: dict, top: int = 5) -> None:
+    """The profile of block_profile: time by kind of kernel, then the `top` slowest kernels."""
+    kinds: dict[str, list] = {}
+    for (k, label), t in prof.items():
+        kind = label.split()[0] if not label.startswith("library") else label.split()[1]
+        kinds.setdefault("layout" if kind == "transpose" else kind, []).append(t)
+    total = sum(prof.values())
+    print(f"{shape}: {1e3 * total:.2f} ms in {len(prof)} kernels; " + ", ".join(
+        f"{kind} {1e3 * sum(ts):.2f} ms ({len(ts)}, {100 * sum(ts) / total:.0f}%)" for kind, ts in sorted(kinds.items())))
+    for (k, label), t in sorted(prof.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"    {1e6 * t:8.0f} us  kernel {k:<3} {label[:70]}")
+
+# %% tags=["demo"]
+for sh in shapes_s:
+    print_profile(sh, block_profile(*sh, repeat=5 if SMALL else 20))
+
+# %% [markdown]
 # ## What is left out
 #
 # - Symbolic shapes: every new shape retraces (torch.compile marks a dimension dynamic after it
 #   changes once, and compiles one graph for all its sizes).
 # - Splitting at a graph break: the whole function runs eagerly; TorchDynamo compiles the parts
 #   before and after the break and runs only the break in Python.
-# - Fusing into the matmul: a bias or activation epilogue fused into the GEMM kernel itself (the
-#   compiler here fuses it into the next kernel), and the block-per-row CUDA kernel with a
-#   shared-memory reduction for wide rows (lesson 08's softmax).
-# - Gradients of `max` and `relu` in `grad_graph`, and autograd through a graph break.
+# - Fusing into the matmul: a bias or activation epilogue fused into the GEMM kernel itself, applied
+#   to each output tile while it is in registers (cuBLASLt epilogues, CUTLASS epilogue visitors,
+#   TorchInductor's Triton templates). Here the epilogue runs in the next kernel, which reads the
+#   matmul's output once, from the cache at these sizes. On the CPU the GEMM would have to be in
+#   the generated code: Numba's `np.dot` needs SciPy's BLAS (not a course dependency), and a
+#   generated triple loop is many times slower than OpenBLAS (lesson 06).
+# - Horizontal fusion: the block's per-head q, k and v matmuls share their input `h`; one GEMM
+#   with the weights concatenated (what `gpt_block_numpy` does by hand, and TorchInductor's
+#   batch-fusion passes do for linear layers) would replace twelve small ones.
+# - The block-per-row CUDA kernel with a shared-memory reduction for wide rows (lesson 08's
+#   softmax); CUDA C for the gradient-only ops `step` and `eq`.
+# - Autograd through a graph break.

@@ -400,10 +400,10 @@ def touched_bytes(lesson, g, plan, arrays):
         args, seen = [], []
         for n in reads:
             ids = np.arange(m.prod(n.shape)).reshape(n.shape)
-            pr = lesson.per_row(n, dom)
+            pr, pc = lesson.per_row(n, dom), lesson.per_col(n, dom)
             seen.append(set())
-            args.append(Recorder(lesson.row_view(env[n], n.shape, dom, pr), lesson.row_view(ids, n.shape, dom, pr),
-                                 seen[-1]))
+            args.append(Recorder(lesson.row_view(env[n], n.shape, dom, pr, pc),
+                                 lesson.row_view(ids, n.shape, dom, pr, pc), seen[-1]))
         outs = []
         for n in writes:
             env[n] = np.full(n.shape, np.nan, n.dtype)
@@ -412,7 +412,7 @@ def touched_bytes(lesson, g, plan, arrays):
             seen.append(set())
             outs.append(Recorder(env[n].reshape(rows, 1 if pr else dom[1]),
                                  ids.reshape(rows, 1 if pr else dom[1]), seen[-1]))
-        scope = {"math": m, "prange": range, "f32": np.float32}
+        scope = {**lesson.KERNEL_NAMES, "prange": range}
         exec(lesson.numba_source(g, group, "k"), scope)
         scope["k"](rows, dom[1], *args, *outs)
         sizes = [n.dtype.itemsize for n in reads + writes]
@@ -746,3 +746,59 @@ def test_cuda_kernels_on_the_gpu(solo):
         run = lesson.cuda_runner(lesson.trace(fn, *args), source_fn=lesson.cuda_source, block=128, device="gpu")
         np.testing.assert_allclose(run(*args)[0], eager(fn, *args)[0], rtol=2e-5, atol=2e-6,
                                    err_msg=f"{what} on the GPU")
+
+
+@pytest.mark.exercise("14.7")
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3).map(tuple),
+       keepdims=st.booleans(), ties=st.booleans(), last=st.booleans())
+@example(shape=(1,), keepdims=False, ties=False, last=True)
+@example(shape=(3, 4), keepdims=True, ties=True, last=True)
+@example(shape=(2, 3, 5), keepdims=False, ties=True, last=False)
+def test_compiled_gradients_of_relu_and_max_equal_the_tape(solo, shape, keepdims, ties, last):
+    """relu's and max's gradients (lesson 02's rules: 0 at relu's kink, a max's gradient split evenly
+    among ties), on drawn shapes, a reduction over the last axis (fused) or the first (a library kernel)."""
+    lesson = solo("14.7")
+    rng = np.random.default_rng(sum(shape) * 3 + keepdims + 2 * ties)
+    x = rng.standard_normal(shape)
+    y = rng.standard_normal(shape[-1:])
+    if ties:  # repeated values: ties for the max, exact zeros for relu
+        x = np.round(x)
+    axis = -1 if last else 0
+
+    def loss(x, y):
+        h = (x * y).relu() + x.relu() * 0.5
+        m = h.max(axis=axis, keepdims=keepdims)
+        s = (x - x.max(axis=-1, keepdims=True)).exp()
+        return full_sum(m * m) + full_sum(s * y)
+
+    value, grads = lesson.compile_grad(loss, source_fn=lesson.numba_source, parallel=False)(Tensor(x), Tensor(y))
+    xt, yt = Tensor(x, requires_grad=True), Tensor(y, requires_grad=True)
+    want = loss(xt, yt)
+    want.backward()
+    np.testing.assert_allclose(value.data, want.data, rtol=1e-12, atol=1e-12)
+    for name, got, leaf in (("x", grads[0], xt), ("y", grads[1], yt)):
+        assert got.shape == leaf.shape, f"d loss / d {name}: expected shape {leaf.shape}, got {got.shape}"
+        np.testing.assert_allclose(got.data, leaf.grad.data, rtol=1e-12, atol=1e-12,
+                                   err_msg=f"d loss / d {name}, x {x.shape} (ties: {ties}), max over axis {axis}, "
+                                           f"keepdims={keepdims}")
+
+
+@pytest.mark.exercise("14.7")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_generated_exp_and_tanh_at_the_edges(solo, dtype):
+    """The kernels' exp and tanh (vexp, vtanh: polynomials, not the C library) keep NumPy's values at
+    the edges: -inf (a causal mask) gives 0, overflow inf, nan stays nan, tiny and huge arguments."""
+    lesson = solo("14.7")
+    x = np.array([-np.inf, np.inf, np.nan, 0.0, -0.0, 1e-9, -1e-9, 0.5, -3.0, 20.0, -20.0, 88.0, -87.0, 100.0,
+                  -100.0, 700.0, -700.0, 800.0, -800.0], dtype)
+    fn = lambda x: (x.exp(), x.tanh())  # noqa: E731
+    run = lesson.build_kernels(lesson.trace(fn, x), source_fn=lesson.numba_source, parallel=False)
+    with np.errstate(over="ignore"):
+        want_exp, want_tanh = np.exp(x), np.tanh(x)
+    got_exp, got_tanh = run(x)
+    tol = dict(rtol=1e-13, atol=0) if dtype == np.float64 else dict(rtol=1e-6, atol=0)
+    normal = np.abs(want_exp) > np.finfo(dtype).tiny  # below it vexp gives 0, NumPy a subnormal
+    np.testing.assert_allclose(got_exp[normal], want_exp[normal], **tol, err_msg=f"exp of {x[normal]}")
+    assert np.all(got_exp[~normal & ~np.isnan(x)] <= np.finfo(dtype).tiny), f"exp of {x}: {got_exp}"
+    np.testing.assert_allclose(got_tanh, want_tanh, rtol=0, atol=4 * np.finfo(dtype).eps, err_msg=f"tanh of {x}")
