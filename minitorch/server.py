@@ -11,6 +11,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -360,7 +361,7 @@ class Engine:
             if plan:
                 logits = self._forward(plan)
                 now = time.perf_counter()
-                new_tokens = 0
+                new_tokens, bs = 0, self.cache.block_size
                 for (request, n), row in zip(plan, logits):
                     request.num_computed += n
                     if request.num_computed == request.num_tokens:
@@ -370,7 +371,8 @@ class Engine:
                         new_tokens += 1
                         if request.on_token is not None:
                             request.on_token(token)
-                    if self.prefix is not None:
+                    if self.prefix is not None and (request.num_computed - n) // bs < request.num_computed // bs:
+                        # a block filled up in this step: remember the sequence's full blocks
                         self.prefix.register(request.id, request.tokens[:request.num_computed])
                     if request.done:
                         self.running.remove(request)
@@ -605,29 +607,103 @@ def check_request(body: dict[str, Any], chat: bool, model_name: str, tokenizer: 
     return CompletionParams(ids, max_tokens, float(temperature), seed, stream, chat)
 
 
+class LoopMailbox:
+    """Tokens from the engine's thread to one event loop, with one wake-up of the loop per burst:
+    put() appends (stream, token) to a list and calls the loop (call_soon_threadsafe, a write to
+    the loop's wake-up socket) only when the list was empty, so the tokens of one engine step
+    cost one wake-up, not one each. for_loop(loop): the loop's mailbox."""
+
+    _boxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox]" = weakref.WeakKeyDictionary()
+    _boxes_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock = loop, [], threading.Lock()
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> "LoopMailbox":
+        with cls._boxes_lock:
+            box = cls._boxes.get(loop)
+            if box is None:
+                box = cls._boxes[loop] = cls(loop)
+            return box
+
+    def put(self, stream: "TokenStream", token: int | None) -> None:
+        with self.lock:
+            wake = not self.items
+            self.items.append((stream, token))
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                with self.lock:
+                    self.items.clear()
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for stream, token in items:
+            stream.deliver(token)
+
+
 class TokenStream:
     """A request's tokens, from the engine's thread to an event loop: push(token) (thread-safe;
     None ends the stream); `async for token in stream` yields them in order. request: the
-    GenRequest, once the engine has accepted it."""
+    GenRequest, once the engine has accepted it. ready: whether the next token (or the end) is
+    already here, so that the next step of the iteration will not wait."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.loop, self.mailbox = loop, LoopMailbox.for_loop(loop)
+        self.buffer: deque[int | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.request: GenRequest | None = None
 
     def push(self, token: int | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+        self.mailbox.put(self, token)
+
+    def deliver(self, token: int | None) -> None:
+        """(In the loop) a token has arrived: buffer it and wake the reader."""
+        self.buffer.append(token)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.buffer)
 
     def __aiter__(self) -> "TokenStream":
         return self
 
     async def __anext__(self) -> int:
-        token = await self.queue.get()
-        if token is None:
+        while not self.buffer:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        token = self.buffer[0]
+        if token is None:  # the end stays in the buffer: iterating again stops again
             raise StopAsyncIteration
+        self.buffer.popleft()
         return token
+
+
+async def coalesce(events: AsyncIterator[bytes], ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The bytes of `events`, each item joined with the ones after it that are ready already
+    (ready(): the next item will come without waiting): the same bytes in fewer writes to the
+    socket when the server falls behind the engine."""
+    it = events.__aiter__()
+    while True:
+        try:
+            parts = [await it.__anext__()]
+        except StopAsyncIteration:
+            return
+        while ready():
+            try:
+                parts.append(await it.__anext__())
+            except StopAsyncIteration:
+                yield b"".join(parts)
+                return
+        yield b"".join(parts)
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
@@ -719,7 +795,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in sse_stream(stream, chunk, tokenizer.decode):
+                    async for event in coalesce(sse_stream(stream, chunk, tokenizer.decode), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)

@@ -225,25 +225,82 @@ def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
     return out
 
 
-async def _one_request(client: Any, url: str, model: str, prompt: str, max_tokens: int, send_at: float,
-                       sem: asyncio.Semaphore | None) -> dict[str, Any]:
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one host:port on asyncio streams (the load generator's
+    client: a few lines of parsing per event instead of a general client's layers, because the
+    load generator shares the machine's cores with the server it measures)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.idle = host, port, []
+
+    async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.idle:
+            return self.idle.pop()
+        return await asyncio.open_connection(self.host, self.port)
+
+    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _post_stream(conns: _Connections, path: str, body: bytes, on_event: Callable[[bytes], None]) -> int:
+    """POST `body` (JSON) to `path`; on_event(data) for each server-sent event's data (bytes) of a
+    200 response as it arrives. Returns the status; the connection goes back to the pool when the
+    response was read to its end."""
+    reader, writer = await conns.get()
+    try:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body), body))
+        status = int((await reader.readline()).split(b" ", 2)[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if headers.get(b"transfer-encoding") != b"chunked":
+            await reader.readexactly(int(headers.get(b"content-length", b"0")))
+        else:
+            buf = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                buf += (await reader.readexactly(size + 2))[:-2]
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: ") and status == 200:
+                        on_event(event[6:])
+            await reader.readline()                              # the blank line after the last chunk
+        if headers.get(b"connection") == b"close":
+            writer.close()
+        else:
+            conns.put((reader, writer))
+        return status
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def _one_request(conns: _Connections, model: str, prompt: str, max_tokens: int, send_at: float,
+                       sem: asyncio.Semaphore | None, timeout: float) -> dict[str, Any]:
     delay = send_at - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     if sem is not None:
         await sem.acquire()
     start, times, text, status = time.perf_counter(), [], [], 0
+
+    def on_event(data: bytes) -> None:
+        if data != b"[DONE]":
+            piece = json.loads(data)["choices"][0]["text"]
+            if piece:
+                times.append(time.perf_counter())
+                text.append(piece)
+
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            status = r.status_code
-            if status == 200:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        piece = json.loads(line[6:])["choices"][0]["text"]
-                        if piece:
-                            times.append(time.perf_counter())
-                            text.append(piece)
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "temperature": 0.0}).encode()
+        status = await asyncio.wait_for(_post_stream(conns, "/v1/completions", body, on_event), timeout)
     except Exception as exc:  # a refused or broken connection is a failed request, not a crash
         status = -1
         text.append(repr(exc))
@@ -254,30 +311,47 @@ async def _one_request(client: Any, url: str, model: str, prompt: str, max_token
             "max_tokens": max_tokens}
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's event loop where it is installed (Linux and macOS: the loop uvicorn picks too),
+    else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: str = "tiny-gpt",
              max_concurrency: int | None = None, timeout: float = 120.0) -> tuple[list[dict[str, Any]], float]:
     """Send workload[i] (prompt, max_tokens) to url/v1/completions, streamed, at arrivals[i]
     seconds after the start (open loop: a request is sent on time whatever the others do), at
-    most max_concurrency at once (None: no limit). Returns (one dict per request: start,
-    token_times, status, text, max_tokens; the wall time from the first send to the last
-    answer). Runs its own event loop in a thread, so it works inside a notebook."""
-    import httpx
+    most max_concurrency at once (None: no limit); each request fails (status -1) after
+    `timeout` seconds. Returns (one dict per request: start, token_times, status, text,
+    max_tokens; the wall time from the first send to the last answer). Runs its own event loop
+    in a thread, so it works inside a notebook."""
+    from urllib.parse import urlsplit
 
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"run_load: expected a URL http://host:port, got {url!r}")
     result: dict[str, Any] = {}
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        conns = _Connections(parts.hostname, parts.port or 80)
+        try:
             sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
             t0 = time.perf_counter()
-            tasks = [_one_request(client, url, model, p, m, t0 + float(a), sem)
+            tasks = [_one_request(conns, model, p, m, t0 + float(a), sem, timeout)
                      for (p, m), a in zip(workload, arrivals)]
             result["records"] = await asyncio.gather(*tasks)
             result["duration"] = time.perf_counter() - t0
+        finally:
+            conns.close()
 
     def target() -> None:
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(main())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = exc
 

@@ -59,6 +59,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -300,25 +301,82 @@ def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
     return out
 
 
-async def _one_request(client: Any, url: str, model: str, prompt: str, max_tokens: int, send_at: float,
-                       sem: asyncio.Semaphore | None) -> dict[str, Any]:
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one host:port on asyncio streams (the load generator's
+    client: a few lines of parsing per event instead of a general client's layers, because the
+    load generator shares the machine's cores with the server it measures)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.idle = host, port, []
+
+    async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.idle:
+            return self.idle.pop()
+        return await asyncio.open_connection(self.host, self.port)
+
+    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _post_stream(conns: _Connections, path: str, body: bytes, on_event: Callable[[bytes], None]) -> int:
+    """POST `body` (JSON) to `path`; on_event(data) for each server-sent event's data (bytes) of a
+    200 response as it arrives. Returns the status; the connection goes back to the pool when the
+    response was read to its end."""
+    reader, writer = await conns.get()
+    try:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body), body))
+        status = int((await reader.readline()).split(b" ", 2)[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if headers.get(b"transfer-encoding") != b"chunked":
+            await reader.readexactly(int(headers.get(b"content-length", b"0")))
+        else:
+            buf = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                buf += (await reader.readexactly(size + 2))[:-2]
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: ") and status == 200:
+                        on_event(event[6:])
+            await reader.readline()                              # the blank line after the last chunk
+        if headers.get(b"connection") == b"close":
+            writer.close()
+        else:
+            conns.put((reader, writer))
+        return status
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def _one_request(conns: _Connections, model: str, prompt: str, max_tokens: int, send_at: float,
+                       sem: asyncio.Semaphore | None, timeout: float) -> dict[str, Any]:
     delay = send_at - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     if sem is not None:
         await sem.acquire()
     start, times, text, status = time.perf_counter(), [], [], 0
+
+    def on_event(data: bytes) -> None:
+        if data != b"[DONE]":
+            piece = json.loads(data)["choices"][0]["text"]
+            if piece:
+                times.append(time.perf_counter())
+                text.append(piece)
+
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            status = r.status_code
-            if status == 200:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        piece = json.loads(line[6:])["choices"][0]["text"]
-                        if piece:
-                            times.append(time.perf_counter())
-                            text.append(piece)
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "temperature": 0.0}).encode()
+        status = await asyncio.wait_for(_post_stream(conns, "/v1/completions", body, on_event), timeout)
     except Exception as exc:  # a refused or broken connection is a failed request, not a crash
         status = -1
         text.append(repr(exc))
@@ -329,30 +387,47 @@ async def _one_request(client: Any, url: str, model: str, prompt: str, max_token
             "max_tokens": max_tokens}
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's event loop where it is installed (Linux and macOS: the loop uvicorn picks too),
+    else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: str = "tiny-gpt",
              max_concurrency: int | None = None, timeout: float = 120.0) -> tuple[list[dict[str, Any]], float]:
     """Send workload[i] (prompt, max_tokens) to url/v1/completions, streamed, at arrivals[i]
     seconds after the start (open loop: a request is sent on time whatever the others do), at
-    most max_concurrency at once (None: no limit). Returns (one dict per request: start,
-    token_times, status, text, max_tokens; the wall time from the first send to the last
-    answer). Runs its own event loop in a thread, so it works inside a notebook."""
-    import httpx
+    most max_concurrency at once (None: no limit); each request fails (status -1) after
+    `timeout` seconds. Returns (one dict per request: start, token_times, status, text,
+    max_tokens; the wall time from the first send to the last answer). Runs its own event loop
+    in a thread, so it works inside a notebook."""
+    from urllib.parse import urlsplit
 
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"run_load: expected a URL http://host:port, got {url!r}")
     result: dict[str, Any] = {}
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        conns = _Connections(parts.hostname, parts.port or 80)
+        try:
             sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
             t0 = time.perf_counter()
-            tasks = [_one_request(client, url, model, p, m, t0 + float(a), sem)
+            tasks = [_one_request(conns, model, p, m, t0 + float(a), sem, timeout)
                      for (p, m), a in zip(workload, arrivals)]
             result["records"] = await asyncio.gather(*tasks)
             result["duration"] = time.perf_counter() - t0
+        finally:
+            conns.close()
 
     def target() -> None:
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(main())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = exc
 
@@ -362,6 +437,7 @@ def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: st
     if "error" in result:
         raise result["error"]
     return result["records"], result["duration"]
+
 
 # %% [markdown]
 # ## 1. Requests, and the engine's state
@@ -809,7 +885,7 @@ class Engine:
             if plan:
                 logits = self._forward(plan)
                 now = time.perf_counter()
-                new_tokens = 0
+                new_tokens, bs = 0, self.cache.block_size
                 for (request, n), row in zip(plan, logits):
                     request.num_computed += n
                     if request.num_computed == request.num_tokens:
@@ -819,7 +895,8 @@ class Engine:
                         new_tokens += 1
                         if request.on_token is not None:
                             request.on_token(token)
-                    if self.prefix is not None:
+                    if self.prefix is not None and (request.num_computed - n) // bs < request.num_computed // bs:
+                        # a block filled up in this step: remember the sequence's full blocks
                         self.prefix.register(request.id, request.tokens[:request.num_computed])
                     if request.done:
                         self.running.remove(request)
@@ -1002,7 +1079,8 @@ except NotImplementedError as exc:
 #
 # The engine runs in its own thread; FastAPI's handlers run on uvicorn's event loop. A
 # `TokenStream` carries a request's tokens across: the engine calls `push(token)` from its
-# thread, which hands the token to the loop (`call_soon_threadsafe`); the handler iterates
+# thread, which hands the token to the loop (`call_soon_threadsafe`, through a mailbox that
+# wakes the loop once for all the tokens of a step, not once per token); the handler iterates
 # `async for token in stream`. When a streaming client disconnects, Starlette cancels the
 # response's generator and the `finally` of the handler aborts the request: its blocks go back
 # at once, not when its `max_tokens` would have run out.
@@ -1111,29 +1189,103 @@ def check_request(body: dict[str, Any], chat: bool, model_name: str, tokenizer: 
     return CompletionParams(ids, max_tokens, float(temperature), seed, stream, chat)
 
 
+class LoopMailbox:
+    """Tokens from the engine's thread to one event loop, with one wake-up of the loop per burst:
+    put() appends (stream, token) to a list and calls the loop (call_soon_threadsafe, a write to
+    the loop's wake-up socket) only when the list was empty, so the tokens of one engine step
+    cost one wake-up, not one each. for_loop(loop): the loop's mailbox."""
+
+    _boxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox]" = weakref.WeakKeyDictionary()
+    _boxes_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock = loop, [], threading.Lock()
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> "LoopMailbox":
+        with cls._boxes_lock:
+            box = cls._boxes.get(loop)
+            if box is None:
+                box = cls._boxes[loop] = cls(loop)
+            return box
+
+    def put(self, stream: "TokenStream", token: int | None) -> None:
+        with self.lock:
+            wake = not self.items
+            self.items.append((stream, token))
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                with self.lock:
+                    self.items.clear()
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for stream, token in items:
+            stream.deliver(token)
+
+
 class TokenStream:
     """A request's tokens, from the engine's thread to an event loop: push(token) (thread-safe;
     None ends the stream); `async for token in stream` yields them in order. request: the
-    GenRequest, once the engine has accepted it."""
+    GenRequest, once the engine has accepted it. ready: whether the next token (or the end) is
+    already here, so that the next step of the iteration will not wait."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.loop, self.mailbox = loop, LoopMailbox.for_loop(loop)
+        self.buffer: deque[int | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.request: GenRequest | None = None
 
     def push(self, token: int | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+        self.mailbox.put(self, token)
+
+    def deliver(self, token: int | None) -> None:
+        """(In the loop) a token has arrived: buffer it and wake the reader."""
+        self.buffer.append(token)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.buffer)
 
     def __aiter__(self) -> "TokenStream":
         return self
 
     async def __anext__(self) -> int:
-        token = await self.queue.get()
-        if token is None:
+        while not self.buffer:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        token = self.buffer[0]
+        if token is None:  # the end stays in the buffer: iterating again stops again
             raise StopAsyncIteration
+        self.buffer.popleft()
         return token
+
+
+async def coalesce(events: AsyncIterator[bytes], ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The bytes of `events`, each item joined with the ones after it that are ready already
+    (ready(): the next item will come without waiting): the same bytes in fewer writes to the
+    socket when the server falls behind the engine."""
+    it = events.__aiter__()
+    while True:
+        try:
+            parts = [await it.__anext__()]
+        except StopAsyncIteration:
+            return
+        while ready():
+            try:
+                parts.append(await it.__anext__())
+            except StopAsyncIteration:
+                yield b"".join(parts)
+                return
+        yield b"".join(parts)
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
@@ -1233,7 +1385,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in sse_stream(stream, chunk, tokenizer.decode):
+                    async for event in coalesce(sse_stream(stream, chunk, tokenizer.decode), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)
