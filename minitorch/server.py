@@ -25,6 +25,9 @@ from minitorch.serve import GPTWeights, PagedKVCache, gpt_weights, paged_forward
 from minitorch.server_kit import FusedDecoder
 
 
+FUSED_CHUNK_MAX = 32   # longer prefill chunks go through paged_forward (BLAS), shorter ones the fused step
+
+
 class QueueFull(RuntimeError):
     """The engine's waiting queue is at its bound: the caller should retry later (HTTP 429)."""
 
@@ -389,21 +392,24 @@ class Engine:
 
     def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
         """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
-        token. With the fused decoder, single-token chunks go through it in one call and the rest
-        through paged_forward (each token's computation depends only on its own sequence's cache,
-        so splitting the step changes no number)."""
-        fused = self.decoder is not None
-        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
-        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        token. With the fused decoder, the decodes and the prefill chunks of up to FUSED_CHUNK_MAX
+        tokens go through it in one call (FusedDecoder.forward: each new token a row of the kernel)
+        and longer chunks through paged_forward, whose matrix products (NumPy's BLAS) are faster
+        there; each token depends only on its own sequence's cache, so splitting the step changes
+        no number. With decode="reference", everything goes through paged_forward."""
+        chunks = [[r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # a decode: the token to feed
+                   else r.output[r.num_computed - len(r.prompt)]] if n == 1
+                  else r.tokens[r.num_computed:r.num_computed + n] for r, n in plan]
+        if self.decoder is None:
+            return paged_forward(self.W, self.cache, [r.id for r, _ in plan], chunks)
+        short = [j for j, (_, n) in enumerate(plan) if n <= FUSED_CHUNK_MAX]
+        if len(short) == len(plan):
+            return self.decoder.forward(self.cache, [r.id for r, _ in plan], chunks)
+        long = [j for j, (_, n) in enumerate(plan) if n > FUSED_CHUNK_MAX]
         logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
-        if multi:
-            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
-            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
-        if single:
-            reqs = [plan[j][0] for j in single]
-            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
-                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
-            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        logits[long] = paged_forward(self.W, self.cache, [plan[j][0].id for j in long], [chunks[j] for j in long])
+        if short:
+            logits[short] = self.decoder.forward(self.cache, [plan[j][0].id for j in short], [chunks[j] for j in short])
         return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:

@@ -456,6 +456,9 @@ def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: st
 
 # %%
 #| export
+FUSED_CHUNK_MAX = 32   # longer prefill chunks go through paged_forward (BLAS), shorter ones the fused step
+
+
 class QueueFull(RuntimeError):
     """The engine's waiting queue is at its bound: the caller should retry later (HTTP 429)."""
 
@@ -913,21 +916,24 @@ class Engine:
 
     def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
         """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
-        token. With the fused decoder, single-token chunks go through it in one call and the rest
-        through paged_forward (each token's computation depends only on its own sequence's cache,
-        so splitting the step changes no number)."""
-        fused = self.decoder is not None
-        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
-        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        token. With the fused decoder, the decodes and the prefill chunks of up to FUSED_CHUNK_MAX
+        tokens go through it in one call (FusedDecoder.forward: each new token a row of the kernel)
+        and longer chunks through paged_forward, whose matrix products (NumPy's BLAS) are faster
+        there; each token depends only on its own sequence's cache, so splitting the step changes
+        no number. With decode="reference", everything goes through paged_forward."""
+        chunks = [[r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # a decode: the token to feed
+                   else r.output[r.num_computed - len(r.prompt)]] if n == 1
+                  else r.tokens[r.num_computed:r.num_computed + n] for r, n in plan]
+        if self.decoder is None:
+            return paged_forward(self.W, self.cache, [r.id for r, _ in plan], chunks)
+        short = [j for j, (_, n) in enumerate(plan) if n <= FUSED_CHUNK_MAX]
+        if len(short) == len(plan):
+            return self.decoder.forward(self.cache, [r.id for r, _ in plan], chunks)
+        long = [j for j, (_, n) in enumerate(plan) if n > FUSED_CHUNK_MAX]
         logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
-        if multi:
-            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
-            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
-        if single:
-            reqs = [plan[j][0] for j in single]
-            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
-                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
-            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        logits[long] = paged_forward(self.W, self.cache, [plan[j][0].id for j in long], [chunks[j] for j in long])
+        if short:
+            logits[short] = self.decoder.forward(self.cache, [plan[j][0].id for j in short], [chunks[j] for j in short])
         return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:
@@ -1948,17 +1954,20 @@ def _linear_rows(x, w, b, out):
 
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
 def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo, bo, wfc, bfc, wp2, bp2, lnf,
-                        k_pool, v_pool, n_head, eps, logits):
-    """One decode step of lesson 09's GPT for B sequences, one token each, over a paged KV cache.
+                        k_pool, v_pool, n_head, eps, out_rows, logits):
+    """One step of lesson 09's GPT over B new tokens (rows) of sequences in a paged KV cache: one
+    token each for decodes, several consecutive ones for a prefill chunk.
 
-    tokens, positions (B,) int64: the new token of each sequence and its position (the tokens it
-    already has in the cache). tables (B, max_blocks) int64: each sequence's block table, covering
+    tokens, positions (B,) int64: each row's token and its position in its sequence; the rows of
+    one sequence come in increasing position (each attends to the keys the rows before it wrote in
+    the same layer). tables (B, max_blocks) int64: each row's sequence's block table, covering
     its position. Weights, all in one float dtype (FusedDecoder.pack): wte (V, C), wpe (T, C);
     ln (L, 4, C) = LayerNorm 1 weight, bias, LayerNorm 2 weight, bias; wqkv (L, C, (Hq + 2 Hkv) hd)
     and bqkv (L, (Hq + 2 Hkv) hd), q then k then v; wo (L, C, C), bo (L, C); wfc (L, C, 4C),
     bfc (L, 4C); wp2 (L, 4C, C), bp2 (L, C); lnf (2, C). k_pool, v_pool (L, num_blocks, Hkv,
     block_size, hd): the pool; this step writes each sequence's new key and value at its
-    position's slot. Writes logits (B, V)."""
+    position's slot. out_rows (B_out,) int64: the rows whose logits to write, in logits (B_out, V).
+    """
     nb = tokens.shape[0]
     n_layer, c = wqkv.shape[0], wte.shape[1]
     n_kv_head, bs, hd = k_pool.shape[2], k_pool.shape[3], k_pool.shape[4]
@@ -2026,12 +2035,13 @@ def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo,
             for i in range(c):
                 x[r, i] += res[r, i]
     _layer_norm_rows(x, lnf[0], lnf[1], eps, h)
-    for r in range(nb):
+    for o in range(out_rows.shape[0]):
+        r = out_rows[o]
         for t in range(wte.shape[0]):                            # the output layer, tied to wte
             s = dt.type(0)
             for i in range(c):
                 s += h[r, i] * wte[t, i]
-            logits[r, t] = s
+            logits[o, t] = s
 
 
 class FusedDecoder:
@@ -2073,26 +2083,52 @@ class FusedDecoder:
         self(scratch, [0], [0])
 
     def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
+        """Append one token to each sequence: the logits (len(seqs), vocab)."""
         W = self.W
         tokens = np.asarray(tokens).reshape(-1)
         if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
                 not all(0 <= t < W.vocab_size for t in tokens.tolist()):
             raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
                              f"sequences, got {tokens.tolist()}")
+        return self.forward(cache, seqs, tokens[:, None])
+
+    def forward(self, cache: Any, seqs: Sequence[Any], chunks: Sequence[Any]) -> np.ndarray:
+        """paged_forward's step in one kernel call: chunks[i] (t_i >= 1,) new tokens of sequence
+        seqs[i] (distinct), appended to the cache; returns the logits (len(seqs), vocab) of each
+        chunk's last token, in W's dtype. Each token is a row of the kernel."""
+        W = self.W
+        chunks = [np.asarray(c).reshape(-1) for c in chunks]
+        if len(chunks) != len(seqs) or len(set(seqs)) != len(seqs) or any(
+                len(c) == 0 or c.dtype.kind not in "iu" or c.min() < 0 or c.max() >= W.vocab_size for c in chunks):
+            raise ValueError(f"FusedDecoder: expected a non-empty chunk of token ids in [0, {W.vocab_size}) for each "
+                             f"of {len(seqs)} distinct sequences, got {len(chunks)} chunks {[c.tolist() for c in chunks]}")
         if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
             raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
                              f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
-        positions = [cache.lengths[s] for s in seqs]
-        if positions and max(positions) >= W.block_size:
-            raise ValueError(f"FusedDecoder: position {max(positions)} is past the context of {W.block_size}")
-        need = sum(cache.blocks_needed(s, 1) for s in seqs)
+        sizes = [len(c) for c in chunks]
+        starts = [cache.lengths[s] for s in seqs]
+        if seqs and max(a + n for a, n in zip(starts, sizes)) > W.block_size:
+            raise ValueError(f"FusedDecoder: position {max(a + n for a, n in zip(starts, sizes)) - 1} is past the "
+                             f"context of {W.block_size}")
+        need = sum(cache.blocks_needed(s, n) for s, n in zip(seqs, sizes))
         if need > cache.num_free:
             raise RuntimeError(f"FusedDecoder: the step needs {need} blocks, {cache.num_free} are free")
-        for s in seqs:
-            cache.append(s, 1)
+        for s, n in zip(seqs, sizes):
+            cache.append(s, n)
         logits = np.empty((len(seqs), W.vocab_size), W.dtype)
-        fused_decode_kernel(tokens.astype(np.int64), np.array(positions, dtype=np.int64), cache.block_table(seqs),
-                            *self.packed, cache.k, cache.v, W.n_head, W.ln_eps, logits)
+        if not seqs:
+            return logits
+        if max(sizes) == 1:                                      # decodes only: one row per sequence
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions, tables = np.array(starts, dtype=np.int64), cache.block_table(seqs)
+        else:
+            rows = np.repeat(np.arange(len(seqs)), sizes)
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in zip(starts, sizes)])
+            tables = cache.block_table(seqs)[rows]
+        out_rows = np.cumsum(sizes, dtype=np.int64) - 1          # each chunk's last token
+        fused_decode_kernel(tokens, positions, tables, *self.packed, cache.k, cache.v, W.n_head, W.ln_eps,
+                            out_rows, logits)
         return logits
 
 
