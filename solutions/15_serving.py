@@ -1900,11 +1900,25 @@ if points:
 # and the weighted values: the causal bound is the loop's end), the output projection, LayerNorm,
 # the MLP with GELU, the residuals; then the tied output layer. The loops run in the weights'
 # dtype, their innermost loop along contiguous memory so that it vectorises, and without the
-# interpreter lock (`nogil`), so the HTTP thread keeps streaming while a step computes. Prefill
-# chunks still go through `paged_forward`: there the matrices are big and NumPy's BLAS is the
-# faster tool. Splitting a step this way changes nothing but rounding, since each token depends
-# only on its own sequence's cache: the tests check that the tokens are the same and the logits
-# equal to 1e-12 (float64).
+# interpreter lock (`nogil`), so the HTTP thread keeps streaming while a step computes. The
+# kernel's rows need not be one per sequence: a prefill chunk is several rows of one sequence
+# at consecutive positions, each writing its key and value before it attends, so a whole step,
+# decodes and short prefill chunks (up to `FUSED_CHUNK_MAX` = 32 tokens) together, is one call.
+# Longer chunks go through `paged_forward`: there the matrices are big enough for NumPy's BLAS
+# to be the faster tool. Splitting a step this way changes nothing but rounding, since each
+# token depends only on its own sequence's cache: the tests check that the tokens are the same
+# and the logits equal to 1e-12 (float64).
+#
+# A fast step moves the bottleneck to the HTTP side, as in every serving stack: at 16 clients
+# the server then spent more time per token streaming it than computing it. What the server does
+# about it: the engine wakes the event loop once per step for all its tokens (`LoopMailbox`), not
+# once per token; events of one request that are ready together go out in one write (`coalesce`;
+# the client still sees one event per token); and uvicorn runs on its fast stack, uvloop's event
+# loop and httptools' parser (C, where asyncio's loop and h11 are Python), which it picks by
+# itself when they are installed (`uvicorn[standard]` installs them; the course pins them). The
+# load generator has the same problem on the client side and shares the machine's cores with the
+# server, so `run_load` reads the event stream with a few lines of its own on asyncio's streams
+# rather than a general HTTP client (vLLM's benchmark uses aiohttp's C parser for the same reason).
 #
 # Why not lesson 14's compiler? It traces a function at fixed shapes and guards on them; the
 # decode step's key count grows by one every step, so every step would be a new graph and a new
