@@ -221,6 +221,8 @@ class Engine:
                          "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
                          "peak_running": 0}
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
+        self._in_forward = False                           # a step's model call runs (without the lock)
+        self._deferred: list[GenRequest] = []              # requests aborted meanwhile: freed after it
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
@@ -253,16 +255,20 @@ class Engine:
         return request
 
     def abort(self, request: GenRequest) -> bool:
-        """Stop a request at once (a client went away): its blocks go back to the pool now.
-        False if it had already finished."""
+        """Stop a request at once (a client went away): its blocks go back to the pool now, or,
+        if a step's model call is running over them, as soon as it returns. False if it had
+        already finished."""
         with self.lock:
             if request.finished:
                 return False
             if request in self.waiting:
                 self.waiting.remove(request)
             elif request in self.running:
-                self.running.remove(request)
-                self.cache.free(request.id)
+                if self._in_forward:
+                    self._deferred.append(request)
+                else:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
             self.counters["aborted"] += 1
             self._finish(request, "abort")
             return True
@@ -361,11 +367,26 @@ class Engine:
                     self.counters["prefix_query_tokens"] += request.num_tokens
                     self.counters["prefix_hit_tokens"] += request.num_cached
                     self.counters["prompt_tokens"] += request.num_tokens
+            self._in_forward = bool(plan)
+        # the model runs without the lock (the fused kernel without the interpreter's lock too), so
+        # the HTTP thread can queue and abort requests meanwhile; an abort of a request in the plan
+        # is deferred until the call returns (abort), since the call appends to its cache entry
+        try:
+            logits = self._forward(plan) if plan else None
+        finally:
+            with self.lock:
+                self._in_forward = False
+                for request in self._deferred:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
+                self._deferred.clear()
+        with self.lock:
             if plan:
-                logits = self._forward(plan)
                 now = time.perf_counter()
                 new_tokens, bs = 0, self.cache.block_size
                 for (request, n), row in zip(plan, logits):
+                    if request.finished:                      # aborted during the model call
+                        continue
                     request.num_computed += n
                     if request.num_computed == request.num_tokens:
                         token = sample_token(row, request.temperature, request.rng)
