@@ -25,7 +25,8 @@
 3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
    own process, 128 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
    greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
-   request when the last one is answered). Output tokens/s and the ratio (target >= 3x). The
+   request when the last one is answered), 3 interleaved runs of each, the fastest kept (the
+   machine is shared). Output tokens/s and the ratio (target >= 3x). The
    load generator (run_load) shares the machine's cores with the server: the CPU seconds per
    output token of the server process and of the load generator are printed beside each run.
 4. Latency at half the saturating rate: the saturating rate is the request rate the server
@@ -55,6 +56,7 @@ from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
 from minitorch.server_kit import ServerProcess, decode_speeds, print_decode_speeds, run_load, sample_workload
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+REPEATS = 1 if SMALL else 3                        # interleaved throughput runs (section 3)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -79,25 +81,24 @@ def load_section() -> None:
     server = ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0)
     with server as url:
         run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
-        cpu = {}
-
-        def measured(clients):
-            s0, c0 = process_cpu(server.proc.pid), time.process_time()
-            records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
-            tokens = sum(len(r["token_times"]) for r in records)
-            cpu[clients] = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens, 1e3 * (time.process_time() - c0) / tokens)
-            return records, duration
-
-        one, d1 = measured(1)
-        many, d16 = measured(16)
+        best: dict[int, tuple] = {}
+        for _ in range(REPEATS):                   # interleaved; the fastest run of each kept
+            for clients in (1, 16):
+                s0, c0 = process_cpu(server.proc.pid), time.process_time()
+                records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
+                tokens = sum(len(r["token_times"]) for r in records)
+                cpu = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens, 1e3 * (time.process_time() - c0) / tokens)
+                if clients not in best or duration < best[clients][1]:
+                    best[clients] = (records, duration, cpu)
+        (one, d1, cpu1), (many, d16, cpu16) = best[1], best[16]
         burst, dsat = run_load(url, sample_workload(n, 2), [0] * n)
         sat = n / dsat
         half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
     t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
-    print(f"\n3. throughput, {n} requests, server in its own process")
+    print(f"\n3. throughput, {n} requests, server in its own process, the fastest of {REPEATS} interleaved runs")
     print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}   CPU ms per output token: server, load generator")
-    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu[1][0]:.3f}, {cpu[1][1]:.3f}")
-    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu[16][0]:.3f}, {cpu[16][1]:.3f}  "
+    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}")
+    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}  "
           "(target >= 3x)")
     print(f"{'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} {tokens_per_s(burst, dsat) / t1:>5.1f}x  "
           "(saturating rate)")
