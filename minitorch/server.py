@@ -804,6 +804,11 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
                             status_code=500)
 
+    pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]   # a character tokenizer:
+
+    def decode_one(ids: list[int]) -> str:                                  # a token's text alone
+        return pieces[ids[0]] if len(ids) == 1 else tokenizer.decode(ids)
+
     async def complete(request: Request, chat: bool) -> Any:
         params = check_request(parse_body(await request.body()), chat, model_name, tokenizer, engine.W.block_size)
         stream = TokenStream(asyncio.get_running_loop())
@@ -822,7 +827,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in coalesce(sse_stream(stream, chunk, tokenizer.decode), lambda: stream.ready):
+                    async for event in coalesce(sse_stream(stream, chunk, decode_one), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)

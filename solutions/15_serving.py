@@ -309,10 +309,11 @@ class _Connections:
     def __init__(self, host: str, port: int):
         self.host, self.port, self.idle = host, port, []
 
-    async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.idle:
-            return self.idle.pop()
-        return await asyncio.open_connection(self.host, self.port)
+    async def get(self, fresh: bool = False) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """(reader, writer, reused): an idle connection unless `fresh` or none is idle."""
+        if self.idle and not fresh:
+            return (*self.idle.pop(), True)
+        return (*await asyncio.open_connection(self.host, self.port), False)
 
     def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
         self.idle.append(conn)
@@ -326,12 +327,29 @@ class _Connections:
 async def _post_stream(conns: _Connections, path: str, body: bytes, on_event: Callable[[bytes], None]) -> int:
     """POST `body` (JSON) to `path`; on_event(data) for each server-sent event's data (bytes) of a
     200 response as it arrives. Returns the status; the connection goes back to the pool when the
-    response was read to its end."""
-    reader, writer = await conns.get()
+    response was read to its end. A kept-alive connection that the server has closed meanwhile
+    (uvicorn closes idle ones after 5 s) is replaced by a new one."""
+    fresh = False
+    while True:
+        reader, writer, reused = await conns.get(fresh)
+        try:
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body),
+                                                              body))
+            status_line = await reader.readline()
+        except (ConnectionError, OSError):
+            status_line = b""
+        except BaseException:
+            writer.close()
+            raise
+        if status_line or not reused:
+            break
+        writer.close()                                           # closed by the server while idle: anew
+        fresh = True
     try:
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body), body))
-        status = int((await reader.readline()).split(b" ", 2)[1])
+        if not status_line:
+            raise ConnectionError(f"the server at {conns.host}:{conns.port} closed the connection without an answer")
+        status = int(status_line.split(b" ", 2)[1])
         headers = {}
         while (line := await reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
@@ -1394,6 +1412,11 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
                             status_code=500)
 
+    pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]   # a character tokenizer:
+
+    def decode_one(ids: list[int]) -> str:                                  # a token's text alone
+        return pieces[ids[0]] if len(ids) == 1 else tokenizer.decode(ids)
+
     async def complete(request: Request, chat: bool) -> Any:
         params = check_request(parse_body(await request.body()), chat, model_name, tokenizer, engine.W.block_size)
         stream = TokenStream(asyncio.get_running_loop())
@@ -1412,7 +1435,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in coalesce(sse_stream(stream, chunk, tokenizer.decode), lambda: stream.ready):
+                    async for event in coalesce(sse_stream(stream, chunk, decode_one), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)
