@@ -17,11 +17,15 @@
    float32, 13 MB in int8, larger than the CPU's caches). One thread for both (BLAS and Numba:
    see one_thread for why matmul_int8's parallel kernel measured the OS scheduler before). The
    benchmark swaps minitorch.serve.linear for the run; nothing in the lessons changes; the fused
-   step does not call it. What it shows: on the tiny GPT int8 is slower (its weights sit in the
-   cache, so the bytes saved buy nothing, and quantizing each activation costs NumPy calls); on
-   the wider model at batch 1, where a step reads every weight once and is bound by memory, the
-   4x fewer weight bytes make int8 faster; at batch 16 float32's BLAS GEMM reuses each weight
-   16 times and lesson 10's int8 kernel (one int8 dot product per output) loses that lead.
+   step does not call it. What it shows: on the tiny GPT int8 runs at about 0.4-0.5x float32
+   (its weights sit in the cache, so the bytes saved buy nothing, and quantizing each
+   activation costs NumPy calls). On the wider model at batch 1, where a step reads every
+   weight once and is bound by memory, int8 reads 4x fewer weight bytes: 1.33x and 1.34x
+   float32 in two runs at load 3-4, but 0.59x in a third, so on a shared machine read it as
+   "about even to a third faster"; at batch 16 float32's BLAS GEMM reuses each weight 16 times
+   while lesson 10's int8 kernel computes one int8 dot product per output: about even
+   (0.89-1.06x). Int8 is a memory saving here (4x smaller weights), a speed-up only where the
+   weight bytes bound the step.
 3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
    own process, 128 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
    greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
