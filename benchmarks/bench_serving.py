@@ -12,13 +12,27 @@
    reference and fused steps, on the tiny GPT (context about 40) and at 512 tokens.
 2. int8 against float32: the engine's reference decode step (paged_forward) with every Linear
    layer run as W8A8 (lesson 10's per-channel int8 weights, per-token int8 activations,
-   matmul_int8 with int32 accumulation) against float32, batch 1 and 16 (the benchmark swaps
-   minitorch.serve.linear for the run; nothing in the lessons changes; the fused step does not
-   call it).
+   matmul_int8 with int32 accumulation) against float32 (NumPy's BLAS), batch 1 and 16, on the
+   tiny GPT and on a wider GPT of random weights (d = 512, 4 layers: 12.6 M parameters, 50 MB in
+   float32, 13 MB in int8, larger than the CPU's caches). One thread for both (BLAS and Numba:
+   see one_thread for why matmul_int8's parallel kernel measured the OS scheduler before). The
+   benchmark swaps minitorch.serve.linear for the run; nothing in the lessons changes; the fused
+   step does not call it. What it shows: on the tiny GPT int8 runs at about 0.4-0.5x float32
+   (its weights sit in the cache, so the bytes saved buy nothing, and quantizing each
+   activation costs NumPy calls). On the wider model at batch 1, where a step reads every
+   weight once and is bound by memory, int8 reads 4x fewer weight bytes: 1.33x and 1.34x
+   float32 in two runs at load 3-4, but 0.59x in a third, so on a shared machine read it as
+   "about even to a third faster"; at batch 16 float32's BLAS GEMM reuses each weight 16 times
+   while lesson 10's int8 kernel computes one int8 dot product per output: about even
+   (0.89-1.06x). Int8 is a memory saving here (4x smaller weights), a speed-up only where the
+   weight bytes bound the step.
 3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
-   own process, 64 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
+   own process, 128 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
    greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
-   request when the last one is answered). Output tokens/s and the ratio.
+   request when the last one is answered), 3 interleaved runs of each, the fastest kept (the
+   machine is shared). Output tokens/s and the ratio (target >= 3x). The
+   load generator (run_load) shares the machine's cores with the server: the CPU seconds per
+   output token of the server process and of the load generator are printed beside each run.
 4. Latency at half the saturating rate: the saturating rate is the request rate the server
    reaches with every request sent at once; then Poisson arrivals at half that rate: TTFT, TPOT
    and ITL percentiles, goodput under TTFT <= 250 ms and TPOT <= 50 ms.
@@ -35,6 +49,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import numba
 import numpy as np
 
 import minitorch.serve as serve_mod
@@ -45,7 +60,18 @@ from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
 from minitorch.server_kit import ServerProcess, decode_speeds, print_decode_speeds, run_load, sample_workload
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
+REPEATS = 1 if SMALL else 3                        # interleaved throughput runs (section 3)
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) that process pid has used so far, all its threads (Linux's
+    /proc; nan elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tokens_per_s(records, duration):
@@ -54,20 +80,30 @@ def tokens_per_s(records, duration):
 
 
 def load_section() -> None:
-    n = 24 if SMALL else 64
+    n = 24 if SMALL else 128
     work = sample_workload(n, 1)
-    with ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0) as url:
+    server = ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0)
+    with server as url:
         run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
-        one, d1 = run_load(url, work, [0] * n, max_concurrency=1)
-        many, d16 = run_load(url, work, [0] * n, max_concurrency=16)
+        best: dict[int, tuple] = {}
+        for _ in range(REPEATS):                   # interleaved; the fastest run of each kept
+            for clients in (1, 16):
+                s0, c0 = process_cpu(server.proc.pid), time.process_time()
+                records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
+                tokens = sum(len(r["token_times"]) for r in records)
+                cpu = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens, 1e3 * (time.process_time() - c0) / tokens)
+                if clients not in best or duration < best[clients][1]:
+                    best[clients] = (records, duration, cpu)
+        (one, d1, cpu1), (many, d16, cpu16) = best[1], best[16]
         burst, dsat = run_load(url, sample_workload(n, 2), [0] * n)
         sat = n / dsat
         half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
     t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
-    print(f"\n3. throughput, {n} requests, server in its own process")
-    print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}")
-    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x")
-    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x")
+    print(f"\n3. throughput, {n} requests, server in its own process, the fastest of {REPEATS} interleaved runs")
+    print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}   CPU ms per output token: server, load generator")
+    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}")
+    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}  "
+          "(target >= 3x)")
     print(f"{'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} {tokens_per_s(burst, dsat) / t1:>5.1f}x  "
           "(saturating rate)")
     s = latency_stats(half)
@@ -141,7 +177,10 @@ def int8_linears(W):
     qw = {}
     for name, w in W.params.items():
         if name.startswith("blocks.") and name.endswith(".weight") and w.ndim == 2:
-            qw[name[:-len(".weight")]] = quantize(w.astype(np.float32), bits=8, symmetric=True, block=(w.shape[0], 1))
+            q = quantize(w.astype(np.float32), bits=8, symmetric=True, block=(w.shape[0], 1))
+            # (K, N) as the transpose of a C-contiguous (N, K): matmul_int8 wants b.T contiguous, so it
+            # then copies nothing per call
+            qw[name[:-len(".weight")]] = (np.ascontiguousarray(q.q.T).T, q.scale)
     original = serve_mod.linear
 
     def linear8(x, params, name):
@@ -151,7 +190,7 @@ def int8_linears(W):
         k = x.shape[-1]
         x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
         qx = quantize(x2, bits=8, symmetric=True, block=(1, k))
-        out = matmul_int8(qx.q, q.q).astype(np.float32) * qx.scale * q.scale
+        out = matmul_int8(qx.q, q[0]).astype(np.float32) * qx.scale * q[1]
         return out.reshape(*x.shape[:-1], -1) + params[name + ".bias"]
 
     serve_mod.linear = linear8
@@ -161,17 +200,37 @@ def int8_linears(W):
         serve_mod.linear = original
 
 
+@contextmanager
+def one_thread():
+    """NumPy's BLAS and Numba's parallel loops on one thread (numba.set_num_threads is per calling
+    thread). matmul_int8's kernel is `parallel=True`: on 2 cores shared with other work, each call
+    then waits at the parallel region's barrier for a worker thread the OS has not scheduled yet
+    (OpenMP threading layer): a median of 40 ms for a (16, 64) @ (64, 256) product, against 80 us
+    on one thread. A decode step makes 8 such calls, so the int8 rows measured the scheduler."""
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with blas_limit(1):
+            yield
+    finally:
+        numba.set_num_threads(before)
+
+
 def int8_section() -> None:
-    W = load_tiny_weights(np.float32)
     steps = 8 if SMALL else 24
-    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's reference decode step on the tiny GPT")
-    print(f"{'batch':>6} {'float32 tok/s':>14} {'int8 tok/s':>11} {'int8 / f32':>11}")
-    for b in (1, 16):
-        f32 = engine_decode_time(W, b, 32, steps, "reference")
-        with int8_linears(W):
-            engine_decode_time(W, b, 32, 2, "reference")                      # compile the kernel
-            i8 = engine_decode_time(W, b, 32, steps, "reference")
-        print(f"{b:>6} {b / f32:>14.0f} {b / i8:>11.0f} {f32 / i8:>10.2f}x")
+    print("\n2. int8 (W8A8, matmul_int8) against float32, the engine's reference decode step, one thread, "
+          "context 32")
+    print(f"{'model':>22} {'batch':>6} {'float32 tok/s':>14} {'int8 tok/s':>11} {'int8 / f32':>11}")
+    models = (("tiny GPT (d 64)", load_tiny_weights(np.float32)),
+              ("d 512, 4 layers", random_gpt_weights(n_layer=4, n_embd=512, n_head=8, dtype=np.float32)))
+    with one_thread():
+        for name, W in models:
+            for b in (1, 16):
+                f32 = engine_decode_time(W, b, 32, steps, "reference")
+                with int8_linears(W):
+                    engine_decode_time(W, b, 32, 2, "reference")              # compile the kernel
+                    i8 = engine_decode_time(W, b, 32, steps, "reference")
+                print(f"{name:>22} {b:>6} {b / f32:>14.0f} {b / i8:>11.0f} {f32 / i8:>10.2f}x")
 
 
 def main(out_dir: Path) -> None:

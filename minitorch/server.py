@@ -11,6 +11,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from starlette.requests import Request  # FastAPI reads the handlers' annotation
 from minitorch.gpt import CharTokenizer, load_tiny_gpt
 from minitorch.serve import GPTWeights, PagedKVCache, gpt_weights, paged_forward, sample_token
 from minitorch.server_kit import FusedDecoder
+
+
+FUSED_CHUNK_MAX = 32   # longer prefill chunks go through paged_forward (BLAS), shorter ones the fused step
 
 
 class QueueFull(RuntimeError):
@@ -217,6 +221,8 @@ class Engine:
                          "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
                          "peak_running": 0}
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
+        self._in_forward = False                           # a step's model call runs (without the lock)
+        self._deferred: list[GenRequest] = []              # requests aborted meanwhile: freed after it
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
@@ -249,16 +255,20 @@ class Engine:
         return request
 
     def abort(self, request: GenRequest) -> bool:
-        """Stop a request at once (a client went away): its blocks go back to the pool now.
-        False if it had already finished."""
+        """Stop a request at once (a client went away): its blocks go back to the pool now, or,
+        if a step's model call is running over them, as soon as it returns. False if it had
+        already finished."""
         with self.lock:
             if request.finished:
                 return False
             if request in self.waiting:
                 self.waiting.remove(request)
             elif request in self.running:
-                self.running.remove(request)
-                self.cache.free(request.id)
+                if self._in_forward:
+                    self._deferred.append(request)
+                else:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
             self.counters["aborted"] += 1
             self._finish(request, "abort")
             return True
@@ -357,11 +367,26 @@ class Engine:
                     self.counters["prefix_query_tokens"] += request.num_tokens
                     self.counters["prefix_hit_tokens"] += request.num_cached
                     self.counters["prompt_tokens"] += request.num_tokens
+            self._in_forward = bool(plan)
+        # the model runs without the lock (the fused kernel without the interpreter's lock too), so
+        # the HTTP thread can queue and abort requests meanwhile; an abort of a request in the plan
+        # is deferred until the call returns (abort), since the call appends to its cache entry
+        try:
+            logits = self._forward(plan) if plan else None
+        finally:
+            with self.lock:
+                self._in_forward = False
+                for request in self._deferred:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
+                self._deferred.clear()
+        with self.lock:
             if plan:
-                logits = self._forward(plan)
                 now = time.perf_counter()
-                new_tokens = 0
+                new_tokens, bs = 0, self.cache.block_size
                 for (request, n), row in zip(plan, logits):
+                    if request.finished:                      # aborted during the model call
+                        continue
                     request.num_computed += n
                     if request.num_computed == request.num_tokens:
                         token = sample_token(row, request.temperature, request.rng)
@@ -370,7 +395,8 @@ class Engine:
                         new_tokens += 1
                         if request.on_token is not None:
                             request.on_token(token)
-                    if self.prefix is not None:
+                    if self.prefix is not None and (request.num_computed - n) // bs < request.num_computed // bs:
+                        # a block filled up in this step: remember the sequence's full blocks
                         self.prefix.register(request.id, request.tokens[:request.num_computed])
                     if request.done:
                         self.running.remove(request)
@@ -387,21 +413,24 @@ class Engine:
 
     def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
         """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
-        token. With the fused decoder, single-token chunks go through it in one call and the rest
-        through paged_forward (each token's computation depends only on its own sequence's cache,
-        so splitting the step changes no number)."""
-        fused = self.decoder is not None
-        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
-        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        token. With the fused decoder, the decodes and the prefill chunks of up to FUSED_CHUNK_MAX
+        tokens go through it in one call (FusedDecoder.forward: each new token a row of the kernel)
+        and longer chunks through paged_forward, whose matrix products (NumPy's BLAS) are faster
+        there; each token depends only on its own sequence's cache, so splitting the step changes
+        no number. With decode="reference", everything goes through paged_forward."""
+        chunks = [[r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # a decode: the token to feed
+                   else r.output[r.num_computed - len(r.prompt)]] if n == 1
+                  else r.tokens[r.num_computed:r.num_computed + n] for r, n in plan]
+        if self.decoder is None:
+            return paged_forward(self.W, self.cache, [r.id for r, _ in plan], chunks)
+        short = [j for j, (_, n) in enumerate(plan) if n <= FUSED_CHUNK_MAX]
+        if len(short) == len(plan):
+            return self.decoder.forward(self.cache, [r.id for r, _ in plan], chunks)
+        long = [j for j, (_, n) in enumerate(plan) if n > FUSED_CHUNK_MAX]
         logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
-        if multi:
-            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
-            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
-        if single:
-            reqs = [plan[j][0] for j in single]
-            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
-                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
-            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        logits[long] = paged_forward(self.W, self.cache, [plan[j][0].id for j in long], [chunks[j] for j in long])
+        if short:
+            logits[short] = self.decoder.forward(self.cache, [plan[j][0].id for j in short], [chunks[j] for j in short])
         return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:
@@ -605,29 +634,103 @@ def check_request(body: dict[str, Any], chat: bool, model_name: str, tokenizer: 
     return CompletionParams(ids, max_tokens, float(temperature), seed, stream, chat)
 
 
+class LoopMailbox:
+    """Tokens from the engine's thread to one event loop, with one wake-up of the loop per burst:
+    put() appends (stream, token) to a list and calls the loop (call_soon_threadsafe, a write to
+    the loop's wake-up socket) only when the list was empty, so the tokens of one engine step
+    cost one wake-up, not one each. for_loop(loop): the loop's mailbox."""
+
+    _boxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox]" = weakref.WeakKeyDictionary()
+    _boxes_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock = loop, [], threading.Lock()
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> "LoopMailbox":
+        with cls._boxes_lock:
+            box = cls._boxes.get(loop)
+            if box is None:
+                box = cls._boxes[loop] = cls(loop)
+            return box
+
+    def put(self, stream: "TokenStream", token: int | None) -> None:
+        with self.lock:
+            wake = not self.items
+            self.items.append((stream, token))
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                with self.lock:
+                    self.items.clear()
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for stream, token in items:
+            stream.deliver(token)
+
+
 class TokenStream:
     """A request's tokens, from the engine's thread to an event loop: push(token) (thread-safe;
     None ends the stream); `async for token in stream` yields them in order. request: the
-    GenRequest, once the engine has accepted it."""
+    GenRequest, once the engine has accepted it. ready: whether the next token (or the end) is
+    already here, so that the next step of the iteration will not wait."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.loop, self.mailbox = loop, LoopMailbox.for_loop(loop)
+        self.buffer: deque[int | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.request: GenRequest | None = None
 
     def push(self, token: int | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+        self.mailbox.put(self, token)
+
+    def deliver(self, token: int | None) -> None:
+        """(In the loop) a token has arrived: buffer it and wake the reader."""
+        self.buffer.append(token)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.buffer)
 
     def __aiter__(self) -> "TokenStream":
         return self
 
     async def __anext__(self) -> int:
-        token = await self.queue.get()
-        if token is None:
+        while not self.buffer:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        token = self.buffer[0]
+        if token is None:  # the end stays in the buffer: iterating again stops again
             raise StopAsyncIteration
+        self.buffer.popleft()
         return token
+
+
+async def coalesce(events: AsyncIterator[bytes], ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The bytes of `events`, each item joined with the ones after it that are ready already
+    (ready(): the next item will come without waiting): the same bytes in fewer writes to the
+    socket when the server falls behind the engine."""
+    it = events.__aiter__()
+    while True:
+        try:
+            parts = [await it.__anext__()]
+        except StopAsyncIteration:
+            return
+        while ready():
+            try:
+                parts.append(await it.__anext__())
+            except StopAsyncIteration:
+                yield b"".join(parts)
+                return
+        yield b"".join(parts)
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
@@ -701,6 +804,11 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
                             status_code=500)
 
+    pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]   # a character tokenizer:
+
+    def decode_one(ids: list[int]) -> str:                                  # a token's text alone
+        return pieces[ids[0]] if len(ids) == 1 else tokenizer.decode(ids)
+
     async def complete(request: Request, chat: bool) -> Any:
         params = check_request(parse_body(await request.body()), chat, model_name, tokenizer, engine.W.block_size)
         stream = TokenStream(asyncio.get_running_loop())
@@ -719,7 +827,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in sse_stream(stream, chunk, tokenizer.decode):
+                    async for event in coalesce(sse_stream(stream, chunk, decode_one), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)

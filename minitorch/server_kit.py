@@ -225,25 +225,100 @@ def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
     return out
 
 
-async def _one_request(client: Any, url: str, model: str, prompt: str, max_tokens: int, send_at: float,
-                       sem: asyncio.Semaphore | None) -> dict[str, Any]:
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one host:port on asyncio streams (the load generator's
+    client: a few lines of parsing per event instead of a general client's layers, because the
+    load generator shares the machine's cores with the server it measures)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.idle = host, port, []
+
+    async def get(self, fresh: bool = False) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """(reader, writer, reused): an idle connection unless `fresh` or none is idle."""
+        if self.idle and not fresh:
+            return (*self.idle.pop(), True)
+        return (*await asyncio.open_connection(self.host, self.port), False)
+
+    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _post_stream(conns: _Connections, path: str, body: bytes, on_event: Callable[[bytes], None]) -> int:
+    """POST `body` (JSON) to `path`; on_event(data) for each server-sent event's data (bytes) of a
+    200 response as it arrives. Returns the status; the connection goes back to the pool when the
+    response was read to its end. A kept-alive connection that the server has closed meanwhile
+    (uvicorn closes idle ones after 5 s) is replaced by a new one."""
+    fresh = False
+    while True:
+        reader, writer, reused = await conns.get(fresh)
+        try:
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body),
+                                                              body))
+            status_line = await reader.readline()
+        except (ConnectionError, OSError):
+            status_line = b""
+        except BaseException:
+            writer.close()
+            raise
+        if status_line or not reused:
+            break
+        writer.close()                                           # closed by the server while idle: anew
+        fresh = True
+    try:
+        if not status_line:
+            raise ConnectionError(f"the server at {conns.host}:{conns.port} closed the connection without an answer")
+        status = int(status_line.split(b" ", 2)[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if headers.get(b"transfer-encoding") != b"chunked":
+            await reader.readexactly(int(headers.get(b"content-length", b"0")))
+        else:
+            buf = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                buf += (await reader.readexactly(size + 2))[:-2]
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: ") and status == 200:
+                        on_event(event[6:])
+            await reader.readline()                              # the blank line after the last chunk
+        if headers.get(b"connection") == b"close":
+            writer.close()
+        else:
+            conns.put((reader, writer))
+        return status
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def _one_request(conns: _Connections, model: str, prompt: str, max_tokens: int, send_at: float,
+                       sem: asyncio.Semaphore | None, timeout: float) -> dict[str, Any]:
     delay = send_at - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     if sem is not None:
         await sem.acquire()
     start, times, text, status = time.perf_counter(), [], [], 0
+
+    def on_event(data: bytes) -> None:
+        if data != b"[DONE]":
+            piece = json.loads(data)["choices"][0]["text"]
+            if piece:
+                times.append(time.perf_counter())
+                text.append(piece)
+
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            status = r.status_code
-            if status == 200:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        piece = json.loads(line[6:])["choices"][0]["text"]
-                        if piece:
-                            times.append(time.perf_counter())
-                            text.append(piece)
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "temperature": 0.0}).encode()
+        status = await asyncio.wait_for(_post_stream(conns, "/v1/completions", body, on_event), timeout)
     except Exception as exc:  # a refused or broken connection is a failed request, not a crash
         status = -1
         text.append(repr(exc))
@@ -254,30 +329,47 @@ async def _one_request(client: Any, url: str, model: str, prompt: str, max_token
             "max_tokens": max_tokens}
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's event loop where it is installed (Linux and macOS: the loop uvicorn picks too),
+    else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: str = "tiny-gpt",
              max_concurrency: int | None = None, timeout: float = 120.0) -> tuple[list[dict[str, Any]], float]:
     """Send workload[i] (prompt, max_tokens) to url/v1/completions, streamed, at arrivals[i]
     seconds after the start (open loop: a request is sent on time whatever the others do), at
-    most max_concurrency at once (None: no limit). Returns (one dict per request: start,
-    token_times, status, text, max_tokens; the wall time from the first send to the last
-    answer). Runs its own event loop in a thread, so it works inside a notebook."""
-    import httpx
+    most max_concurrency at once (None: no limit); each request fails (status -1) after
+    `timeout` seconds. Returns (one dict per request: start, token_times, status, text,
+    max_tokens; the wall time from the first send to the last answer). Runs its own event loop
+    in a thread, so it works inside a notebook."""
+    from urllib.parse import urlsplit
 
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"run_load: expected a URL http://host:port, got {url!r}")
     result: dict[str, Any] = {}
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        conns = _Connections(parts.hostname, parts.port or 80)
+        try:
             sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
             t0 = time.perf_counter()
-            tasks = [_one_request(client, url, model, p, m, t0 + float(a), sem)
+            tasks = [_one_request(conns, model, p, m, t0 + float(a), sem, timeout)
                      for (p, m), a in zip(workload, arrivals)]
             result["records"] = await asyncio.gather(*tasks)
             result["duration"] = time.perf_counter() - t0
+        finally:
+            conns.close()
 
     def target() -> None:
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(main())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = exc
 
@@ -327,17 +419,20 @@ def _linear_rows(x, w, b, out):
 
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
 def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo, bo, wfc, bfc, wp2, bp2, lnf,
-                        k_pool, v_pool, n_head, eps, logits):
-    """One decode step of lesson 09's GPT for B sequences, one token each, over a paged KV cache.
+                        k_pool, v_pool, n_head, eps, out_rows, logits):
+    """One step of lesson 09's GPT over B new tokens (rows) of sequences in a paged KV cache: one
+    token each for decodes, several consecutive ones for a prefill chunk.
 
-    tokens, positions (B,) int64: the new token of each sequence and its position (the tokens it
-    already has in the cache). tables (B, max_blocks) int64: each sequence's block table, covering
+    tokens, positions (B,) int64: each row's token and its position in its sequence; the rows of
+    one sequence come in increasing position (each attends to the keys the rows before it wrote in
+    the same layer). tables (B, max_blocks) int64: each row's sequence's block table, covering
     its position. Weights, all in one float dtype (FusedDecoder.pack): wte (V, C), wpe (T, C);
     ln (L, 4, C) = LayerNorm 1 weight, bias, LayerNorm 2 weight, bias; wqkv (L, C, (Hq + 2 Hkv) hd)
     and bqkv (L, (Hq + 2 Hkv) hd), q then k then v; wo (L, C, C), bo (L, C); wfc (L, C, 4C),
     bfc (L, 4C); wp2 (L, 4C, C), bp2 (L, C); lnf (2, C). k_pool, v_pool (L, num_blocks, Hkv,
     block_size, hd): the pool; this step writes each sequence's new key and value at its
-    position's slot. Writes logits (B, V)."""
+    position's slot. out_rows (B_out,) int64: the rows whose logits to write, in logits (B_out, V).
+    """
     nb = tokens.shape[0]
     n_layer, c = wqkv.shape[0], wte.shape[1]
     n_kv_head, bs, hd = k_pool.shape[2], k_pool.shape[3], k_pool.shape[4]
@@ -405,12 +500,13 @@ def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo,
             for i in range(c):
                 x[r, i] += res[r, i]
     _layer_norm_rows(x, lnf[0], lnf[1], eps, h)
-    for r in range(nb):
+    for o in range(out_rows.shape[0]):
+        r = out_rows[o]
         for t in range(wte.shape[0]):                            # the output layer, tied to wte
             s = dt.type(0)
             for i in range(c):
                 s += h[r, i] * wte[t, i]
-            logits[r, t] = s
+            logits[o, t] = s
 
 
 class FusedDecoder:
@@ -452,26 +548,52 @@ class FusedDecoder:
         self(scratch, [0], [0])
 
     def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
+        """Append one token to each sequence: the logits (len(seqs), vocab)."""
         W = self.W
         tokens = np.asarray(tokens).reshape(-1)
         if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
                 not all(0 <= t < W.vocab_size for t in tokens.tolist()):
             raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
                              f"sequences, got {tokens.tolist()}")
+        return self.forward(cache, seqs, tokens[:, None])
+
+    def forward(self, cache: Any, seqs: Sequence[Any], chunks: Sequence[Any]) -> np.ndarray:
+        """paged_forward's step in one kernel call: chunks[i] (t_i >= 1,) new tokens of sequence
+        seqs[i] (distinct), appended to the cache; returns the logits (len(seqs), vocab) of each
+        chunk's last token, in W's dtype. Each token is a row of the kernel."""
+        W = self.W
+        chunks = [np.asarray(c).reshape(-1) for c in chunks]
+        if len(chunks) != len(seqs) or len(set(seqs)) != len(seqs) or any(
+                len(c) == 0 or c.dtype.kind not in "iu" or c.min() < 0 or c.max() >= W.vocab_size for c in chunks):
+            raise ValueError(f"FusedDecoder: expected a non-empty chunk of token ids in [0, {W.vocab_size}) for each "
+                             f"of {len(seqs)} distinct sequences, got {len(chunks)} chunks {[c.tolist() for c in chunks]}")
         if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
             raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
                              f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
-        positions = [cache.lengths[s] for s in seqs]
-        if positions and max(positions) >= W.block_size:
-            raise ValueError(f"FusedDecoder: position {max(positions)} is past the context of {W.block_size}")
-        need = sum(cache.blocks_needed(s, 1) for s in seqs)
+        sizes = [len(c) for c in chunks]
+        starts = [cache.lengths[s] for s in seqs]
+        if seqs and max(a + n for a, n in zip(starts, sizes)) > W.block_size:
+            raise ValueError(f"FusedDecoder: position {max(a + n for a, n in zip(starts, sizes)) - 1} is past the "
+                             f"context of {W.block_size}")
+        need = sum(cache.blocks_needed(s, n) for s, n in zip(seqs, sizes))
         if need > cache.num_free:
             raise RuntimeError(f"FusedDecoder: the step needs {need} blocks, {cache.num_free} are free")
-        for s in seqs:
-            cache.append(s, 1)
+        for s, n in zip(seqs, sizes):
+            cache.append(s, n)
         logits = np.empty((len(seqs), W.vocab_size), W.dtype)
-        fused_decode_kernel(tokens.astype(np.int64), np.array(positions, dtype=np.int64), cache.block_table(seqs),
-                            *self.packed, cache.k, cache.v, W.n_head, W.ln_eps, logits)
+        if not seqs:
+            return logits
+        if max(sizes) == 1:                                      # decodes only: one row per sequence
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions, tables = np.array(starts, dtype=np.int64), cache.block_table(seqs)
+        else:
+            rows = np.repeat(np.arange(len(seqs)), sizes)
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in zip(starts, sizes)])
+            tables = cache.block_table(seqs)[rows]
+        out_rows = np.cumsum(sizes, dtype=np.int64) - 1          # each chunk's last token
+        fused_decode_kernel(tokens, positions, tables, *self.packed, cache.k, cache.v, W.n_head, W.ln_eps,
+                            out_rows, logits)
         return logits
 
 

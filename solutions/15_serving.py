@@ -59,6 +59,7 @@ import json
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -300,25 +301,100 @@ def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
     return out
 
 
-async def _one_request(client: Any, url: str, model: str, prompt: str, max_tokens: int, send_at: float,
-                       sem: asyncio.Semaphore | None) -> dict[str, Any]:
+class _Connections:
+    """Keep-alive HTTP/1.1 connections to one host:port on asyncio streams (the load generator's
+    client: a few lines of parsing per event instead of a general client's layers, because the
+    load generator shares the machine's cores with the server it measures)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port, self.idle = host, port, []
+
+    async def get(self, fresh: bool = False) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bool]:
+        """(reader, writer, reused): an idle connection unless `fresh` or none is idle."""
+        if self.idle and not fresh:
+            return (*self.idle.pop(), True)
+        return (*await asyncio.open_connection(self.host, self.port), False)
+
+    def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self.idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _post_stream(conns: _Connections, path: str, body: bytes, on_event: Callable[[bytes], None]) -> int:
+    """POST `body` (JSON) to `path`; on_event(data) for each server-sent event's data (bytes) of a
+    200 response as it arrives. Returns the status; the connection goes back to the pool when the
+    response was read to its end. A kept-alive connection that the server has closed meanwhile
+    (uvicorn closes idle ones after 5 s) is replaced by a new one."""
+    fresh = False
+    while True:
+        reader, writer, reused = await conns.get(fresh)
+        try:
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), conns.host.encode(), conns.port, len(body),
+                                                              body))
+            status_line = await reader.readline()
+        except (ConnectionError, OSError):
+            status_line = b""
+        except BaseException:
+            writer.close()
+            raise
+        if status_line or not reused:
+            break
+        writer.close()                                           # closed by the server while idle: anew
+        fresh = True
+    try:
+        if not status_line:
+            raise ConnectionError(f"the server at {conns.host}:{conns.port} closed the connection without an answer")
+        status = int(status_line.split(b" ", 2)[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            headers[name.strip().lower()] = value.strip().lower()
+        if headers.get(b"transfer-encoding") != b"chunked":
+            await reader.readexactly(int(headers.get(b"content-length", b"0")))
+        else:
+            buf = b""
+            while size := int((await reader.readline()).split(b";")[0], 16):
+                buf += (await reader.readexactly(size + 2))[:-2]
+                *events, buf = buf.split(b"\n\n")
+                for event in events:
+                    if event.startswith(b"data: ") and status == 200:
+                        on_event(event[6:])
+            await reader.readline()                              # the blank line after the last chunk
+        if headers.get(b"connection") == b"close":
+            writer.close()
+        else:
+            conns.put((reader, writer))
+        return status
+    except BaseException:
+        writer.close()
+        raise
+
+
+async def _one_request(conns: _Connections, model: str, prompt: str, max_tokens: int, send_at: float,
+                       sem: asyncio.Semaphore | None, timeout: float) -> dict[str, Any]:
     delay = send_at - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     if sem is not None:
         await sem.acquire()
     start, times, text, status = time.perf_counter(), [], [], 0
+
+    def on_event(data: bytes) -> None:
+        if data != b"[DONE]":
+            piece = json.loads(data)["choices"][0]["text"]
+            if piece:
+                times.append(time.perf_counter())
+                text.append(piece)
+
     try:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0.0}
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
-            status = r.status_code
-            if status == 200:
-                async for line in r.aiter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        piece = json.loads(line[6:])["choices"][0]["text"]
-                        if piece:
-                            times.append(time.perf_counter())
-                            text.append(piece)
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                           "temperature": 0.0}).encode()
+        status = await asyncio.wait_for(_post_stream(conns, "/v1/completions", body, on_event), timeout)
     except Exception as exc:  # a refused or broken connection is a failed request, not a crash
         status = -1
         text.append(repr(exc))
@@ -329,30 +405,47 @@ async def _one_request(client: Any, url: str, model: str, prompt: str, max_token
             "max_tokens": max_tokens}
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's event loop where it is installed (Linux and macOS: the loop uvicorn picks too),
+    else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop
+
+
 def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: str = "tiny-gpt",
              max_concurrency: int | None = None, timeout: float = 120.0) -> tuple[list[dict[str, Any]], float]:
     """Send workload[i] (prompt, max_tokens) to url/v1/completions, streamed, at arrivals[i]
     seconds after the start (open loop: a request is sent on time whatever the others do), at
-    most max_concurrency at once (None: no limit). Returns (one dict per request: start,
-    token_times, status, text, max_tokens; the wall time from the first send to the last
-    answer). Runs its own event loop in a thread, so it works inside a notebook."""
-    import httpx
+    most max_concurrency at once (None: no limit); each request fails (status -1) after
+    `timeout` seconds. Returns (one dict per request: start, token_times, status, text,
+    max_tokens; the wall time from the first send to the last answer). Runs its own event loop
+    in a thread, so it works inside a notebook."""
+    from urllib.parse import urlsplit
 
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"run_load: expected a URL http://host:port, got {url!r}")
     result: dict[str, Any] = {}
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        conns = _Connections(parts.hostname, parts.port or 80)
+        try:
             sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
             t0 = time.perf_counter()
-            tasks = [_one_request(client, url, model, p, m, t0 + float(a), sem)
+            tasks = [_one_request(conns, model, p, m, t0 + float(a), sem, timeout)
                      for (p, m), a in zip(workload, arrivals)]
             result["records"] = await asyncio.gather(*tasks)
             result["duration"] = time.perf_counter() - t0
+        finally:
+            conns.close()
 
     def target() -> None:
         try:
-            asyncio.run(main())
+            with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+                runner.run(main())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = exc
 
@@ -362,6 +455,7 @@ def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: st
     if "error" in result:
         raise result["error"]
     return result["records"], result["duration"]
+
 
 # %% [markdown]
 # ## 1. Requests, and the engine's state
@@ -380,6 +474,9 @@ def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: st
 
 # %%
 #| export
+FUSED_CHUNK_MAX = 32   # longer prefill chunks go through paged_forward (BLAS), shorter ones the fused step
+
+
 class QueueFull(RuntimeError):
     """The engine's waiting queue is at its bound: the caller should retry later (HTTP 429)."""
 
@@ -664,6 +761,8 @@ class Engine:
                          "prefix_hit_tokens": 0, "preemptions": 0, "finished": 0, "aborted": 0, "rejected": 0,
                          "peak_running": 0}
         self._recent: deque[tuple[float, int]] = deque()   # (time, tokens) of recent steps, for tokens/s
+        self._in_forward = False                           # a step's model call runs (without the lock)
+        self._deferred: list[GenRequest] = []              # requests aborted meanwhile: freed after it
 
     # ---------------------------------------------------------------- requests in and out
     def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
@@ -696,16 +795,20 @@ class Engine:
         return request
 
     def abort(self, request: GenRequest) -> bool:
-        """Stop a request at once (a client went away): its blocks go back to the pool now.
-        False if it had already finished."""
+        """Stop a request at once (a client went away): its blocks go back to the pool now, or,
+        if a step's model call is running over them, as soon as it returns. False if it had
+        already finished."""
         with self.lock:
             if request.finished:
                 return False
             if request in self.waiting:
                 self.waiting.remove(request)
             elif request in self.running:
-                self.running.remove(request)
-                self.cache.free(request.id)
+                if self._in_forward:
+                    self._deferred.append(request)
+                else:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
             self.counters["aborted"] += 1
             self._finish(request, "abort")
             return True
@@ -806,11 +909,26 @@ class Engine:
                     self.counters["prefix_query_tokens"] += request.num_tokens
                     self.counters["prefix_hit_tokens"] += request.num_cached
                     self.counters["prompt_tokens"] += request.num_tokens
+            self._in_forward = bool(plan)
+        # the model runs without the lock (the fused kernel without the interpreter's lock too), so
+        # the HTTP thread can queue and abort requests meanwhile; an abort of a request in the plan
+        # is deferred until the call returns (abort), since the call appends to its cache entry
+        try:
+            logits = self._forward(plan) if plan else None
+        finally:
+            with self.lock:
+                self._in_forward = False
+                for request in self._deferred:
+                    self.running.remove(request)
+                    self.cache.free(request.id)
+                self._deferred.clear()
+        with self.lock:
             if plan:
-                logits = self._forward(plan)
                 now = time.perf_counter()
-                new_tokens = 0
+                new_tokens, bs = 0, self.cache.block_size
                 for (request, n), row in zip(plan, logits):
+                    if request.finished:                      # aborted during the model call
+                        continue
                     request.num_computed += n
                     if request.num_computed == request.num_tokens:
                         token = sample_token(row, request.temperature, request.rng)
@@ -819,7 +937,8 @@ class Engine:
                         new_tokens += 1
                         if request.on_token is not None:
                             request.on_token(token)
-                    if self.prefix is not None:
+                    if self.prefix is not None and (request.num_computed - n) // bs < request.num_computed // bs:
+                        # a block filled up in this step: remember the sequence's full blocks
                         self.prefix.register(request.id, request.tokens[:request.num_computed])
                     if request.done:
                         self.running.remove(request)
@@ -836,21 +955,24 @@ class Engine:
 
     def _forward(self, plan: list[tuple[GenRequest, int]]) -> np.ndarray:
         """Run the model over the plan's chunks: the logits (len(plan), vocab) of each chunk's last
-        token. With the fused decoder, single-token chunks go through it in one call and the rest
-        through paged_forward (each token's computation depends only on its own sequence's cache,
-        so splitting the step changes no number)."""
-        fused = self.decoder is not None
-        single = [j for j, (_, n) in enumerate(plan) if fused and n == 1]
-        multi = [j for j, (_, n) in enumerate(plan) if not (fused and n == 1)]
+        token. With the fused decoder, the decodes and the prefill chunks of up to FUSED_CHUNK_MAX
+        tokens go through it in one call (FusedDecoder.forward: each new token a row of the kernel)
+        and longer chunks through paged_forward, whose matrix products (NumPy's BLAS) are faster
+        there; each token depends only on its own sequence's cache, so splitting the step changes
+        no number. With decode="reference", everything goes through paged_forward."""
+        chunks = [[r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # a decode: the token to feed
+                   else r.output[r.num_computed - len(r.prompt)]] if n == 1
+                  else r.tokens[r.num_computed:r.num_computed + n] for r, n in plan]
+        if self.decoder is None:
+            return paged_forward(self.W, self.cache, [r.id for r, _ in plan], chunks)
+        short = [j for j, (_, n) in enumerate(plan) if n <= FUSED_CHUNK_MAX]
+        if len(short) == len(plan):
+            return self.decoder.forward(self.cache, [r.id for r, _ in plan], chunks)
+        long = [j for j, (_, n) in enumerate(plan) if n > FUSED_CHUNK_MAX]
         logits = np.empty((len(plan), self.W.vocab_size), self.W.dtype)
-        if multi:
-            chunks = [(r, r.tokens[r.num_computed:r.num_computed + n]) for r, n in (plan[j] for j in multi)]
-            logits[multi] = paged_forward(self.W, self.cache, [r.id for r, _ in chunks], [c for _, c in chunks])
-        if single:
-            reqs = [plan[j][0] for j in single]
-            tokens = [r.prompt[r.num_computed] if r.num_computed < len(r.prompt)    # the token to feed
-                      else r.output[r.num_computed - len(r.prompt)] for r in reqs]
-            logits[single] = self.decoder(self.cache, [r.id for r in reqs], tokens)
+        logits[long] = paged_forward(self.W, self.cache, [plan[j][0].id for j in long], [chunks[j] for j in long])
+        if short:
+            logits[short] = self.decoder.forward(self.cache, [plan[j][0].id for j in short], [chunks[j] for j in short])
         return logits
 
     def _finish(self, request: GenRequest, reason: str) -> None:
@@ -1002,7 +1124,8 @@ except NotImplementedError as exc:
 #
 # The engine runs in its own thread; FastAPI's handlers run on uvicorn's event loop. A
 # `TokenStream` carries a request's tokens across: the engine calls `push(token)` from its
-# thread, which hands the token to the loop (`call_soon_threadsafe`); the handler iterates
+# thread, which hands the token to the loop (`call_soon_threadsafe`, through a mailbox that
+# wakes the loop once for all the tokens of a step, not once per token); the handler iterates
 # `async for token in stream`. When a streaming client disconnects, Starlette cancels the
 # response's generator and the `finally` of the handler aborts the request: its blocks go back
 # at once, not when its `max_tokens` would have run out.
@@ -1111,29 +1234,103 @@ def check_request(body: dict[str, Any], chat: bool, model_name: str, tokenizer: 
     return CompletionParams(ids, max_tokens, float(temperature), seed, stream, chat)
 
 
+class LoopMailbox:
+    """Tokens from the engine's thread to one event loop, with one wake-up of the loop per burst:
+    put() appends (stream, token) to a list and calls the loop (call_soon_threadsafe, a write to
+    the loop's wake-up socket) only when the list was empty, so the tokens of one engine step
+    cost one wake-up, not one each. for_loop(loop): the loop's mailbox."""
+
+    _boxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopMailbox]" = weakref.WeakKeyDictionary()
+    _boxes_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.items, self.lock = loop, [], threading.Lock()
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop) -> "LoopMailbox":
+        with cls._boxes_lock:
+            box = cls._boxes.get(loop)
+            if box is None:
+                box = cls._boxes[loop] = cls(loop)
+            return box
+
+    def put(self, stream: "TokenStream", token: int | None) -> None:
+        with self.lock:
+            wake = not self.items
+            self.items.append((stream, token))
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop has closed: nobody is listening any more
+                with self.lock:
+                    self.items.clear()
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for stream, token in items:
+            stream.deliver(token)
+
+
 class TokenStream:
     """A request's tokens, from the engine's thread to an event loop: push(token) (thread-safe;
     None ends the stream); `async for token in stream` yields them in order. request: the
-    GenRequest, once the engine has accepted it."""
+    GenRequest, once the engine has accepted it. ready: whether the next token (or the end) is
+    already here, so that the next step of the iteration will not wait."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue = loop, asyncio.Queue()
+        self.loop, self.mailbox = loop, LoopMailbox.for_loop(loop)
+        self.buffer: deque[int | None] = deque()
+        self.waiter: asyncio.Future[None] | None = None
         self.request: GenRequest | None = None
 
     def push(self, token: int | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, token)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
+        self.mailbox.put(self, token)
+
+    def deliver(self, token: int | None) -> None:
+        """(In the loop) a token has arrived: buffer it and wake the reader."""
+        self.buffer.append(token)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.buffer)
 
     def __aiter__(self) -> "TokenStream":
         return self
 
     async def __anext__(self) -> int:
-        token = await self.queue.get()
-        if token is None:
+        while not self.buffer:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        token = self.buffer[0]
+        if token is None:  # the end stays in the buffer: iterating again stops again
             raise StopAsyncIteration
+        self.buffer.popleft()
         return token
+
+
+async def coalesce(events: AsyncIterator[bytes], ready: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The bytes of `events`, each item joined with the ones after it that are ready already
+    (ready(): the next item will come without waiting): the same bytes in fewer writes to the
+    socket when the server falls behind the engine."""
+    it = events.__aiter__()
+    while True:
+        try:
+            parts = [await it.__anext__()]
+        except StopAsyncIteration:
+            return
+        while ready():
+            try:
+                parts.append(await it.__anext__())
+            except StopAsyncIteration:
+                yield b"".join(parts)
+                return
+        yield b"".join(parts)
 
 
 def completion_chunk(request_id: str, model: str, created: int, text: str, finish_reason: str | None,
@@ -1215,6 +1412,11 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").body(),
                             status_code=500)
 
+    pieces = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]   # a character tokenizer:
+
+    def decode_one(ids: list[int]) -> str:                                  # a token's text alone
+        return pieces[ids[0]] if len(ids) == 1 else tokenizer.decode(ids)
+
     async def complete(request: Request, chat: bool) -> Any:
         params = check_request(parse_body(await request.body()), chat, model_name, tokenizer, engine.W.block_size)
         stream = TokenStream(asyncio.get_running_loop())
@@ -1233,7 +1435,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
         if params.stream:
             async def events() -> AsyncIterator[bytes]:
                 try:
-                    async for event in sse_stream(stream, chunk, tokenizer.decode):
+                    async for event in coalesce(sse_stream(stream, chunk, decode_one), lambda: stream.ready):
                         yield event
                 finally:  # the client went away (or the stream ended): free the blocks now
                     engine.abort(req)
@@ -1825,11 +2027,25 @@ if points:
 # and the weighted values: the causal bound is the loop's end), the output projection, LayerNorm,
 # the MLP with GELU, the residuals; then the tied output layer. The loops run in the weights'
 # dtype, their innermost loop along contiguous memory so that it vectorises, and without the
-# interpreter lock (`nogil`), so the HTTP thread keeps streaming while a step computes. Prefill
-# chunks still go through `paged_forward`: there the matrices are big and NumPy's BLAS is the
-# faster tool. Splitting a step this way changes nothing but rounding, since each token depends
-# only on its own sequence's cache: the tests check that the tokens are the same and the logits
-# equal to 1e-12 (float64).
+# interpreter lock (`nogil`), so the HTTP thread keeps streaming while a step computes. The
+# kernel's rows need not be one per sequence: a prefill chunk is several rows of one sequence
+# at consecutive positions, each writing its key and value before it attends, so a whole step,
+# decodes and short prefill chunks (up to `FUSED_CHUNK_MAX` = 32 tokens) together, is one call.
+# Longer chunks go through `paged_forward`: there the matrices are big enough for NumPy's BLAS
+# to be the faster tool. Splitting a step this way changes nothing but rounding, since each
+# token depends only on its own sequence's cache: the tests check that the tokens are the same
+# and the logits equal to 1e-12 (float64).
+#
+# A fast step moves the bottleneck to the HTTP side, as in every serving stack: at 16 clients
+# the server then spent more time per token streaming it than computing it. What the server does
+# about it: the engine wakes the event loop once per step for all its tokens (`LoopMailbox`), not
+# once per token; events of one request that are ready together go out in one write (`coalesce`;
+# the client still sees one event per token); and uvicorn runs on its fast stack, uvloop's event
+# loop and httptools' parser (C, where asyncio's loop and h11 are Python), which it picks by
+# itself when they are installed (`uvicorn[standard]` installs them; the course pins them). The
+# load generator has the same problem on the client side and shares the machine's cores with the
+# server, so `run_load` reads the event stream with a few lines of its own on asyncio's streams
+# rather than a general HTTP client (vLLM's benchmark uses aiohttp's C parser for the same reason).
 #
 # Why not lesson 14's compiler? It traces a function at fixed shapes and guards on them; the
 # decode step's key count grows by one every step, so every step would be a new graph and a new
@@ -1879,17 +2095,20 @@ def _linear_rows(x, w, b, out):
 
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
 def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo, bo, wfc, bfc, wp2, bp2, lnf,
-                        k_pool, v_pool, n_head, eps, logits):
-    """One decode step of lesson 09's GPT for B sequences, one token each, over a paged KV cache.
+                        k_pool, v_pool, n_head, eps, out_rows, logits):
+    """One step of lesson 09's GPT over B new tokens (rows) of sequences in a paged KV cache: one
+    token each for decodes, several consecutive ones for a prefill chunk.
 
-    tokens, positions (B,) int64: the new token of each sequence and its position (the tokens it
-    already has in the cache). tables (B, max_blocks) int64: each sequence's block table, covering
+    tokens, positions (B,) int64: each row's token and its position in its sequence; the rows of
+    one sequence come in increasing position (each attends to the keys the rows before it wrote in
+    the same layer). tables (B, max_blocks) int64: each row's sequence's block table, covering
     its position. Weights, all in one float dtype (FusedDecoder.pack): wte (V, C), wpe (T, C);
     ln (L, 4, C) = LayerNorm 1 weight, bias, LayerNorm 2 weight, bias; wqkv (L, C, (Hq + 2 Hkv) hd)
     and bqkv (L, (Hq + 2 Hkv) hd), q then k then v; wo (L, C, C), bo (L, C); wfc (L, C, 4C),
     bfc (L, 4C); wp2 (L, 4C, C), bp2 (L, C); lnf (2, C). k_pool, v_pool (L, num_blocks, Hkv,
     block_size, hd): the pool; this step writes each sequence's new key and value at its
-    position's slot. Writes logits (B, V)."""
+    position's slot. out_rows (B_out,) int64: the rows whose logits to write, in logits (B_out, V).
+    """
     nb = tokens.shape[0]
     n_layer, c = wqkv.shape[0], wte.shape[1]
     n_kv_head, bs, hd = k_pool.shape[2], k_pool.shape[3], k_pool.shape[4]
@@ -1957,12 +2176,13 @@ def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo,
             for i in range(c):
                 x[r, i] += res[r, i]
     _layer_norm_rows(x, lnf[0], lnf[1], eps, h)
-    for r in range(nb):
+    for o in range(out_rows.shape[0]):
+        r = out_rows[o]
         for t in range(wte.shape[0]):                            # the output layer, tied to wte
             s = dt.type(0)
             for i in range(c):
                 s += h[r, i] * wte[t, i]
-            logits[r, t] = s
+            logits[o, t] = s
 
 
 class FusedDecoder:
@@ -2004,26 +2224,52 @@ class FusedDecoder:
         self(scratch, [0], [0])
 
     def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
+        """Append one token to each sequence: the logits (len(seqs), vocab)."""
         W = self.W
         tokens = np.asarray(tokens).reshape(-1)
         if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
                 not all(0 <= t < W.vocab_size for t in tokens.tolist()):
             raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
                              f"sequences, got {tokens.tolist()}")
+        return self.forward(cache, seqs, tokens[:, None])
+
+    def forward(self, cache: Any, seqs: Sequence[Any], chunks: Sequence[Any]) -> np.ndarray:
+        """paged_forward's step in one kernel call: chunks[i] (t_i >= 1,) new tokens of sequence
+        seqs[i] (distinct), appended to the cache; returns the logits (len(seqs), vocab) of each
+        chunk's last token, in W's dtype. Each token is a row of the kernel."""
+        W = self.W
+        chunks = [np.asarray(c).reshape(-1) for c in chunks]
+        if len(chunks) != len(seqs) or len(set(seqs)) != len(seqs) or any(
+                len(c) == 0 or c.dtype.kind not in "iu" or c.min() < 0 or c.max() >= W.vocab_size for c in chunks):
+            raise ValueError(f"FusedDecoder: expected a non-empty chunk of token ids in [0, {W.vocab_size}) for each "
+                             f"of {len(seqs)} distinct sequences, got {len(chunks)} chunks {[c.tolist() for c in chunks]}")
         if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
             raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
                              f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
-        positions = [cache.lengths[s] for s in seqs]
-        if positions and max(positions) >= W.block_size:
-            raise ValueError(f"FusedDecoder: position {max(positions)} is past the context of {W.block_size}")
-        need = sum(cache.blocks_needed(s, 1) for s in seqs)
+        sizes = [len(c) for c in chunks]
+        starts = [cache.lengths[s] for s in seqs]
+        if seqs and max(a + n for a, n in zip(starts, sizes)) > W.block_size:
+            raise ValueError(f"FusedDecoder: position {max(a + n for a, n in zip(starts, sizes)) - 1} is past the "
+                             f"context of {W.block_size}")
+        need = sum(cache.blocks_needed(s, n) for s, n in zip(seqs, sizes))
         if need > cache.num_free:
             raise RuntimeError(f"FusedDecoder: the step needs {need} blocks, {cache.num_free} are free")
-        for s in seqs:
-            cache.append(s, 1)
+        for s, n in zip(seqs, sizes):
+            cache.append(s, n)
         logits = np.empty((len(seqs), W.vocab_size), W.dtype)
-        fused_decode_kernel(tokens.astype(np.int64), np.array(positions, dtype=np.int64), cache.block_table(seqs),
-                            *self.packed, cache.k, cache.v, W.n_head, W.ln_eps, logits)
+        if not seqs:
+            return logits
+        if max(sizes) == 1:                                      # decodes only: one row per sequence
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions, tables = np.array(starts, dtype=np.int64), cache.block_table(seqs)
+        else:
+            rows = np.repeat(np.arange(len(seqs)), sizes)
+            tokens = np.concatenate(chunks).astype(np.int64)
+            positions = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in zip(starts, sizes)])
+            tables = cache.block_table(seqs)[rows]
+        out_rows = np.cumsum(sizes, dtype=np.int64) - 1          # each chunk's last token
+        fused_decode_kernel(tokens, positions, tables, *self.packed, cache.k, cache.v, W.n_head, W.ln_eps,
+                            out_rows, logits)
         return logits
 
 
