@@ -434,8 +434,10 @@ def test_http_overload_answers_429_and_drops_nobody(lesson):
     with serving(lesson, eng, "15.2") as srv:
         results = post_all(srv.url, [body(p, 8) for p in prompts])
     statuses = [s for s, _, _ in results]
-    assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 5, \
-        f"30 requests at once into a queue of 4: expected some 200s and some 429s, got {statuses}"
+    # At least the queue's 4 are accepted (more when the engine admits some to its 2 running slots
+    # between arrivals, which depends on how fast the HTTP side reads the 30 requests).
+    assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 4, \
+        f"30 requests at once into a queue of 4: expected at least 4 200s and some 429s, got {statuses}"
     for (status, headers, js), p in zip(results, prompts):
         if status == 429:
             assert int(headers["retry-after"]) >= 1 and js["error"]["type"] and js["error"]["message"]
