@@ -1,7 +1,7 @@
 """course.live: the lecturer's live controls. The helper itself on toy figures; every lesson
 has one. (Each lesson's own control is driven over its extremes and middle, and timed,
 whenever its notebook runs under course.maintain: `make check` fails on a control that changes
-nothing or redraws slower than LIVE_REDRAW_LIMIT x the machine's time scale; the timings are
+nothing or whose redraw takes more CPU time than LIVE_REDRAW_LIMIT x the machine's time scale; the timings are
 written to build/check/NN_topic.live.jsonl.)"""
 
 from __future__ import annotations
@@ -43,8 +43,28 @@ def test_render_follows_the_controls_and_the_probe_says_so(tmp_path, monkeypatch
     assert seen == [{"a": 3.0, "kind": "x"}]
     (report,) = [json.loads(line) for line in probe.read_text().splitlines()]
     assert report["controls"] == {"a": True, "kind": True} and report["slowest_s"] < 5
+    assert 0 < report["slowest_cpu_s"] < 5
     bundle = ctl._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle and bundle["image/png"]
+
+
+def test_the_probe_judges_cpu_time_not_waiting(tmp_path, monkeypatch):
+    """make check judges a redraw by its CPU time: a redraw that waits (as on a busy machine,
+    for a core) is not slow work, and one that computes is, whatever the load."""
+    import time
+
+    def spin(seconds: float) -> None:
+        t0 = time.process_time()
+        while time.process_time() - t0 < seconds:
+            pass
+
+    probe = tmp_path / "probe.jsonl"
+    monkeypatch.setenv("MT_LIVE_PROBE", str(probe))
+    live(lambda a: (time.sleep(0.2), draw_power(a, "x"))[1], a=(1, 3))
+    live(lambda a: (spin(0.2), draw_power(a, "x"))[1], a=(1, 3))
+    waits, works = [json.loads(line) for line in probe.read_text().splitlines()]
+    assert waits["slowest_s"] >= 0.2 and waits["slowest_cpu_s"] < 0.15
+    assert works["slowest_cpu_s"] >= 0.2
 
 
 def test_a_control_that_changes_nothing_is_reported(tmp_path, monkeypatch):
