@@ -33,24 +33,38 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
+def installed_static(module: str, package: str, folder: str, *required: str) -> Path:
+    """The folder of static files an installed package of the `slides` extra ships (`folder`,
+    relative to the module), checked to hold `required`; SystemExit saying what to install else."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise SystemExit(f"make slides needs the `slides` extra ({package}): run `make slides`, "
+                         "which installs it, or pip install -e '.[slides]'") from exc
+    src = Path(mod.__file__).parent / folder
+    missing = [name for name in required if not (src / name).exists()]
+    if missing:
+        raise SystemExit(f"no {', '.join(missing)} in {src}: reinstall {package}")
+    return src
+
+
+def _copied(src: Path, out: Path) -> bool:
+    """A copy at `out` of the file `src` is already there (same size: the copies are whole packages'
+    files, replaced whole when the package changes)."""
+    return out.exists() and out.stat().st_size == src.stat().st_size
+
+
 def reveal_source() -> Path:
     """reveal.js as the installed sphinx-revealjs ships it (dist/, plugin/, LICENSE)."""
-    try:
-        import sphinx_revealjs
-    except ImportError as exc:
-        raise SystemExit("make slides needs the `slides` extra (sphinx-revealjs): run `make slides`, "
-                         "which installs it, or pip install -e '.[slides]'") from exc
-    src = Path(sphinx_revealjs.__file__).parent / "_static" / "revealjs"
-    if not (src / "dist" / "reveal.js").exists():
-        raise SystemExit(f"no reveal.js in {src}: reinstall sphinx-revealjs")
-    return src
+    return installed_static("sphinx_revealjs", "sphinx-revealjs", "_static/revealjs", "dist/reveal.js")
 
 
 def copy_reveal(dest: Path) -> Path:
     """Copy what the slides load (reveal.js, its CSS and themes, the notes plugin, the licence)."""
     src, out = reveal_source(), dest / "reveal.js"
-    if (out / "dist" / "reveal.js").exists() and \
-            (out / "dist" / "reveal.js").stat().st_size == (src / "dist" / "reveal.js").stat().st_size:
+    if _copied(src / "dist" / "reveal.js", out / "dist" / "reveal.js"):
         return out
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(src / "dist", out / "dist", ignore=shutil.ignore_patterns("*.map", "*.esm.js"))
@@ -61,23 +75,15 @@ def copy_reveal(dest: Path) -> Path:
 
 def mathjax_source() -> Path:
     """MathJax 2.7 as the installed jupyter-server-mathjax ships it (MathJax.js, jax/, LICENSE)."""
-    try:
-        import jupyter_server_mathjax
-    except ImportError as exc:
-        raise SystemExit("make slides needs the `slides` extra (jupyter-server-mathjax): run `make slides`, "
-                         "which installs it, or pip install -e '.[slides]'") from exc
-    src = Path(jupyter_server_mathjax.__file__).parent / "static"
-    if not (src / "MathJax.js").exists() or not (src / "config" / "TeX-AMS-MML_HTMLorMML-full.js").exists():
-        raise SystemExit(f"no MathJax (MathJax.js, config/TeX-AMS-MML_HTMLorMML-full.js) in {src}: "
-                         "reinstall jupyter-server-mathjax")
-    return src
+    return installed_static("jupyter_server_mathjax", "jupyter-server-mathjax", "static",
+                            "MathJax.js", "config/TeX-AMS-MML_HTMLorMML-full.js")
 
 
 def copy_mathjax(dest: Path) -> Path:
     """Copy MathJax to dest/mathjax (about 10 MB: its TeX configuration, HTML-CSS output with the
     STIX-Web fonts, extensions, licence), without the translations the slides never load."""
     src, out = mathjax_source(), dest / "mathjax"
-    if (out / "MathJax.js").exists() and (out / "MathJax.js").stat().st_size == (src / "MathJax.js").stat().st_size:
+    if _copied(src / "MathJax.js", out / "MathJax.js"):
         return out
     shutil.rmtree(out, ignore_errors=True)
     shutil.copytree(src, out, ignore=shutil.ignore_patterns("localization"))
