@@ -722,6 +722,9 @@ def _vtanh_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of t
 
 
 KERNEL_NAMES = {"math": math, "prange": prange, "f32": np.float32, "vexp": vexp, "vtanh": vtanh}
+# The generated kernels' fastmath flags: not "no NaNs/infinities" (a -inf mask is data); sums may be
+# reassociated (vectorised), a*b+c fused into one FMA: results move by a few ulps, never by NaN rules.
+KERNEL_FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 
 def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
@@ -787,10 +790,8 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     if key not in KERNEL_CACHE:
         scope: dict[str, Any] = dict(KERNEL_NAMES)
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-        # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
-        # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
         KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy",
-                                 fastmath={"reassoc", "contract", "arcp", "nsz"})(scope[name])
+                                 fastmath=KERNEL_FASTMATH)(scope[name])
     return KERNEL_CACHE[key]
 
 

@@ -1121,6 +1121,9 @@ def _vtanh_numba(x):  # noqa: ANN001, ANN202 - Numba requires the signature of t
 
 
 KERNEL_NAMES = {"math": math, "prange": prange, "f32": np.float32, "vexp": vexp, "vtanh": vtanh}
+# The generated kernels' fastmath flags: not "no NaNs/infinities" (a -inf mask is data); sums may be
+# reassociated (vectorised), a*b+c fused into one FMA: results move by a few ulps, never by NaN rules.
+KERNEL_FASTMATH = {"reassoc", "contract", "arcp", "nsz"}
 
 # %%
 #| export
@@ -1181,31 +1184,16 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
 # vexp and vtanh: error against NumPy in float64, and the time of a loop over 2**16 elements
 from minitorch.bench import benchmark  # noqa: E402
 
-_fm = {"reassoc", "contract", "arcp", "nsz"}  # the generated kernels' fastmath flags
+def _loop(f):
+    """A Numba loop applying the scalar function f to every element, compiled as the kernels are."""
+    @njit(fastmath=KERNEL_FASTMATH, error_model="numpy")
+    def loop(x, out):
+        for i in range(x.size):
+            out[i] = f(x[i])
+    return loop
 
 
-@njit(fastmath=_fm, error_model="numpy")
-def _loop_vexp(x, out):
-    for i in range(x.size):
-        out[i] = vexp(x[i])
-
-
-@njit(fastmath=_fm, error_model="numpy")
-def _loop_exp(x, out):
-    for i in range(x.size):
-        out[i] = math.exp(x[i])
-
-
-@njit(fastmath=_fm, error_model="numpy")
-def _loop_vtanh(x, out):
-    for i in range(x.size):
-        out[i] = vtanh(x[i])
-
-
-@njit(fastmath=_fm, error_model="numpy")
-def _loop_tanh(x, out):
-    for i in range(x.size):
-        out[i] = math.tanh(x[i])
+_loop_vexp, _loop_exp, _loop_vtanh, _loop_tanh = map(_loop, (vexp, math.exp, vtanh, math.tanh))
 
 
 for dt in (np.float32, np.float64):
@@ -1242,10 +1230,8 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
     if key not in KERNEL_CACHE:
         scope: dict[str, Any] = dict(KERNEL_NAMES)
         exec(builtins.compile(source, f"<kernel {name}>", "exec"), scope)  # noqa: S102 - our own generated code
-        # fastmath without "no NaNs/infinities" (a -inf mask is data): sums may be reassociated
-        # (vectorised), a*b+c fused into one FMA; results move by a few ulps, never by NaN rules
         KERNEL_CACHE[key] = njit(cache=False, parallel=parallel, error_model="numpy",
-                                 fastmath={"reassoc", "contract", "arcp", "nsz"})(scope[name])
+                                 fastmath=KERNEL_FASTMATH)(scope[name])
     return KERNEL_CACHE[key]
 
 
