@@ -252,7 +252,6 @@ class ServerProcess:
 
     def __enter__(self) -> str:
         import os
-        import signal  # noqa: F401 - used in __exit__
         import subprocess
         import sys
 
@@ -2057,7 +2056,7 @@ if points:
 # %%
 #| export server_kit
 #| given
-FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # lesson 09's: lets the dot products vectorise
+from minitorch.attention import FASTMATH  # noqa: E402 - lesson 09's flags: the dot products vectorise, -inf stays -inf
 
 
 @njit(cache=False, nogil=True, fastmath=FASTMATH)
