@@ -9,11 +9,14 @@ needed (course.percent stands in for them). Steps, each in its own process with 
 
   env       the GPU, driver, CUDA and package versions
   tests     lesson 07 on the GPU (no simulator), lesson 08 (GPU tests, plus the NVRTC and emulator
-            tests), and the emulator's machinery tests, on the reference implementation
-  cells     every code cell of lessons 07 and 08 (solutions/), in order, except the check cells:
-            the gpu cells print the GPU figures the lessons quote
+            tests), the emulator's machinery tests, and the GPU tests of lessons 09, 10 and 14, on
+            the reference implementation
+  cells     every code cell of lessons 07 and 08 (solutions/), in order, except the check cells;
+            for lessons 09, 10 and 14 the cells a lesson loads with, then its gpu cells: the gpu
+            cells print the GPU figures the lessons quote
   bench     benchmarks/bench_gpu.py (every SGEMM kernel as a fraction of cuBLAS, fused vs unfused)
-  sanitize  compute-sanitizer memcheck and racecheck on every solution kernel of lessons 07 and 08
+  sanitize  compute-sanitizer memcheck, racecheck and synccheck on every solution kernel of lessons
+            07 and 08, lesson 09's attention kernel and lesson 10's dp4a GEMM
 
 Results are merged into build/gpu_report.json (so steps can run in separate sessions) and written
 as build/gpu_report.md. Exit status 0 if every step that ran passed.
@@ -39,7 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("env", "tests", "cells", "bench", "sanitize")
 LIMITS = {"env": 120, "tests": 900, "cells": 1200, "bench": 1200, "sanitize": 1500}
-LESSONS = ("07_cuda_model", "08_cupy_kernels")
+LESSONS = ("07_cuda_model", "08_cupy_kernels")  # every cell runs
+GPU_CELL_LESSONS = ("09_attention", "10_quantization", "14_compiler")  # loaded, then their gpu cells
+GPU_TEST_FILES = [f"tests/test_{stem}.py" for stem in GPU_CELL_LESSONS]  # their tests marked gpu
 
 
 _SHIMMED: list[str] | None = None
@@ -96,14 +101,20 @@ def step_env() -> dict:
 
 def step_tests() -> dict:
     results = Path(tempfile.mkdtemp()) / "results.jsonl"
-    files = ["tests/test_07_cuda_model.py", "tests/test_08_cupy_kernels.py", "tests/machinery/test_cuda_c.py"]
     env = dict(os.environ, MT_RESULTS=str(results))
     env.pop("NUMBA_ENABLE_CUDASIM", None)  # lesson 07 runs compiled on the GPU
-    cmd = [sys.executable, "-c", "import sys; from course.gpu_report import _setup_imports; _setup_imports(); "
-           "import pytest; sys.exit(pytest.main(sys.argv[1:]))", *files, "--impl=reference", "-q", "-rfEs",
-           "-p", "no:cacheprovider"]
+    runs = [["tests/test_07_cuda_model.py", "tests/test_08_cupy_kernels.py", "tests/machinery/test_cuda_c.py"],
+            [*GPU_TEST_FILES, "-m", "gpu"]]
     t0 = time.time()
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=LIMITS["tests"] - 30)
+    tails, codes = [], []
+    for args in runs:
+        cmd = [sys.executable, "-c", "import sys; from course.gpu_report import _setup_imports; _setup_imports(); "
+               "import pytest; sys.exit(pytest.main(sys.argv[1:]))", *args, "--impl=reference", "-q", "-rfEs",
+               "-p", "no:cacheprovider"]
+        left = LIMITS["tests"] - 30 - (time.time() - t0)
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(left, 60))
+        codes.append(out.returncode)
+        tails.append(out.stdout[-3000:] + out.stderr[-2000:])
     records = [json.loads(ln) for ln in results.read_text().splitlines()] if results.exists() else []
     done = [r for r in records if r.get("event") == "end"]
     done += [dict(r, outcome="collect error") for r in records if r.get("event") == "collect_error"]
@@ -111,10 +122,10 @@ def step_tests() -> dict:
     for r in done:
         summary[r["outcome"]] = summary.get(r["outcome"], 0) + 1
     failed = [r for r in done if r["outcome"] not in ("passed", "skipped")]
-    return {"ok": out.returncode == 0 and not failed, "seconds": round(time.time() - t0, 1), "summary": summary,
+    return {"ok": all(c == 0 for c in codes) and not failed, "seconds": round(time.time() - t0, 1), "summary": summary,
             "failed": [{"test": r.get("nodeid", r.get("test")), "message": r.get("message", "")} for r in failed],
             "skipped": sorted({r.get("message", "") for r in done if r["outcome"] == "skipped"}),
-            "tail": out.stdout[-3000:] + out.stderr[-2000:]}
+            "tail": "\n".join(tails)}
 
 
 def step_cells(small: bool) -> dict:
@@ -132,7 +143,7 @@ def step_cells(small: bool) -> dict:
         pass
     lessons = {}
     ok = True
-    for stem in LESSONS:
+    for stem in LESSONS + GPU_CELL_LESSONS:
         nb = read(ROOT / "solutions" / f"{stem}.py")
         module = type(sys)(f"lesson_{stem}")
         module.__file__ = str(ROOT / "solutions" / f"{stem}.py")
@@ -141,6 +152,8 @@ def step_cells(small: bool) -> dict:
         for i, cell in enumerate(nb.cells):
             tags = set(cell.metadata.get("tags", []))
             if cell.cell_type != "code" or "check" in tags:
+                continue
+            if stem in GPU_CELL_LESSONS and tags & {"demo"}:  # what the gpu cells need is in loaded cells
                 continue
             buf = io.StringIO()
             t0 = time.time()
@@ -190,8 +203,8 @@ def _sanitizer() -> str | None:
 
 
 def launch_all_kernels() -> None:
-    """Launch every solution kernel of lessons 07 and 08 once, on small odd shapes (the process
-    compute-sanitizer watches)."""
+    """Launch every solution kernel of lessons 07 and 08, lesson 09's attention kernel and lesson
+    10's dp4a GEMM once, on small odd shapes (the process compute-sanitizer watches)."""
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     import numpy as np
     import cupy as cp
@@ -222,6 +235,16 @@ def launch_all_kernels() -> None:
     k7.matmul_tiled(f32(21, 17), f32(17, 40))
     k7.transpose(f32(45, 70))
     print("launched lesson 07 kernels", flush=True)
+    from minitorch.attention import flash_attention_cuda
+    from minitorch.quant import int8_gemm_dp4a
+
+    q, kk, v = (cp.asarray(f32(2, 37, 64)) for _ in range(3))
+    for is_causal in (False, True):
+        flash_attention_cuda(q, kk, v, causal=is_causal)
+    int8_gemm_dp4a(cp.asarray(rng.integers(-128, 128, (37, 45)).astype(np.int8)),
+                   cp.asarray(rng.integers(-128, 128, (45, 29)).astype(np.int8)))
+    cp.cuda.Device().synchronize()
+    print("launched lesson 09 and 10 kernels", flush=True)
 
 
 def step_sanitize() -> dict:
@@ -242,7 +265,7 @@ def step_sanitize() -> dict:
         except subprocess.TimeoutExpired as exc:
             text, code = f"timed out after {exc.timeout} s", -1
         summary = re.findall(r"(?:ERROR SUMMARY|RACECHECK SUMMARY)[^\n]*", text)
-        clean = code == 0 and "launched lesson 07 kernels" in text
+        clean = code == 0 and "launched lesson 09 and 10 kernels" in text
         ok &= clean
         runs[name] = {"clean": clean, "exit": code, "seconds": round(time.time() - t0, 1), "summary": summary,
                       "tail": text[-4000:]}
@@ -252,15 +275,16 @@ def step_sanitize() -> dict:
 # ---------------------------------------------------------------------------------------------
 # Driver and report
 
-def run_step(step: str, small: bool) -> dict:
+def run_step(step: str, small: bool, limit: float | None = None) -> dict:
+    limit = LIMITS[step] if limit is None else min(limit, LIMITS[step])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "step.json"
         cmd = [sys.executable, "-m", "course.gpu_report", "--step", step, "--json", str(out)] + (["--small"] if small else [])
         t0 = time.time()
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=LIMITS[step])
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
-            return {"ok": False, "error": f"step {step} ran past its {LIMITS[step]} s limit"}
+            return {"ok": False, "error": f"step {step} ran past its {limit:.0f} s limit"}
         if not out.exists():
             return {"ok": False, "error": f"step {step} died (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-3000:]}"}
         data = json.loads(out.read_text())
@@ -320,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "build" / "gpu_report.md"))
     p.add_argument("--small", action="store_true", help="MINITORCH_SMALL=1 for the lesson cells")
     p.add_argument("--fresh", action="store_true", help="forget results of earlier runs")
+    p.add_argument("--budget", type=float, help="seconds for all steps together (a leased GPU's time): each step "
+                   "gets what is left, and steps after it is spent are reported as not run")
     p.add_argument("--step", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
     p.add_argument("--launch-kernels", action="store_true", help=argparse.SUPPRESS)
@@ -346,9 +372,14 @@ def main(argv: list[str] | None = None) -> int:
     out_md.parent.mkdir(parents=True, exist_ok=True)
     report = {} if args.fresh or not out_json.exists() else json.loads(out_json.read_text())
     status = 0
+    start = time.time()
     for step in steps:
         print(f"== {step}", flush=True)
-        report[step] = run_step(step, args.small)
+        left = None if args.budget is None else args.budget - (time.time() - start)
+        if left is not None and left < 10:
+            report[step] = {"ok": False, "error": f"not run: the {args.budget:.0f} s budget was spent"}
+        else:
+            report[step] = run_step(step, args.small, left)
         print(f"   {'ok' if report[step].get('ok') else 'FAILED'} ({report[step].get('step_seconds', '?')} s)"
               + (f": {report[step]['error'][:300]}" if report[step].get("error") else ""), flush=True)
         status |= 0 if report[step].get("ok") else 1
