@@ -268,7 +268,7 @@ def step_sanitize() -> dict:
         clean = code == 0 and "launched lesson 09 and 10 kernels" in text
         ok &= clean
         runs[name] = {"clean": clean, "exit": code, "seconds": round(time.time() - t0, 1), "summary": summary,
-                      "tail": text[-4000:]}
+                      "head": text[:6000], "tail": text[-4000:]}  # the first errors, and how it ended
     return {"ok": ok, "runs": runs}
 
 
@@ -333,7 +333,7 @@ def render(report: dict) -> str:
             lines += [f"- {name}: {'clean' if r['clean'] else 'NOT CLEAN'} (exit {r['exit']}, {r['seconds']} s) "
                       f"{' / '.join(r['summary'])}"]
             if not r["clean"]:
-                lines += ["", "```", r["tail"].rstrip(), "```", ""]
+                lines += ["", "```", r.get("head", "").rstrip(), "...", r["tail"].rstrip(), "```", ""]
         lines += [""]
     return "\n".join(lines)
 

@@ -148,11 +148,64 @@ class Live:
         return bundle
 
 
-def live(draw: Callable[..., Any], **controls: Any) -> Live:
+def _start_value(name: str, spec: Any) -> Any:
+    """Where ipywidgets' interact would start a control (for a Python without ipywidgets)."""
+    if isinstance(spec, bool):
+        return spec
+    if isinstance(spec, tuple) and len(spec) in (2, 3) and all(isinstance(v, (int, float)) for v in spec):
+        lo, hi = spec[:2]
+        if all(isinstance(v, int) for v in spec):
+            step = spec[2] if len(spec) == 3 else 1
+            return lo + ((hi - lo) // 2) // step * step
+        return (lo + hi) / 2
+    if isinstance(spec, (list, tuple)) and spec:
+        first = spec[0]
+        return first[1] if isinstance(first, tuple) and len(first) == 2 else first
+    if hasattr(spec, "value"):
+        return spec.value
+    raise ValueError(f"live: control {name}={spec!r} is not a slider range (lo, hi[, step]), a list or a bool")
+
+
+class Still:
+    """What `live` returns where ipywidgets is not installed (a GPU machine's own Python, a
+    script): the figure drawn once at the controls' starting values, no controls."""
+
+    def __init__(self, draw: Callable[..., Any], controls: dict[str, Any]):
+        if not controls:
+            raise ValueError("live: give at least one control, e.g. live(draw, n=(1, 10))")
+        self.draw = draw
+        self.start = {name: _start_value(name, spec) for name, spec in controls.items()}
+        self.first_png = b""
+
+    def values(self) -> dict[str, Any]:
+        return dict(self.start)
+
+    render = Live.render
+
+    def _repr_mimebundle_(self, **kwargs):
+        return {"image/png": base64.b64encode(self.first_png).decode(),
+                "text/plain": f"figure at {self.start} (ipywidgets is not installed: no live controls)"}
+
+
+def live(draw: Callable[..., Any], **controls: Any) -> Live | Still:
     """A figure with controls: `draw(**values)` redraws it for the controls' values. Returns the
-    Live object (display it as the cell's last expression; tests call `.render(...)`)."""
+    Live object (display it as the cell's last expression; tests call `.render(...)`); where
+    ipywidgets is not installed, a Still: the figure drawn once."""
     import matplotlib.pyplot as plt
 
+    try:
+        import ipywidgets
+    except ImportError:
+        ipywidgets = None
+    if ipywidgets is None:
+        still = Still(draw, controls)
+        fig = still.render()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+        still.first_png = buf.getvalue()
+        plt.close(fig)
+        print(f"live control drawn once at {still.start}: ipywidgets is not installed")
+        return still
     ctl = Live(draw, controls)
     fig = ctl.render()
     buf = io.BytesIO()

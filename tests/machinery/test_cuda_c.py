@@ -139,6 +139,24 @@ def test_emulate_runs_and_checks_arguments():
 
 
 @needs_cxx
+def test_noinline_device_functions_beside_libstdcxx_headers():
+    """`__noinline__` is CUDA's qualifier and also an attribute libstdc++ spells in its own headers
+    (GCC 12's <memory>, more headers from GCC 13: the emulator's own runtime failed to compile with
+    GCC 14 on a GPU machine). Both must compile, with the prelude before the header."""
+    src = r"""
+#include <memory>
+__noinline__ __device__ float twice(float v) { return 2 * v; }
+__global__ void twice_all(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = twice(x[i]);
+}"""
+    x = np.arange(40, dtype=np.float32)
+    y = np.zeros_like(x)
+    emulate(src, "twice_all", 2, 32, [x, y, np.int32(40)])
+    assert np.array_equal(y, 2 * x)
+
+
+@needs_cxx
 def test_template_kernel_by_name_default_and_null_pointer_arguments():
     src = r"""
 template <int SCALE, typename T>

@@ -89,3 +89,26 @@ def test_every_lesson_has_a_live_control_in_a_demo_cell():
         if not any(c.cell_type == "code" and "demo" in tags(c) and "\nlive(" in "\n" + c.source for c in cells):
             missing.append(lesson.stem)
     assert not missing, f"no live control in {missing}"
+
+
+@pytest.mark.parametrize("spec", [(1, 32, 1), (2, 8), (0, 10, 3), (1, 30, 4), (0.5, 4.0), (0.0, 1.0, 0.1), True, False,
+                                  ["x", "y", "z"], [("one", 1), ("two", 2)]])
+def test_without_ipywidgets_the_figure_is_drawn_once_where_interact_would_start(spec, monkeypatch, capsys):
+    """A Python without ipywidgets (a GPU machine's own, a script) gets the figure at the values
+    ipywidgets would start the controls at, and a line saying there are no controls."""
+    import ipywidgets as w
+
+    from course.live import Still
+
+    want = w.interactive.widget_from_abbrev(spec).value
+    seen = []
+
+    def draw(v):
+        seen.append(v)
+        return draw_power(1.0, str(v))
+
+    monkeypatch.setitem(__import__("sys").modules, "ipywidgets", None)  # import ipywidgets raises ImportError
+    still = live(draw, v=spec)
+    assert isinstance(still, Still) and seen == [want] and still.values() == {"v": want}
+    assert still.first_png.startswith(b"\x89PNG") and "image/png" in still._repr_mimebundle_()
+    assert "ipywidgets is not installed" in capsys.readouterr().out
