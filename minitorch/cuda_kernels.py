@@ -285,6 +285,7 @@ def matmul_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 T_TILE = 32
+T_PAD = T_TILE + 1  # the padded row of the shared tile (a constant: see above)
 T_ROWS = 8
 
 
@@ -293,7 +294,7 @@ def transpose_kernel(a, out):
     """out = a.T. a: (rows, cols) float32, out: (cols, rows) float32. Launch grid
     (ceil(cols/T_TILE), ceil(rows/T_TILE)), block (T_TILE, T_ROWS); each thread copies
     T_TILE // T_ROWS elements through a padded shared tile."""
-    tile = cuda.shared.array((T_TILE, T_TILE + 1), np.float32)
+    tile = cuda.shared.array((T_TILE, T_PAD), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     rows, cols = a.shape
     col = cuda.blockIdx.x * T_TILE + tx

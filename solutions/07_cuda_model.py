@@ -958,7 +958,10 @@ print("wrong elements without the barrier:", int((~np.isclose(out, A @ B, atol=1
 # Blocks are (32, 8): 256 threads, each copying 4 elements (rows `ty, ty+8, ty+16, ty+24` of
 # the tile), which is the layout of Harris's kernel; the block covers a 32 x 32 tile.
 #
-# **Exercise 7.7.** Write `transpose_kernel` with a padded `(T_TILE, T_TILE + 1)` shared tile.
+# **Exercise 7.7.** Write `transpose_kernel` with a padded `(T_TILE, T_PAD)` shared tile, `T_PAD =
+# T_TILE + 1` (given: compiled for a GPU, a shared array's shape must be constants Numba can read
+# at compile time, and numba-cuda 0.30 types `T_TILE + 1` written in the kernel as a run-time
+# integer and refuses it; the simulator does not notice, so a test reads the kernel's source).
 # Block (bx, by) reads the tile of `a` at rows `by*32...`, columns `bx*32...`, and writes it to
 # `out` at rows `bx*32...`, columns `by*32...`. The tests check the result, coalescing >= 0.5
 # for both the reads of `a` and the writes of `out`, and no bank conflicts in the tile.
@@ -967,6 +970,7 @@ print("wrong elements without the barrier:", int((~np.isclose(out, A @ B, atol=1
 #| export
 #| exercise 7.7
 T_TILE = 32
+T_PAD = T_TILE + 1  # the padded row of the shared tile (a constant: see above)
 T_ROWS = 8
 
 
@@ -976,7 +980,7 @@ def transpose_kernel(a, out):
     (ceil(cols/T_TILE), ceil(rows/T_TILE)), block (T_TILE, T_ROWS); each thread copies
     T_TILE // T_ROWS elements through a padded shared tile."""
     ### BEGIN SOLUTION
-    tile = cuda.shared.array((T_TILE, T_TILE + 1), np.float32)
+    tile = cuda.shared.array((T_TILE, T_PAD), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     rows, cols = a.shape
     col = cuda.blockIdx.x * T_TILE + tx

@@ -75,6 +75,50 @@ def assert_float32_accumulators(kernel, what):
                      f"every += runs in double precision. Write {bad[0]} = np.float32(0.0)")
 
 
+def shared_shape_expressions(kernel) -> list[str]:
+    """The shapes of a kernel's cuda.shared.array / cuda.local.array calls that are computed
+    (`T_TILE + 1`), not literals or names of global constants."""
+    import ast
+    import inspect
+    import textwrap
+
+    fn = getattr(kernel, "py_func", kernel)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return []  # source unavailable: nothing to read
+
+    def constant(node) -> bool:
+        if isinstance(node, ast.Tuple):
+            return all(constant(e) for e in node.elts)
+        return isinstance(node, (ast.Constant, ast.Name, ast.Attribute))
+
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "array"
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in ("shared", "local")):
+            shape = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "shape"), None)
+            if shape is not None and not constant(shape):
+                found.append(ast.unparse(shape))
+    return found
+
+
+@pytest.mark.parametrize("kernel", [
+    pytest.param("block_sum_kernel", marks=pytest.mark.exercise("7.3")),
+    pytest.param("block_scan_kernel", marks=pytest.mark.exercise("7.4")),
+    pytest.param("matmul_tiled_kernel", marks=pytest.mark.exercise("7.6")),
+    pytest.param("transpose_kernel", marks=pytest.mark.exercise("7.7")),
+    pytest.param("blelloch_scan_kernel", marks=pytest.mark.exercise("7.8")),
+    pytest.param("coarse_sum_kernel", marks=pytest.mark.exercise("7.9"))])
+def test_shared_array_shapes_are_compile_time_constants(lesson, kernel):
+    """The simulator allocates any shape; compiled for a GPU, Numba must read a shared array's shape
+    when it compiles the kernel (numba-cuda 0.30 on an H100 refused `(T_TILE, T_TILE + 1)`)."""
+    bad = shared_shape_expressions(getattr(lesson, kernel))
+    assert not bad, (f"{kernel} sizes a shared array with {bad[0]!r}: on a GPU Numba needs the shape as literals or "
+                     "names of global constants (computed in the kernel it is a run-time integer, and compiling "
+                     "fails). Use a global constant, e.g. T_PAD = T_TILE + 1")
+
+
 def assert_counts(trace, name, kind, expected, what):
     c = trace.counts(name, kind)
     if not np.all(c == expected):
@@ -331,7 +375,7 @@ def test_transpose_coalesced_and_conflict_free(lesson):
     shared = tr.shared_names()
     assert shared, "transpose_kernel should stage the tile in cuda.shared.array"
     worst = max(tr.bank_conflicts(s) for s in shared)
-    assert worst == 1, f"{worst}-way shared-memory bank conflict: pad the tile to (T_TILE, T_TILE + 1)"
+    assert worst == 1, f"{worst}-way shared-memory bank conflict: pad the tile to (T_TILE, T_PAD), T_PAD = T_TILE + 1"
 
 
 # ------------------------------------------------------------------ 7.8 work-efficient scan
