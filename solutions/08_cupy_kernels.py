@@ -187,6 +187,10 @@ print(f"bias+GELU 4096x4096 float32: fused {t_fused:.3f} ms ({gb / t_fused * 1e3
       f"unfused {t_unfused:.3f} ms: {t_unfused / t_fused:.1f}x")
 
 # %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: fused 0.093 ms (1,449 GB/s effective), unfused 0.834 ms: 9.0x.
+
+# %% [markdown]
 # ## 2. Reduction kernels: row norms
 #
 # A reduction turns many values into one with an associative operation. `cp.ReductionKernel`
@@ -238,6 +242,10 @@ t_red = cuda_time_ms(lambda: l2norm(xr, axis=1))
 t_np = cuda_time_ms(lambda: cp.sqrt((xr * xr).sum(axis=1)))
 print(f"row norms of 4096x4096: ReductionKernel {t_red:.3f} ms ({xr.nbytes / t_red / 1e6:.0f} GB/s), "
       f"sqrt((x*x).sum(1)) {t_np:.3f} ms")
+
+# %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: `ReductionKernel` 0.046 ms (1,471 GB/s), the expression 0.127 ms: 2.8x.
 
 # %% [markdown]
 # ## 3. Raw kernels: a naive SGEMM in CUDA C
@@ -666,6 +674,12 @@ for n in sizes:
     print("  ".join(row))
 
 # %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: cuBLAS 22.4, 42.5 and 50.2 TFLOP/s at n = 1024, 2048 and 4096; `regtile` 21.6 %, 46.3 %
+# and 58.4 % of it; `naive` and `tiled` between 11 % and 21 %. cuBLAS itself reaches 75 % of the
+# H100 SXM's 67 TFLOP/s only at n = 4096.
+
+# %% [markdown]
 # ## 7. A fused, numerically stable row softmax
 #
 # softmax(x)_j = exp(x_j - m) / sum_k exp(x_k - m) with m = max_k x_k: subtracting the row max
@@ -809,6 +823,13 @@ print(f"softmax 4096x4096: fused {t_f:.3f} ms ({2 * xs.nbytes / t_f / 1e6:.0f} G
       f"unfused {t_u:.3f} ms: fused is {t_u / t_f:.1f}x faster")
 
 # %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: fused 0.202 ms (663 GB/s of compulsory traffic), unfused 0.327 ms: 1.6x, short of the
+# 2x this section aims at. 663 GB/s is a fifth of the H100's 3.35 TB/s, so this kernel is not yet
+# bound by memory: more rows per block, or one warp per row with the row held in registers, is the
+# next step to measure.
+
+# %% [markdown]
 # ## 8. A CUDA device for minitorch
 #
 # Lesson 01 made `Tensor` hold its data in a *backend* array (`Backend.xp`, NumPy by default)
@@ -929,6 +950,10 @@ gpu_losses = train(steps, "cuda", n=2048)
 t_gpu = time.perf_counter() - t0
 cpu_losses = train(steps, "cpu", n=2048)
 print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1]:.4f}, CPU {cpu_losses[-1]:.4f}")
+
+# %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: 500 steps on the GPU in 2.3 s; final loss 0.0002 on the GPU and on the CPU.
 
 # %% [markdown]
 # ## 10. Further up the ladder: vector loads, warp tiles, double buffering, tensor cores
@@ -1423,6 +1448,13 @@ assert cp.allclose(hgemm(Ah, Bh), Ah.astype(cp.float32) @ Bh.astype(cp.float32),
 t_h, t_hblas = cuda_time_ms(lambda: hgemm(Ah, Bh)), cuda_time_ms(lambda: cp.matmul(Ah, Bh))
 print(f"  hgemm_wmma {2 * n**3 / t_h / 1e9:6.1f} TFLOP/s; cuBLAS half GEMM {2 * n**3 / t_hblas / 1e9:6.1f} TFLOP/s "
       f"({t_hblas / t_h:.1%})")
+
+# %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: at n = 4096, cuBLAS SGEMM 49.9 TFLOP/s; naive 11.3 %, tiled 16.2 %, regtile 58.9 %,
+# vec4 69.6 %, warptile 69.7 %, dbuf 79.0 % of it; the WMMA kernel 50.2 TFLOP/s, 7.7 % of cuBLAS's
+# half GEMM (650 TFLOP/s): one 16x16x16 fragment per warp with operands from global memory is the
+# first step of the tensor-core ladder, not its top.
 
 # %% [markdown]
 # ## What you measured / what to remember

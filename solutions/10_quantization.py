@@ -1145,6 +1145,14 @@ for n in [1024, 2048, 4096]:
     print(f"n={n}: dp4a {2 * n**3 / t8 / 1e9:.1f} TOPS, lesson 08 regtile fp32 {2 * n**3 / t32 / 1e9:.1f} TFLOP/s")
 
 # %% [markdown]
+# On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
+# printed: dp4a 13.6, 22.3 and 24.4 TOPS at n = 1024, 2048 and 4096, against lesson 08's `regtile`
+# float32 at 7.2, 24.6 and 29.3 TFLOP/s. The dp4a kernel is lesson 08's *tiled* kernel (one output
+# per thread, two shared loads per inner step), whose float32 twin ran at 8.1 TFLOP/s at n = 4096:
+# four multiply-adds per shared load instead of one bought 3.0x. Beating `regtile` takes its
+# register tiling too; the tensor cores' int8 path (1,979 TOPS listed) is the real int8 engine.
+
+# %% [markdown]
 # ## 6. The same product on a systolic array
 #
 # A TPU does this int8 x int8 -> int32 product in hardware with a *weight-stationary systolic

@@ -75,9 +75,10 @@ def assert_float32_accumulators(kernel, what):
                      f"every += runs in double precision. Write {bad[0]} = np.float32(0.0)")
 
 
-def shared_shape_expressions(kernel) -> list[str]:
-    """The shapes of a kernel's cuda.shared.array / cuda.local.array calls that are computed
-    (`T_TILE + 1`), not literals or names of global constants."""
+def shared_array_shapes(kernel) -> list[tuple[str, bool]] | None:
+    """(shape as written, whether it is a compile-time constant) for each cuda.shared.array /
+    cuda.local.array call in a kernel's source; None where the source cannot be read. Constant:
+    literals and names of global constants, not expressions computed in the kernel (`T_TILE + 1`)."""
     import ast
     import inspect
     import textwrap
@@ -86,7 +87,7 @@ def shared_shape_expressions(kernel) -> list[str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
-        return []  # source unavailable: nothing to read
+        return None
 
     def constant(node) -> bool:
         if isinstance(node, ast.Tuple):
@@ -95,11 +96,15 @@ def shared_shape_expressions(kernel) -> list[str]:
 
     found = []
     for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and "NotImplementedError" in ast.unparse(node) and "Exercise" in ast.unparse(node):
+            raise NotImplementedError(ast.literal_eval(node.exc.args[0]) if isinstance(node.exc, ast.Call)
+                                      and node.exc.args and isinstance(node.exc.args[0], ast.Constant)
+                                      else "not attempted")  # the stub: graded as not attempted
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "array"
                 and isinstance(node.func.value, ast.Attribute) and node.func.value.attr in ("shared", "local")):
             shape = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "shape"), None)
-            if shape is not None and not constant(shape):
-                found.append(ast.unparse(shape))
+            if shape is not None:
+                found.append((ast.unparse(shape), constant(shape)))
     return found
 
 
@@ -111,9 +116,14 @@ def shared_shape_expressions(kernel) -> list[str]:
     pytest.param("blelloch_scan_kernel", marks=pytest.mark.exercise("7.8")),
     pytest.param("coarse_sum_kernel", marks=pytest.mark.exercise("7.9"))])
 def test_shared_array_shapes_are_compile_time_constants(lesson, kernel):
-    """The simulator allocates any shape; compiled for a GPU, Numba must read a shared array's shape
-    when it compiles the kernel (numba-cuda 0.30 on an H100 refused `(T_TILE, T_TILE + 1)`)."""
-    bad = shared_shape_expressions(getattr(lesson, kernel))
+    """Each of these kernels works in shared memory. The simulator allocates any shape; compiled for
+    a GPU, Numba must read the shape when it compiles the kernel (numba-cuda 0.30 on an H100 refused
+    `(T_TILE, T_TILE + 1)`)."""
+    shapes = shared_array_shapes(getattr(lesson, kernel))
+    if shapes is None:
+        pytest.skip(f"the source of {kernel} cannot be read here")
+    assert shapes, f"{kernel} allocates no cuda.shared.array: this exercise stages its data in shared memory"
+    bad = [shape for shape, constant in shapes if not constant]
     assert not bad, (f"{kernel} sizes a shared array with {bad[0]!r}: on a GPU Numba needs the shape as literals or "
                      "names of global constants (computed in the kernel it is a run-time integer, and compiling "
                      "fails). Use a global constant, e.g. T_PAD = T_TILE + 1")
