@@ -76,9 +76,10 @@ static inline dim3 make_dim3(unsigned x, unsigned y, unsigned z) { return dim3(x
 #define __device__
 #define __host__
 // libstdc++ writes __attribute__((__noinline__)) in its own headers (GCC 12's <memory>; with
-// GCC 13.3 also headers the runtime includes), which this macro turns into __attribute__((__attribute__((__noinline__)))): an
-// unknown attribute, ignored, whose argument must still name something. The constant below is that
-// something; a kernel's `__noinline__` expands to GCC's attribute of the same name.
+// GCC 13.3 also headers the runtime includes), which the macro below turns into
+// __attribute__((__attribute__((__noinline__)))): an unknown attribute, ignored, whose argument
+// must still name something. This constant is that something; a kernel's `__noinline__` expands
+// to GCC's attribute of the same name.
 static constexpr int __noinline__ = 0;
 #define __noinline__ __attribute__((__noinline__))
 #define __forceinline__ inline

@@ -141,8 +141,8 @@ def test_emulate_runs_and_checks_arguments():
 @needs_cxx
 def test_noinline_device_functions_beside_libstdcxx_headers():
     """`__noinline__` is CUDA's qualifier and also an attribute libstdc++ spells in its own headers
-    (GCC 12's <memory>, more headers from GCC 13: the emulator's own runtime failed to compile with
-    GCC 13.3 on a GPU machine). Both must compile, with the prelude before the header."""
+    (GCC 12's <memory>; with GCC 13.3 on a GPU machine the emulator's own runtime failed to
+    compile). Both must compile, with the prelude before the header."""
     src = r"""
 #include <memory>
 __noinline__ __device__ float twice(float v) { return 2 * v; }
