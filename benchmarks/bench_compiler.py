@@ -7,6 +7,8 @@ a tanh-GELU MLP, float32) at the tiny GPT's shape (batch 8, 64 positions, width 
 - NumPy: the same block written directly in NumPy (`gpt_block_numpy`: heads as a batched axis);
 - compiled: `minitorch.compiler.compile(gpt_block)` on a cache hit (guards checked, then the
   generated kernels and the library matmuls);
+- matmul: the compiled plan's library GEMMs alone; bound = eager / matmul, the most a compiler
+  that keeps BLAS's GEMMs can gain (eager minitorch runs the same GEMMs), Amdahl's law;
 - kernels and MB: the eager plan (one kernel per op) and the fused plan, and the bytes each reads
   and writes (plan_bytes);
 - compile: the first call (trace, passes, fusion, code generation, Numba compilation; kernels
@@ -34,10 +36,10 @@ def main(out_dir: Path | None = None) -> None:
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(out_dir) / "compiler.tsv", "w") as fh:
-            fh.write("shape\teager_s\tnumpy_s\tcompiled_s\teager_bytes\tfused_bytes\tcompile_s\n")
+            fh.write("shape\teager_s\tnumpy_s\tcompiled_s\tmatmul_s\teager_bytes\tfused_bytes\tcompile_s\n")
             for r in results:
-                fh.write(f"{r['shape']}\t{r['eager']}\t{r['numpy']}\t{r['compiled']}\t{r['eager_bytes']}\t"
-                         f"{r['fused_bytes']}\t{r['compile']}\n")
+                fh.write(f"{r['shape']}\t{r['eager']}\t{r['numpy']}\t{r['compiled']}\t{r['matmul']}\t"
+                         f"{r['eager_bytes']}\t{r['fused_bytes']}\t{r['compile']}\n")
 
 
 if __name__ == "__main__":

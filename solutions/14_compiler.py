@@ -1554,9 +1554,11 @@ check("14.7")
 # (r, c) of a read or write with a value per column is at `r * C + c`, one with a value per row at
 # `r` (the runner, given, makes these arrays from the row views). Values are local variables of
 # their node's type (`float v3 = ...`). Functions by type: `expf logf tanhf sqrtf fmaxf powf` for
-# float, `exp log tanh sqrt fmax pow` for double; relu is `fmax(a, 0)`; float constants carry an
-# `f` (`0.5f`), infinities are `INFINITY`; a max starts at `-INFINITY`. The loop structure is
-# the Numba kernel's.
+# float, `exp log tanh sqrt fmax pow` for double; relu is `fmax(a, 0)`; the backward's `step` (relu's
+# derivative) is `(a > 0 ? 1 : 0)` and `eq` (a max's tie mask) `(a == b ? 1 : 0)`, with typed
+# literals; `expand` is its input (the indexing already broadcasts); float constants carry an `f`
+# (`0.5f`), infinities are `INFINITY`; a max starts at `-INFINITY`. The loop structure is the Numba
+# kernel's, so a training step's backward groups run as CUDA C too.
 #
 # **Exercise 14.8.** Write `cuda_source(graph, group, name) -> str`.
 
@@ -1613,6 +1615,12 @@ def cuda_source(graph: Graph, group: Sequence[Node], name: str) -> str:
             return f"(-{a[0]})"
         if n.op == "relu":
             return f"{c_func('relu', n.dtype)}({a[0]}, {c_literal(0.0, n.dtype)})"
+        if n.op == "expand":
+            return a[0]
+        if n.op in ("step", "eq"):
+            one, zero = c_literal(1.0, n.dtype), c_literal(0.0, n.dtype)
+            test = f"{a[0]} > {zero}" if n.op == "step" else f"{a[0]} == {a[1]}"
+            return f"({test} ? {one} : {zero})"
         if n.op in ("exp", "log", "tanh", "sqrt", "pow"):
             return f"{c_func(n.op, n.dtype)}({', '.join(a)})"
         return f"({a[0]} {dict(add='+', sub='-', mul='*', div='/')[n.op]} {a[1]})"
@@ -2093,7 +2101,10 @@ live(draw_fusion, ops=(1, MAX_OPS), then=list(TAILS))
 # by running each fused loop at SIMD speed (`vexp`/`vtanh` inlined, biases read as contiguous
 # rows) and by giving BLAS one GEMM of all B*T rows where eager minitorch makes one call per batch
 # element. What is left is mostly matmul time, which no fusion changes: the profile below shows
-# it. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
+# it, and the table's `matmul` column times the plan's library GEMMs alone. Eager minitorch runs the
+# same GEMMs through the same BLAS, so `bound` = eager / matmul is the most any compiler that keeps
+# them can gain (Amdahl's law); at the wider shape the GEMMs are most of the block and the bound
+# falls toward 3x. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
 # waking the threads costs more than it saves, their spinning competes with BLAS's own threads,
 # and on a machine shared with other work a parallel loop waits for its slowest thread
 # ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
@@ -2125,20 +2136,28 @@ def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6) ->
         best["compiled"] = min(best["compiled"], benchmark(f, *args, repeat=3).min)
     g = optimize(trace(gpt_block, x, mask, *ws))
     plan = fuse(g)
+    times: dict = {}  # the plan's library matmuls alone: what no fusion removes (eager runs the same GEMMs)
+    run = build_kernels(trace(gpt_block, x, mask, *ws), times=times)
+    for _ in range(3 * rounds):
+        run(x, mask, *ws)
+    matmul = sum(min(v) for (_, label), v in times.items() if label.startswith("library matmul"))
     return dict(shape=(batch, t, c), err=float(np.abs(out.data - want).max()), compile=t_compile,
-                guard=benchmark(guard_key, args, repeat=5, number=100).min,
+                guard=benchmark(guard_key, args, repeat=5, number=100).min, matmul=matmul,
                 eager_bytes=sum(plan_bytes(g, eager_plan(g))), fused_bytes=sum(plan_bytes(g, plan)),
                 eager_kernels=len(eager_plan(g)), fused_kernels=len(plan), **best)
 
 
 def print_speed_table(results: Sequence[dict]) -> None:
-    """The table of block_speed results: ms, ratios, kernels, MB, compile s, guard us, max error."""
+    """The table of block_speed results: ms, ratios, the matmul bound, kernels, MB, compile s, guard
+    us, max error. bound: eager / matmul, the most any compiler that keeps BLAS's GEMMs can gain."""
     print("gpt_block (causal attention, 4 heads + GELU MLP), float32; times: fastest run, ms")
-    print(f"{'shape':>14} {'eager':>8} {'NumPy':>8} {'compiled':>9} {'eager/comp':>11} {'NumPy/comp':>11} "
-          f"{'kernels':>9} {'MB eager':>9} {'MB fused':>9} {'compile s':>10} {'guard us':>9} {'max err':>8}")
+    print(f"{'shape':>14} {'eager':>8} {'NumPy':>8} {'compiled':>9} {'matmul':>7} {'eager/comp':>11} {'bound':>6} "
+          f"{'NumPy/comp':>11} {'kernels':>9} {'MB eager':>9} {'MB fused':>9} {'compile s':>10} {'guard us':>9} "
+          f"{'max err':>8}")
     for r in results:
         print(f"{str(r['shape']):>14} {1e3 * r['eager']:>8.2f} {1e3 * r['numpy']:>8.2f} {1e3 * r['compiled']:>9.2f} "
-              f"{r['eager'] / r['compiled']:>10.2f}x {r['numpy'] / r['compiled']:>10.2f}x "
+              f"{1e3 * r['matmul']:>7.2f} {r['eager'] / r['compiled']:>10.2f}x {r['eager'] / r['matmul']:>5.1f}x "
+              f"{r['numpy'] / r['compiled']:>10.2f}x "
               f"{r['eager_kernels']:>4}->{r['fused_kernels']:<4} {r['eager_bytes'] / 1e6:>9.1f} "
               f"{r['fused_bytes'] / 1e6:>9.1f} {r['compile']:>10.2f} {1e6 * r['guard']:>9.1f} {r['err']:>8.1e}")
 
@@ -2201,5 +2220,5 @@ for sh in shapes_s:
 #   with the weights concatenated (what `gpt_block_numpy` does by hand, and TorchInductor's
 #   batch-fusion passes do for linear layers) would replace twelve small ones.
 # - The block-per-row CUDA kernel with a shared-memory reduction for wide rows (lesson 08's
-#   softmax); CUDA C for the gradient-only ops `step` and `eq`.
+#   softmax).
 # - Autograd through a graph break.

@@ -603,6 +603,35 @@ def test_cuda_kernels_on_the_emulator(solo, dtype):
 
 
 @pytest.mark.exercise("14.8")
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("shape", [(5, 7), (1, 3), (4, 1)])
+def test_cuda_kernels_run_a_training_steps_backward(solo, shape):
+    """The backward of a loss with relu and max (lesson 02's rules: step at relu's kink, a max's
+    gradient split among ties) as CUDA C on the emulator: the loss and both gradients equal the
+    tape to 1e-12 in float64, and the step and tie-mask ops are inside generated kernels."""
+    need_emulator()
+    lesson = solo("14.8")
+    rng = np.random.default_rng(sum(shape))
+    x = np.round(rng.standard_normal(shape))  # ties for the max, exact zeros at relu's kink
+    y = rng.standard_normal(shape[-1:])
+
+    def loss(x, y):
+        h = (x * y).relu() + x.relu() * 0.5
+        return full_sum(h * h) + full_sum(h.max(axis=-1))
+
+    run = lesson.cuda_runner(lesson.grad_graph(lesson.trace(loss, x, y)), source_fn=lesson.cuda_source, block=4)
+    value, dx, dy = run(x, y)
+    xt, yt = Tensor(x, requires_grad=True), Tensor(y, requires_grad=True)
+    want = loss(xt, yt)
+    want.backward()
+    np.testing.assert_allclose(value, want.data, rtol=1e-12, atol=1e-12, err_msg=f"loss, x {shape}")
+    np.testing.assert_allclose(dx, xt.grad.data, rtol=1e-12, atol=1e-12, err_msg=f"d loss / d x, x {shape}")
+    np.testing.assert_allclose(dy, yt.grad.data, rtol=1e-12, atol=1e-12, err_msg=f"d loss / d y, x {shape}")
+    ops = {n.op for group in run.plan if lesson.domain(group) is not None for n in group}
+    assert {"step", "eq"} <= ops, f"relu's step and max's tie mask should run inside generated kernels, got {ops}"
+
+
+@pytest.mark.exercise("14.8")
 def test_cuda_source_compiles_to_ptx(solo):
     lesson = solo("14.8")
     g = lesson.optimize(lesson.trace(layer_norm_fn, np.zeros((3, 5), np.float32), np.ones(5, np.float32),
