@@ -27,12 +27,14 @@
    (0.89-1.06x). Int8 is a memory saving here (4x smaller weights), a speed-up only where the
    weight bytes bound the step.
 3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
-   own process, 128 requests of sample_workload (prompts of 8-32 characters, 8-24 new tokens,
-   greedy, streamed) sent one at a time, and by 16 concurrent clients (each sends its next
-   request when the last one is answered), 3 interleaved runs of each, the fastest kept (the
-   machine is shared). Output tokens/s and the ratio (target >= 3x). The
-   load generator (run_load) shares the machine's cores with the server: the CPU seconds per
-   output token of the server process and of the load generator are printed beside each run.
+   own process, its engine in a third (EngineProcess, serve()'s default) and then, for
+   comparison, in a thread of the server's process; 128 requests of sample_workload (prompts of
+   8-32 characters, 8-24 new tokens, greedy, streamed) sent one at a time, and by 16 concurrent
+   clients (each sends its next request when the last one is answered), 3 interleaved runs of
+   each, the fastest kept (the machine is shared). Output tokens/s and the ratio (target >= 3x,
+   for the default). The load generator (run_load) shares the machine's cores with the server:
+   the CPU seconds per output token of the server (its engine process included) and of the load
+   generator are printed beside each run.
 4. Latency at half the saturating rate: the saturating rate is the request rate the server
    reaches with every request sent at once; then Poisson arrivals at half that rate: TTFT, TPOT
    and ITL percentiles, goodput under TTFT <= 250 ms and TPOT <= 50 ms.
@@ -65,13 +67,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system) that process pid has used so far, all its threads (Linux's
-    /proc; nan elsewhere)."""
+    """CPU seconds (user + system) that process pid and its children have used so far, all their
+    threads (Linux's /proc; nan elsewhere): the server's HTTP process and its engine process."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(process_cpu(int(c)) for c in children)
 
 
 def tokens_per_s(records, duration):
@@ -82,30 +85,38 @@ def tokens_per_s(records, duration):
 def load_section() -> None:
     n = 24 if SMALL else 128
     work = sample_workload(n, 1)
-    server = ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0)
-    with server as url:
-        run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
-        best: dict[int, tuple] = {}
-        for _ in range(REPEATS):                   # interleaved; the fastest run of each kept
-            for clients in (1, 16):
-                s0, c0 = process_cpu(server.proc.pid), time.process_time()
-                records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
-                tokens = sum(len(r["token_times"]) for r in records)
-                cpu = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens, 1e3 * (time.process_time() - c0) / tokens)
-                if clients not in best or duration < best[clients][1]:
-                    best[clients] = (records, duration, cpu)
+    print(f"\n3. throughput, {n} requests, the server in its own process and its engine in a third (serve()'s "
+          f"default) or in a thread of the server's; the fastest of {REPEATS} interleaved runs")
+    print(f"{'engine':>8} {'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}   "
+          "CPU ms per output token: server (with its engine process), load generator")
+    for engine_process in (True, False):
+        server = ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0,
+                               engine_process=engine_process)
+        with server as url:
+            run_load(url, sample_workload(8, 99), [0] * 8)                       # warm up
+            best: dict[int, tuple] = {}
+            for _ in range(REPEATS):               # interleaved; the fastest run of each kept
+                for clients in (1, 16):
+                    s0, c0 = process_cpu(server.proc.pid), time.process_time()
+                    records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
+                    tokens = sum(len(r["token_times"]) for r in records)
+                    cpu = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens,
+                           1e3 * (time.process_time() - c0) / tokens)
+                    if clients not in best or duration < best[clients][1]:
+                        best[clients] = (records, duration, cpu)
+            if engine_process:
+                burst, dsat = run_load(url, sample_workload(n, 2), [0] * n)
+                sat = n / dsat
+                half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
         (one, d1, cpu1), (many, d16, cpu16) = best[1], best[16]
-        burst, dsat = run_load(url, sample_workload(n, 2), [0] * n)
-        sat = n / dsat
-        half, dhalf = run_load(url, sample_workload(n, 3), poisson_arrivals(sat / 2, n, 4))
-    t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
-    print(f"\n3. throughput, {n} requests, server in its own process, the fastest of {REPEATS} interleaved runs")
-    print(f"{'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}   CPU ms per output token: server, load generator")
-    print(f"{1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}")
-    print(f"{16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}  "
-          "(target >= 3x)")
-    print(f"{'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} {tokens_per_s(burst, dsat) / t1:>5.1f}x  "
-          "(saturating rate)")
+        t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
+        kind = "process" if engine_process else "thread"
+        print(f"{kind:>8} {1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}")
+        print(f"{kind:>8} {16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}"
+              + ("  (target >= 3x)" if engine_process else ""))
+        if engine_process:
+            print(f"{kind:>8} {'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} "
+                  f"{tokens_per_s(burst, dsat) / t1:>5.1f}x  (saturating rate)")
     s = latency_stats(half)
     print(f"\n4. Poisson arrivals at half the saturating rate ({sat / 2:.1f} requests/s)")
     for k in ("ttft", "tpot", "itl"):

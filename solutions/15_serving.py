@@ -484,6 +484,25 @@ class QueueFull(RuntimeError):
         self.retry_after = retry_after
 
 
+def check_generation(where: str, prompt: Any, max_tokens: Any, temperature: Any, vocab_size: int,
+                     context: int) -> np.ndarray:
+    """The prompt as a 1-D array of token ids, after checking a request the engine could never
+    serve: ValueError naming the value and the bound (no ids, ids outside [0, vocab_size),
+    max_tokens not an integer >= 1, prompt + max_tokens past the context, temperature < 0)."""
+    prompt = np.asarray(prompt).reshape(-1)
+    if len(prompt) < 1 or prompt.dtype.kind not in "iu" or prompt.min() < 0 or prompt.max() >= vocab_size:
+        raise ValueError(f"{where}: the prompt must be >= 1 token ids in [0, {vocab_size}), "
+                         f"got {len(prompt)} of dtype {prompt.dtype}")
+    if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
+        raise ValueError(f"{where}: max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if len(prompt) + max_tokens > context:
+        raise ValueError(f"{where}: {len(prompt)} prompt tokens + {max_tokens} new tokens pass the "
+                         f"model's context of {context} tokens")
+    if not temperature >= 0:
+        raise ValueError(f"{where}: temperature must be >= 0, got {temperature}")
+    return prompt
+
+
 @dataclass(eq=False)
 class GenRequest:
     """One generation request inside the engine. prompt: (P,) int64 token ids; max_tokens >= 1;
@@ -769,17 +788,8 @@ class Engine:
         """Queue a request; returns it. ValueError if it can never be served (bad ids, max_tokens <
         1, prompt + max_tokens past the model's context, temperature < 0); QueueFull if max_waiting
         requests wait; RuntimeError if the engine is shutting down."""
-        prompt = np.asarray(prompt).reshape(-1)
-        if len(prompt) < 1 or prompt.dtype.kind not in "iu" or prompt.min() < 0 or prompt.max() >= self.W.vocab_size:
-            raise ValueError(f"Engine.add_request: the prompt must be >= 1 token ids in [0, {self.W.vocab_size}), "
-                             f"got {len(prompt)} of dtype {prompt.dtype}")
-        if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
-            raise ValueError(f"Engine.add_request: max_tokens must be an integer >= 1, got {max_tokens!r}")
-        if len(prompt) + max_tokens > self.W.block_size:
-            raise ValueError(f"Engine.add_request: {len(prompt)} prompt tokens + {max_tokens} new tokens pass the "
-                             f"model's context of {self.W.block_size} tokens")
-        if not temperature >= 0:
-            raise ValueError(f"Engine.add_request: temperature must be >= 0, got {temperature}")
+        prompt = check_generation("Engine.add_request", prompt, max_tokens, temperature, self.W.vocab_size,
+                                  self.W.block_size)
         with self.lock:
             if self._stopping:
                 raise RuntimeError("Engine.add_request: the engine is shutting down")
@@ -1013,6 +1023,15 @@ class Engine:
                     "kv_blocks_cached": self.prefix.num_cached if self.prefix is not None else 0,
                     "tokens_per_s": self.tokens_per_s(), "prefix_hit_rate": h / q if q else 0.0,
                     **self.counters}
+
+    def reset_prefix_cache(self) -> int:
+        """Empty the prefix cache and the peak-running counter; the number of blocks dropped."""
+        with self.lock:
+            dropped = self.prefix.num_cached if self.prefix is not None else 0
+            if self.prefix is not None:
+                self.prefix.clear()
+            self.counters["peak_running"] = 0
+            return dropped
 
     def run_until_idle(self, max_steps: int = 100_000) -> list[dict[str, Any]]:
         """Step (in this thread) until no request waits or runs; the records of those steps."""
@@ -1477,12 +1496,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict[str, Any]:
-        with engine.lock:
-            dropped = engine.prefix.num_cached if engine.prefix is not None else 0
-            if engine.prefix is not None:
-                engine.prefix.clear()
-            engine.counters["peak_running"] = 0
-        return {"dropped_blocks": dropped}
+        return {"dropped_blocks": engine.reset_prefix_cache()}
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
@@ -1499,22 +1513,27 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     return app
 
 
-def build_server(dtype: Any = np.float32, **engine_kw: Any) -> tuple[Engine, Any]:
-    """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine."""
+def build_server(dtype: Any = np.float32, engine_process: bool = False, **engine_kw: Any) -> tuple[Any, Any]:
+    """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine. With
+    engine_process, the engine runs in a process of its own (EngineProcess, section 10)."""
     model, tokenizer = load_tiny_gpt()
+    if engine_process:
+        return (engine := EngineProcess(dtype, **engine_kw)), make_app(engine, tokenizer)
     engine = Engine(gpt_weights(model, dtype), **engine_kw)
     if engine.decoder is not None:
         engine.decoder.warm_up()
     return engine, make_app(engine, tokenizer)
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02, **engine_kw: Any) -> None:
+def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02, engine_process: bool = True,
+          **engine_kw: Any) -> None:
     """Serve the tiny GPT until Ctrl-C (`make serve`): the first Ctrl-C finishes the requests in
     flight, a second aborts them and stops at once (server_kit.uvicorn_server). step_interval slows
-    each step so a lecture can watch the tokens arrive."""
+    each step so a lecture can watch the tokens arrive; engine_process: the engine in a process of
+    its own (section 10), or in a thread of this one."""
     from minitorch.server_kit import uvicorn_server
 
-    _, app = build_server(step_interval=step_interval, **engine_kw)
+    _, app = build_server(step_interval=step_interval, engine_process=engine_process, **engine_kw)
     print(f"minitorch server: open http://{host}:{port}/ (metrics at /metrics); Ctrl-C stops it")
     try:
         uvicorn_server(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30).run()
@@ -2365,7 +2384,336 @@ except NotImplementedError as exc:
 # a large part of a step.
 
 # %% [markdown]
-# ## 10. Serve it for a lecture
+# ## 10. The engine in its own process
+#
+# With the step fused, what is left at 16 clients is Python on both sides of one lock: the fused
+# kernel runs without the interpreter lock, but the engine's Python around it (scheduling,
+# sampling, the cache's bookkeeping) and the HTTP thread's (one event per token through uvicorn
+# and Starlette) take turns on it, so the server's process uses about one core, however many the
+# machine has. A sampling profiler (py-spy, both threads) shows the engine thread waiting for the
+# lock between steps; `make bench L=serving` prints the server's CPU time per output token beside
+# its throughput.
+#
+# vLLM's answer (its V1 engine, 2025) is to split the server: the API server, which speaks HTTP
+# and detokenises, and the *engine core*, a busy loop that schedules and runs the model, in two
+# processes, each with its own interpreter, talking through sockets (ZeroMQ, messages packed with
+# msgpack). `EngineProcess` (given) is that split in a few dozen lines. It has the interface
+# `make_app` uses (`add_request`, `abort`, `stats`, `reset_prefix_cache`, `start`, `stop`, `W`,
+# `lock`, `finished`, `error`), so the HTTP layer does not change, and runs the same `Engine` in
+# a child process started with `multiprocessing` (spawn: a fresh interpreter, nothing inherited
+# but what it is sent). Between them one pipe, pickled tuples both ways:
+#
+# - server to engine: `("add", n, prompt, max_tokens, temperature, seed)`, `("abort", n)`,
+#   `("reset",)`, `("stop", drain)`; the engine reads every command waiting before each step;
+# - engine to server: one message per step, with every token the step made (and each finished
+#   request's reason), the requests it admitted, and its `stats()`; the server's reader thread
+#   hands the tokens to the streams (through `LoopMailbox`, as the engine thread did) and keeps
+#   the latest stats for `/stats` and `/metrics`.
+#
+# Admission stays on the server's side, where the answer is needed at once: the server counts the
+# requests it has sent that the engine has not yet admitted, and answers 429 beyond `max_waiting`;
+# the engine's own queue is unbounded, so a request the server accepted is never refused later.
+# An abort ends the request on the server's side at once (the client is gone) and the engine frees
+# its blocks before its next step. If the engine process dies, every request in flight ends with
+# finish_reason "error" and new ones get 503. `serve()` (and `make serve`) use the split by
+# default; the tests run both.
+
+# %%
+#| export
+#| given
+def engine_process_main(fd: int) -> None:
+    """The engine process of EngineProcess (`python -c` runs it, with the socket's descriptor):
+    read (dtype, engine_kw), build the Engine, then loop: read the commands that wait, step if
+    there is work (or wait for a command), send what the step made."""
+    import signal
+    from multiprocessing.connection import Connection
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the server decides
+    conn = Connection(fd)
+    dtype, engine_kw = conn.recv()
+    try:
+        model, _ = load_tiny_gpt()
+        engine = Engine(gpt_weights(model, np.dtype(dtype)), **engine_kw)
+        if engine.decoder is not None:
+            engine.decoder.warm_up()
+    except Exception as exc:  # bad settings: the server raises this in its own process
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    requests: dict[int, GenRequest] = {}
+    queued: set[int] = set()                       # sent to the engine, not yet admitted
+    out: list[tuple[int, int | None, str | None]] = []
+
+    def on_token(n: int) -> Callable[[int | None], None]:
+        return lambda token: out.append((n, token, None if token is not None else requests[n].finish_reason))
+
+    conn.send(("ready", {"block_size": engine.W.block_size, "vocab_size": engine.W.vocab_size}))
+    stopping, next_stats, wait = False, 0.0, 0.2
+    while True:
+        try:
+            if conn.poll(wait):
+                while conn.poll(0):
+                    cmd = conn.recv()
+                    if cmd[0] == "add":
+                        n, prompt, max_tokens, temperature, seed = cmd[1:]
+                        requests[n] = engine.add_request(prompt, max_tokens, temperature, seed, on_token(n))
+                        queued.add(n)
+                    elif cmd[0] == "abort" and cmd[1] in requests:
+                        engine.abort(requests[cmd[1]])
+                    elif cmd[0] == "reset":
+                        conn.send(("reply", "reset", engine.reset_prefix_cache()))
+                    elif cmd[0] == "stop":
+                        stopping = True
+                        if not cmd[1]:
+                            for request in list(engine.waiting) + list(engine.running):
+                                engine.abort(request)
+        except (EOFError, OSError):                # the server process is gone
+            return
+        admitted: list[int] = []
+        t0 = time.perf_counter()
+        if engine.has_work():
+            try:
+                engine.step()
+            except Exception as exc:  # a bug in a step: end every request with an error, keep serving
+                engine._fail_all(exc)
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            waiting = {id(r) for r in engine.waiting}
+            admitted = [n for n in queued if id(requests[n]) not in waiting]
+            queued.difference_update(admitted)
+        for n, token, _ in out:
+            if token is None:
+                requests.pop(n, None)
+                queued.discard(n)
+        now = time.perf_counter()
+        if out or admitted or now >= next_stats:
+            conn.send(("step", out, admitted, engine.stats()))
+            out, next_stats = [], now + 0.1
+        if stopping and not engine.has_work():
+            conn.send(("stopped", engine.stats()))
+            return
+        # between steps, wait for commands: for step_interval (slow motion), else not at all when
+        # there is work, and up to 0.2 s when there is none
+        wait = max(0.0, engine.step_interval - (now - t0)) if engine.has_work() else 0.2
+
+
+class EngineProcess:
+    """The engine in a process of its own (vLLM's engine core), behind the interface make_app uses.
+
+    dtype and engine_kw: the Engine's (lesson 09's tiny GPT); max_waiting: requests sent to the
+    engine and not yet admitted before add_request raises QueueFull (checked here: the engine's
+    own queue is unbounded). The child starts at once; start() is a no-op (make_app calls it),
+    stop(drain) ends it. W: block_size and vocab_size of the model."""
+
+    def __init__(self, dtype: Any = np.float32, max_waiting: int = 256, start_timeout: float = 300.0,
+                 **engine_kw: Any):
+        import os
+        import socket
+        import subprocess
+        import sys
+        import types
+        from multiprocessing.connection import Connection
+
+        if isinstance(max_waiting, bool) or int(max_waiting) != max_waiting or max_waiting < 1:
+            raise ValueError(f"EngineProcess: max_waiting must be an integer >= 1, got {max_waiting!r}")
+        # a fresh interpreter (not fork: this process has threads; not multiprocessing's spawn, which
+        # would run a script's main module again), a socket pair, multiprocessing's message framing
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", f"from minitorch.server import engine_process_main; engine_process_main({theirs.fileno()})"],
+            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send((np.dtype(dtype).str, {**engine_kw, "max_waiting": 2**62}))
+        if not self.conn.poll(start_timeout):
+            self.process.kill()
+            raise RuntimeError(f"EngineProcess: the engine process did not start in {start_timeout} s")
+        try:
+            kind, info = self.conn.recv()
+        except EOFError:
+            raise RuntimeError(f"EngineProcess: the engine process exited (code {self.process.wait()})") from None
+        if kind == "failed":
+            self.process.wait()
+            raise ValueError(f"EngineProcess: {info}")
+        self.W = types.SimpleNamespace(**info)
+        self.max_waiting, self.decoder = int(max_waiting), None
+        self.lock = threading.RLock()
+        self.finished: deque[GenRequest] = deque(maxlen=4096)
+        self.error: Exception | None = None
+        self._requests: dict[int, GenRequest] = {}     # in flight, by number
+        self._numbers: dict[GenRequest, int] = {}
+        self._queued: set[int] = set()                 # sent, not yet admitted by the engine
+        self._stats: dict[str, Any] = {}
+        self._rejected, self._ids, self._stopping = 0, itertools.count(), False
+        self._send_lock, self._replies = threading.Lock(), {}
+        self._replied = threading.Condition(self.lock)
+        self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
+        self._reader.start()
+
+    def _send(self, message: tuple) -> None:
+        """One message to the engine (whole: a lock keeps two threads' messages apart)."""
+        with self._send_lock:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):              # the engine process is gone: the reader says so
+                pass
+
+    def start(self) -> "EngineProcess":
+        return self
+
+    def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
+                    on_token: Callable[[int | None], None] | None = None) -> GenRequest:
+        """As Engine.add_request: ValueError for a request that can never be served, QueueFull past
+        max_waiting, RuntimeError once stopping or if the engine process has died."""
+        prompt = check_generation("EngineProcess.add_request", prompt, max_tokens, temperature,
+                                  self.W.vocab_size, self.W.block_size)
+        with self.lock:
+            if self._stopping or self.error is not None:
+                raise RuntimeError("EngineProcess.add_request: the engine is shutting down" if self._stopping else
+                                   f"EngineProcess.add_request: the engine process failed: {self.error}")
+            if len(self._queued) >= self.max_waiting:
+                self._rejected += 1
+                raise QueueFull(len(self._queued), self.retry_after())
+            seed = int(np.random.default_rng().integers(2 ** 31)) if seed is None else int(seed)
+            n = next(self._ids)
+            request = GenRequest(f"cmpl-{n}", prompt.astype(np.int64), int(max_tokens), float(temperature), seed,
+                                 on_token)
+            self._requests[n], self._numbers[request] = request, n
+            self._queued.add(n)
+        # sent without the lock: a full pipe must not stop the reader thread, which needs the lock
+        self._send(("add", n, request.prompt, request.max_tokens, request.temperature, seed))
+        return request
+
+    def abort(self, request: GenRequest) -> bool:
+        """End a request now (its blocks are freed by the engine before its next step); False if it
+        had already finished."""
+        with self.lock:
+            if request.finished:
+                return False
+            n = self._numbers.get(request)
+            self._finish(request, "abort")
+        if n is not None:
+            self._send(("abort", n))
+        return True
+
+    def _finish(self, request: GenRequest, reason: str) -> None:
+        n = self._numbers.pop(request, None)
+        self._requests.pop(n, None)
+        self._queued.discard(n)
+        request.finish_reason = reason
+        self.finished.append(request)
+        if request.on_token is not None:
+            request.on_token(None)
+
+    def _read(self) -> None:
+        """The reader thread: the engine's messages, until it stops or dies."""
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind, now = message[0], time.perf_counter()
+            with self.lock:
+                if kind == "step":
+                    items, admitted, self._stats = message[1:]
+                    self._queued.difference_update(admitted)
+                    for n, token, reason in items:
+                        request = self._requests.get(n)
+                        if request is None:                  # aborted here already
+                            continue
+                        if token is None:
+                            self._finish(request, reason)
+                        else:
+                            request.output.append(token)
+                            request.token_times.append(now)
+                            if request.on_token is not None:
+                                request.on_token(token)
+                elif kind == "error":
+                    self.error = RuntimeError(message[1])
+                elif kind == "reply":
+                    self._replies[message[1]] = message[2]
+                    self._replied.notify_all()
+                elif kind == "stopped":
+                    self._stats = message[1]
+                    return
+        with self.lock:  # the engine process died: end what it held
+            if self.error is None:
+                self.error = RuntimeError(f"the engine process exited (code {self.process.poll()})")
+            for request in list(self._requests.values()):
+                self._finish(request, "error")
+            self._replied.notify_all()
+
+    def retry_after(self) -> float:
+        """Seconds after which a rejected client may try again: the work in flight over the recent
+        token rate, at least 1."""
+        with self.lock:
+            rate = max(float(self._stats.get("tokens_per_s", 0.0)), 1.0)
+            work = sum(r.max_tokens - len(r.output) for r in self._requests.values())
+        return float(max(1, math.ceil(work / rate)))
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's stats() as of its last step (at most 0.1 s old), and the 429s counted here."""
+        with self.lock:
+            return {**self._stats, "rejected": self._rejected}
+
+    def reset_prefix_cache(self, timeout: float = 30.0) -> int:
+        with self.lock:
+            self._replies.pop("reset", None)
+        self._send(("reset",))
+        with self.lock:
+            if not self._replied.wait_for(lambda: "reset" in self._replies or self.error is not None, timeout):
+                raise RuntimeError(f"EngineProcess.reset_prefix_cache: no answer in {timeout} s")
+            return int(self._replies.pop("reset", 0))
+
+    def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
+        """Refuse new requests, then end the engine process: after every accepted request has
+        finished (drain), or at once, aborting them. RuntimeError if it did not end in time."""
+        import subprocess
+
+        with self.lock:
+            self._stopping = True
+        self._send(("stop", drain))
+        self._reader.join(timeout)
+        try:
+            self.process.wait(5.0 if not self._reader.is_alive() else 0.1)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            if drain:
+                raise RuntimeError(f"EngineProcess.stop: the engine did not finish in {timeout} s") from None
+        self.conn.close()
+
+# %% [markdown]
+# The two layouts side by side, each in its own server process with the load generator in this
+# one: output tokens per second one request at a time and with 16 concurrent clients (the same
+# 64 requests of `sample_workload`), on this machine now. `make bench L=serving` runs the same
+# comparison with 128 requests, the fastest of three runs, and the CPU time of each process.
+
+# %% tags=["demo"]
+def layout_throughput(engine_process: bool, n: int) -> dict[int, float]:
+    """Output tokens/s at 1 and 16 clients, the engine in its own process or in the server's."""
+    with ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0,
+                       engine_process=engine_process) as url:
+        run_load(url, sample_workload(8, 99), [0] * 8)                          # warm up
+        out = {}
+        for clients in (1, 16):
+            records, duration = run_load(url, sample_workload(n, 1), [0] * n, max_concurrency=clients)
+            assert all(r["status"] == 200 for r in records)
+            out[clients] = sum(len(r["token_times"]) for r in records) / duration
+        return out
+
+
+try:
+    Engine(W64).schedule()
+    print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    for engine_process in (False, True):
+        tps = layout_throughput(engine_process, 16 if SMALL else 64)
+        print(f"engine in {'its own process' if engine_process else 'a thread of the server':<24}: "
+              f"{tps[1]:6.0f} tokens/s one at a time, {tps[16]:6.0f} with 16 clients ({tps[16] / tps[1]:.1f}x)")
+except NotImplementedError as exc:
+    print("not attempted:", exc)
+
+# %% [markdown]
+# ## 11. Serve it for a lecture
 #
 # `make serve` runs `serve()`: the tiny GPT on http://127.0.0.1:8000/ with a page to type a
 # prompt into and watch the tokens stream, and a live panel of the batch (requests running and
@@ -2387,6 +2735,8 @@ except NotImplementedError as exc:
 # - The KV pool, not `max_running`, bounds the batch; prefix caching stretches it by sharing.
 # - A small step is bound by per-call overhead, not by arithmetic or memory: one call per step
 #   (a hand-fused Numba step here, CUDA graphs on a GPU) removes it.
+# - One Python process runs its Python on one core at a time: the engine and the HTTP server in
+#   separate processes (vLLM's engine core) let both run, with one message per step between them.
 # - Reliability is structural: per-request sampling state, abort on disconnect, a bounded queue
 #   with 429, validation answering 4xx, draining on shutdown.
 #

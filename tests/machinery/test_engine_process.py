@@ -1,0 +1,167 @@
+"""Lesson 15's EngineProcess: the engine in a process of its own behind the same HTTP layer
+(serve()'s default). What a served model must not do holds across the process boundary too:
+lose or mix up requests under concurrency, keep a gone client's blocks, drop a request it
+accepted, hang when the engine process dies, or start with settings the engine refuses."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("uvicorn")
+
+from minitorch.gpt import load_tiny_gpt  # noqa: E402
+from minitorch.serve import gpt_weights  # noqa: E402
+from minitorch.server import Engine, EngineProcess, build_server  # noqa: E402
+from minitorch.server_kit import ServerThread  # noqa: E402
+
+MODEL, TOK = load_tiny_gpt()
+W = gpt_weights(MODEL, np.float32)
+
+
+def body(prompt: str, max_tokens: int, stream: bool = False, **kw) -> dict:
+    return {"model": "tiny-gpt", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream, **kw}
+
+
+def alone(prompt: str, max_tokens: int, temperature: float = 0.0, seed: int | None = None) -> str:
+    """The text generating this prompt alone gives, on an in-thread Engine."""
+    eng = Engine(W, num_blocks=16, block_size=8)
+    req = eng.add_request(TOK.encode(prompt), max_tokens, temperature, seed)
+    eng.run_until_idle()
+    return TOK.decode(req.output)
+
+
+@contextmanager
+def serving(**engine_kw):
+    engine, app = build_server(np.float32, engine_process=True, **engine_kw)
+    try:
+        with ServerThread(app) as srv:
+            yield engine, srv.url
+    finally:
+        if engine.process.poll() is None:
+            engine.process.kill()
+
+
+def stats(url: str) -> dict:
+    return httpx.get(url + "/stats", timeout=10).json()
+
+
+def wait_until(check, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def post(url: str, payload: dict) -> tuple[int, dict, dict]:
+    r = httpx.post(url + "/v1/completions", json=payload, timeout=120)
+    return r.status_code, dict(r.headers), r.json()
+
+
+def streamed_text(url: str, payload: dict) -> str:
+    import json
+
+    text = []
+    with httpx.stream("POST", url + "/v1/completions", json=payload, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                text.append(json.loads(line[6:])["choices"][0]["text"])
+    return "".join(text)
+
+
+@pytest.mark.timeout(240)
+def test_concurrent_requests_equal_generating_each_alone():
+    rng = np.random.default_rng(3)
+    words = ["def ", "class ", "The ", "for ", "while ", "import ", "return ", "lambda ", "x = ", "if "]
+    prompts = ["".join(rng.choice(words, int(rng.integers(1, 4)))) for _ in range(60)]
+    lengths = [int(rng.integers(4, 20)) for _ in prompts]
+    with serving(num_blocks=64, block_size=8, max_running=16) as (engine, url):
+        with ThreadPoolExecutor(30) as pool:
+            plain = list(pool.map(lambda pl: post(url, body(*pl)), zip(prompts[:30], lengths[:30])))
+            streamed = list(pool.map(lambda pl: streamed_text(url, body(*pl, stream=True)),
+                                     zip(prompts[30:], lengths[30:])))
+            sampled = list(pool.map(lambda p: post(url, {**body(p, 12), "temperature": 0.8, "seed": 7})[2],
+                                    prompts[:6]))
+        for (status, _, js), p, n in zip(plain, prompts, lengths):
+            assert status == 200 and js["choices"][0]["text"] == alone(p, n), f"prompt {p!r}: mixed up or lost"
+        for text, p, n in zip(streamed, prompts[30:], lengths[30:]):
+            assert text == alone(p, n), f"streamed prompt {p!r}"
+        for js, p in zip(sampled, prompts):
+            assert js["choices"][0]["text"] == alone(p, 12, 0.8, 7), "a seeded sampled request is reproducible"
+        wait_until(lambda: stats(url)["kv_blocks_used"] == 0 and stats(url)["running"] == 0,
+                   "the pool must return to empty when idle")
+
+
+@pytest.mark.timeout(120)
+def test_client_disconnect_frees_blocks_in_the_engine_process():
+    with serving(num_blocks=32, block_size=8, step_interval=0.03) as (engine, url):
+        with httpx.stream("POST", url + "/v1/completions", json=body("while True:", 50, stream=True),
+                          timeout=30) as r:
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(line for line in lines if line.startswith("data: "))
+        wait_until(lambda: stats(url)["kv_blocks_used"] == 0, "a client that went away must have its blocks freed",
+                   timeout=5)
+        req = engine.finished[-1]
+        assert req.finish_reason == "abort" and len(req.output) < 50
+        wait_until(lambda: stats(url)["aborted"] == 1, "the engine counts the abort")
+        assert post(url, body("x", 3))[0] == 200
+
+
+@pytest.mark.timeout(120)
+def test_overload_answers_429_and_serves_every_accepted_request():
+    with serving(num_blocks=32, block_size=8, max_running=2, max_waiting=4, prefix_caching=False,
+                 step_interval=0.01) as (engine, url):
+        prompts = [f"def f{i}(x):" for i in range(30)]
+        with ThreadPoolExecutor(30) as pool:
+            results = list(pool.map(lambda p: post(url, body(p, 8)), prompts))
+        statuses = [s for s, _, _ in results]
+        assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 4, statuses
+        for (status, headers, js), p in zip(results, prompts):
+            if status == 429:
+                assert int(headers["retry-after"]) >= 1 and js["error"]["type"] == "rate_limit_error"
+            else:
+                assert js["choices"][0]["text"] == alone(p, 8), "an accepted request must be served in full"
+        assert stats(url)["rejected"] == statuses.count(429)
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_engine_process_ends_requests_with_an_error_and_refuses_new_ones():
+    with serving(num_blocks=32, block_size=8, step_interval=0.05) as (engine, url):
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post, url, body("class A:", 40))
+            wait_until(lambda: stats(url)["running"] == 1, "the request starts")
+            engine.process.kill()
+            status, _, js = pending.result(timeout=20)
+        assert status == 500 and "engine" in js["error"]["message"], (status, js)
+        status, _, js = post(url, body("x", 3))
+        assert status == 503 and js["error"]["code"] == "shutting_down", (status, js)
+
+
+def test_settings_the_engine_refuses_raise_in_the_server_process():
+    with pytest.raises(ValueError, match="cannot hold one request"):
+        EngineProcess(num_blocks=1, block_size=8)
+    with pytest.raises(ValueError, match="max_waiting"):
+        EngineProcess(max_waiting=0)
+
+
+@pytest.mark.timeout(120)
+def test_stop_drains_then_a_forced_stop_aborts():
+    engine = EngineProcess(num_blocks=32, block_size=8, step_interval=0.02)
+    done = []
+    req = engine.add_request(TOK.encode("import os"), 10, on_token=lambda t: done.append(t))
+    engine.stop(drain=True, timeout=30)
+    assert req.finish_reason == "length" and len(req.output) == 10 and done[-1] is None
+    assert engine.process.poll() is not None
+    with pytest.raises(RuntimeError, match="shutting down"):
+        engine.add_request(TOK.encode("x"), 2)
+    engine = EngineProcess(num_blocks=32, block_size=8, step_interval=0.2)
+    req = engine.add_request(TOK.encode("import os"), 40)
+    t0 = time.monotonic()
+    engine.stop(drain=False, timeout=30)
+    assert time.monotonic() - t0 < 10 and req.finish_reason == "abort" and len(req.output) < 40
