@@ -78,18 +78,18 @@ def streamed_text(url: str, payload: dict) -> str:
 def test_concurrent_requests_equal_generating_each_alone():
     rng = np.random.default_rng(3)
     words = ["def ", "class ", "The ", "for ", "while ", "import ", "return ", "lambda ", "x = ", "if "]
-    prompts = ["".join(rng.choice(words, int(rng.integers(1, 4)))) for _ in range(60)]
+    prompts = ["".join(rng.choice(words, int(rng.integers(1, 4)))) for _ in range(200)]
     lengths = [int(rng.integers(4, 20)) for _ in prompts]
     with serving(num_blocks=64, block_size=8, max_running=16) as (engine, url):
-        with ThreadPoolExecutor(30) as pool:
-            plain = list(pool.map(lambda pl: post(url, body(*pl)), zip(prompts[:30], lengths[:30])))
-            streamed = list(pool.map(lambda pl: streamed_text(url, body(*pl, stream=True)),
-                                     zip(prompts[30:], lengths[30:])))
+        with ThreadPoolExecutor(200) as pool:  # 200 at once: 100 plain, 100 streamed
+            plain = pool.map(lambda pl: post(url, body(*pl)), zip(prompts[:100], lengths[:100]))
+            streamed = pool.map(lambda pl: streamed_text(url, body(*pl, stream=True)), zip(prompts[100:], lengths[100:]))
+            plain, streamed = list(plain), list(streamed)
             sampled = list(pool.map(lambda p: post(url, {**body(p, 12), "temperature": 0.8, "seed": 7})[2],
                                     prompts[:6]))
         for (status, _, js), p, n in zip(plain, prompts, lengths):
             assert status == 200 and js["choices"][0]["text"] == alone(p, n), f"prompt {p!r}: mixed up or lost"
-        for text, p, n in zip(streamed, prompts[30:], lengths[30:]):
+        for text, p, n in zip(streamed, prompts[100:], lengths[100:]):
             assert text == alone(p, n), f"streamed prompt {p!r}"
         for js, p in zip(sampled, prompts):
             assert js["choices"][0]["text"] == alone(p, 12, 0.8, 7), "a seeded sampled request is reproducible"
