@@ -2740,7 +2740,7 @@ except NotImplementedError as exc:
 # - Reliability is structural: per-request sampling state, abort on disconnect, a bounded queue
 #   with 429, validation answering 4xx, draining on shutdown.
 #
-# Sources: Kwon et al. 2023 (vLLM, PagedAttention); Yu et al. 2022 (Orca, iteration-level
+# Sources: Kwon et al. 2023 (vLLM, PagedAttention); the vLLM team's V1 architecture post (2025, the engine core process); Yu et al. 2022 (Orca, iteration-level
 # scheduling); Agrawal et al. 2024 (Sarathi-Serve, chunked prefill); Zheng et al. 2024
 # (SGLang, RadixAttention prefix sharing); Zhong et al. 2024 (DistServe, goodput); Pope et al.
 # 2022 (Efficiently Scaling Transformer Inference); vLLM's `benchmarks/benchmark_serving.py`, its
