@@ -111,6 +111,28 @@ def test_messages_match_the_simulator_bit_for_bit(job_dir):
     assert real.stats[0]["msgs_sent"] == sim.stats[0]["msgs_sent"] == len(CASES) + 200
     assert real.stats[0]["bytes_sent"] == sim.stats[0]["bytes_sent"]
     assert real.stats[1]["recv_from"] == sim.stats[1]["recv_from"]
+    for r in range(2):  # the timeline: the same messages, in the same order, as Events
+        def messages(res):
+            return [(e.kind, e.peer, e.nbytes, e.tag) for e in res.events(r) if e.kind in ("send", "recv")]
+        assert messages(real) == messages(sim), f"rank {r}'s timeline of messages differs from the simulator's"
+        assert all(isinstance(e, mc.Event) and e.end >= e.start for e in real.events(r))
+
+
+def test_the_mpi_timeline_is_one_list_in_time_order(job_dir):
+    """MPIComm records messages as tuples and makes Events when `events` is read: code that appends
+    its own Events (lesson 13's compute intervals) keeps them, in order."""
+    def fn(comm):
+        other = 1 - comm.rank
+        comm.send(np.arange(3), other)
+        comm.recv(other)
+        comm.events.append(mc.Event(comm.rank, "compute", comm.time, comm.time, label="mine"))
+        comm.send(np.arange(2000.0), other)
+        comm.recv(other)
+        same = comm.events is comm.events
+        return same, [(e.kind, e.label) for e in comm.events]
+    res = mc.run(fn, 2, engine="mpi", timeout=60)
+    for same, kinds in res.results:
+        assert same and kinds == [("send", ""), ("recv", ""), ("compute", "mine"), ("send", ""), ("recv", "")], kinds
 
 
 def cycle(comm):
