@@ -2446,7 +2446,7 @@ def engine_process_main(fd: int) -> None:
     def on_token(n: int) -> Callable[[int | None], None]:
         return lambda token: out.append((n, token, None if token is not None else requests[n].finish_reason))
 
-    conn.send(("ready", {"block_size": engine.W.block_size, "vocab_size": engine.W.vocab_size}))
+    conn.send(("ready", {"block_size": engine.W.block_size, "vocab_size": engine.W.vocab_size}, engine.stats()))
     stopping, next_stats, wait = False, 0.0, 0.2
     while True:
         try:
@@ -2528,7 +2528,7 @@ class EngineProcess:
             self.process.kill()
             raise RuntimeError(f"EngineProcess: the engine process did not start in {start_timeout} s")
         try:
-            kind, info = self.conn.recv()
+            kind, info, *first_stats = self.conn.recv()
         except EOFError:
             raise RuntimeError(f"EngineProcess: the engine process exited (code {self.process.wait()})") from None
         if kind == "failed":
@@ -2542,7 +2542,7 @@ class EngineProcess:
         self._requests: dict[int, GenRequest] = {}     # in flight, by number
         self._numbers: dict[GenRequest, int] = {}
         self._queued: set[int] = set()                 # sent, not yet admitted by the engine
-        self._stats: dict[str, Any] = {}
+        self._stats: dict[str, Any] = first_stats[0]    # the engine's stats(), as of its last step
         self._rejected, self._ids, self._stopping = 0, itertools.count(), False
         self._send_lock, self._replies = threading.Lock(), {}
         self._replied = threading.Condition(self.lock)

@@ -143,7 +143,12 @@ def test_a_dead_engine_process_ends_requests_with_an_error_and_refuses_new_ones(
         assert status == 503 and js["error"]["code"] == "shutting_down", (status, js)
 
 
-def test_settings_the_engine_refuses_raise_in_the_server_process():
+def test_stats_are_there_from_the_start_and_refused_settings_raise_here():
+    engine = EngineProcess(num_blocks=16, block_size=8)
+    try:  # the page and /metrics may ask before the first step: stats are there from the start
+        assert engine.stats()["kv_blocks_total"] == 16 and engine.stats()["running"] == 0
+    finally:
+        engine.stop()
     with pytest.raises(ValueError, match="cannot hold one request"):
         EngineProcess(num_blocks=1, block_size=8)
     with pytest.raises(ValueError, match="max_waiting"):
