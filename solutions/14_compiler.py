@@ -2103,8 +2103,8 @@ live(draw_fusion, ops=(1, MAX_OPS), then=list(TAILS))
 # element. What is left is mostly matmul time, which no fusion changes: the profile below shows
 # it, and the table's `matmul` column times the plan's library GEMMs alone. Eager minitorch runs the
 # same GEMMs through the same BLAS, so `bound` = eager / matmul is the most any compiler that keeps
-# them can gain (Amdahl's law); at the wider shape the GEMMs are most of the block and the bound
-# falls toward 3x. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
+# them can gain (Amdahl's law), and it is far lower at the wider shape, where the GEMMs are most of
+# the block. The fused kernels use all cores only from `PARALLEL_MIN` = 2**20 elements: below that,
 # waking the threads costs more than it saves, their spinning competes with BLAS's own threads,
 # and on a machine shared with other work a parallel loop waits for its slowest thread
 # ([fusion](../hardware_notes/fusion.md), "Where fusion stops").
