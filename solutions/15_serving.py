@@ -1491,7 +1491,9 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
                                             "owned_by": "minitorch", "max_model_len": engine.W.block_size}]}
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def health() -> dict[str, str]:  # 503 once the engine cannot serve (a load balancer's signal)
+        if not getattr(engine, "alive", True):
+            raise APIError(503, f"the engine is not running: {engine.error}", "server_error", code="engine_down")
         return {"status": "ok"}
 
     @app.post("/reset_prefix_cache")
@@ -2559,6 +2561,11 @@ class EngineProcess:
 
     def start(self) -> "EngineProcess":
         return self
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine process runs and takes requests (/health answers 503 once not)."""
+        return self.error is None and self.process.poll() is None
 
     def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
                     on_token: Callable[[int | None], None] | None = None) -> GenRequest:

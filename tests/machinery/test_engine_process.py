@@ -133,6 +133,7 @@ def test_overload_answers_429_and_serves_every_accepted_request():
 @pytest.mark.timeout(120)
 def test_a_dead_engine_process_ends_requests_with_an_error_and_refuses_new_ones():
     with serving(num_blocks=32, block_size=8, step_interval=0.05) as (engine, url):
+        assert httpx.get(url + "/health", timeout=10).json() == {"status": "ok"}
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(post, url, body("class A:", 40))
             wait_until(lambda: stats(url)["running"] == 1, "the request starts")
@@ -141,6 +142,8 @@ def test_a_dead_engine_process_ends_requests_with_an_error_and_refuses_new_ones(
         assert status == 500 and "engine" in js["error"]["message"], (status, js)
         status, _, js = post(url, body("x", 3))
         assert status == 503 and js["error"]["code"] == "shutting_down", (status, js)
+        health = httpx.get(url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_down", health.text
 
 
 def test_stats_are_there_from_the_start_and_refused_settings_raise_here():
