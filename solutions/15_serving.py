@@ -1493,7 +1493,8 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     @app.get("/health")
     async def health() -> dict[str, str]:  # 503 once the engine cannot serve (a load balancer's signal)
         if not getattr(engine, "alive", True):
-            raise APIError(503, f"the engine is not running: {engine.error}", "server_error", code="engine_down")
+            raise APIError(503, "the engine is not taking requests" + (f": {engine.error}" if engine.error else ""),
+                           "server_error", code="engine_down")
         return {"status": "ok"}
 
     @app.post("/reset_prefix_cache")
@@ -2399,88 +2400,105 @@ except NotImplementedError as exc:
 # vLLM's answer (its V1 engine, 2025) is to split the server: the API server, which speaks HTTP
 # and detokenises, and the *engine core*, a busy loop that schedules and runs the model, in two
 # processes, each with its own interpreter, talking through sockets (ZeroMQ, messages packed with
-# msgpack). `EngineProcess` (given) is that split in a few dozen lines. It has the interface
-# `make_app` uses (`add_request`, `abort`, `stats`, `reset_prefix_cache`, `start`, `stop`, `W`,
-# `lock`, `finished`, `error`), so the HTTP layer does not change, and runs the same `Engine` in
-# a child process started with `multiprocessing` (spawn: a fresh interpreter, nothing inherited
-# but what it is sent). Between them one pipe, pickled tuples both ways:
+# msgpack). `EngineProcess` (given) is that split. It has the interface `make_app` uses
+# (`add_request`, `abort`, `stats`, `reset_prefix_cache`, `start`, `stop`, `alive`, `W`, `lock`,
+# `finished`, `error`), so the HTTP layer does not change, and runs the same `Engine` in a child
+# process: a fresh interpreter (`python -c`, not a fork of a process that has threads), joined
+# to the server by a socket pair carrying pickled tuples (multiprocessing's `Connection` frames
+# them) both ways:
 #
 # - server to engine: `("add", n, prompt, max_tokens, temperature, seed)`, `("abort", n)`,
 #   `("reset",)`, `("stop", drain)`; the engine reads every command waiting before each step;
-# - engine to server: one message per step, with every token the step made (and each finished
-#   request's reason), the requests it admitted, and its `stats()`; the server's reader thread
-#   hands the tokens to the streams (through `LoopMailbox`, as the engine thread did) and keeps
-#   the latest stats for `/stats` and `/metrics`.
+# - engine to server: one message per step that made tokens or admitted requests (every token,
+#   each finished request's reason, the requests admitted, its `stats()`), and the stats every
+#   0.1 s besides; the server's reader thread hands the tokens to the streams (through
+#   `LoopMailbox`, as the engine thread did) and keeps the latest stats for `/stats` and
+#   `/metrics`.
 #
 # Admission stays on the server's side, where the answer is needed at once: the server counts the
 # requests it has sent that the engine has not yet admitted, and answers 429 beyond `max_waiting`;
 # the engine's own queue is unbounded, so a request the server accepted is never refused later.
 # An abort ends the request on the server's side at once (the client is gone) and the engine frees
-# its blocks before its next step. If the engine process dies, every request in flight ends with
-# finish_reason "error" and new ones get 503. `serve()` (and `make serve`) use the split by
-# default; the tests run both.
+# its blocks before its next step. A step that raises ends its requests with finish_reason
+# "error" and the engine keeps serving, as the thread does; if the engine process dies, every
+# request in flight ends with "error", new ones get 503, and so does `/health`. `serve()` (and
+# `make serve`) use the split by default; the tests run both.
 
 # %%
 #| export
 #| given
 def engine_process_main(fd: int) -> None:
-    """The engine process of EngineProcess (`python -c` runs it, with the socket's descriptor):
+    """The engine process of EngineProcess (`python -c` runs it, with its end of a socket pair):
     read (dtype, engine_kw), build the Engine, then loop: read the commands that wait, step if
-    there is work (or wait for a command), send what the step made."""
+    there is work (each step lasting at least step_interval, reading commands meanwhile), and send
+    what the step made. Ends on ("stop", drain) once idle, or when the server's end closes."""
     import signal
     from multiprocessing.connection import Connection
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole group: the server decides
     conn = Connection(fd)
-    dtype, engine_kw = conn.recv()
     try:
-        model, _ = load_tiny_gpt()
-        engine = Engine(gpt_weights(model, np.dtype(dtype)), **engine_kw)
-        if engine.decoder is not None:
-            engine.decoder.warm_up()
-    except Exception as exc:  # bad settings: the server raises this in its own process
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        dtype, engine_kw = conn.recv()
+        try:
+            model, _ = load_tiny_gpt()
+            engine = Engine(gpt_weights(model, np.dtype(dtype)), **engine_kw)
+            if engine.decoder is not None:
+                engine.decoder.warm_up()
+        except Exception as exc:  # bad settings: the server raises this in its own process
+            conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            return
+        _engine_loop(conn, engine)
+    except (EOFError, OSError):                    # the server process is gone
         return
+
+
+def _engine_loop(conn: Any, engine: Engine) -> None:
     requests: dict[int, GenRequest] = {}
     queued: set[int] = set()                       # sent to the engine, not yet admitted
     out: list[tuple[int, int | None, str | None]] = []
+    stopping = False
 
     def on_token(n: int) -> Callable[[int | None], None]:
         return lambda token: out.append((n, token, None if token is not None else requests[n].finish_reason))
 
-    conn.send(("ready", {"block_size": engine.W.block_size, "vocab_size": engine.W.vocab_size}, engine.stats()))
-    stopping, next_stats, wait = False, 0.0, 0.2
-    while True:
-        try:
-            if conn.poll(wait):
-                while conn.poll(0):
-                    cmd = conn.recv()
-                    if cmd[0] == "add":
-                        n, prompt, max_tokens, temperature, seed = cmd[1:]
-                        requests[n] = engine.add_request(prompt, max_tokens, temperature, seed, on_token(n))
-                        queued.add(n)
-                    elif cmd[0] == "abort" and cmd[1] in requests:
-                        engine.abort(requests[cmd[1]])
-                    elif cmd[0] == "reset":
-                        conn.send(("reply", "reset", engine.reset_prefix_cache()))
-                    elif cmd[0] == "stop":
-                        stopping = True
-                        if not cmd[1]:
-                            for request in list(engine.waiting) + list(engine.running):
-                                engine.abort(request)
-        except (EOFError, OSError):                # the server process is gone
+    def read(wait: float) -> None:
+        """Handle the commands that arrive within `wait` seconds (all that wait, at least)."""
+        nonlocal stopping
+        if not conn.poll(wait):
             return
+        while conn.poll(0):
+            cmd = conn.recv()
+            if cmd[0] == "add":
+                n, prompt, max_tokens, temperature, seed = cmd[1:]
+                requests[n] = engine.add_request(prompt, max_tokens, temperature, seed, on_token(n))
+                queued.add(n)
+            elif cmd[0] == "abort" and cmd[1] in requests:
+                engine.abort(requests[cmd[1]])
+            elif cmd[0] == "reset":
+                conn.send(("reply", "reset", engine.reset_prefix_cache()))
+            elif cmd[0] == "stop":
+                stopping = True
+                if not cmd[1]:
+                    for request in list(engine.waiting) + list(engine.running):
+                        engine.abort(request)
+
+    conn.send(("ready", {"block_size": engine.W.block_size, "vocab_size": engine.W.vocab_size}, engine.stats()))
+    next_stats = 0.0
+    while True:
+        read(0.0 if engine.has_work() else 0.2)
         admitted: list[int] = []
-        t0 = time.perf_counter()
         if engine.has_work():
+            t0 = time.perf_counter()
             try:
                 engine.step()
-            except Exception as exc:  # a bug in a step: end every request with an error, keep serving
+            except Exception as exc:  # a bug in a step: end its requests with an error, keep serving
                 engine._fail_all(exc)
                 conn.send(("error", f"{type(exc).__name__}: {exc}"))
             waiting = {id(r) for r in engine.waiting}
             admitted = [n for n in queued if id(requests[n]) not in waiting]
             queued.difference_update(admitted)
+            while (left := t0 + engine.step_interval - time.perf_counter()) > 0:  # slow motion: read meanwhile
+                read(left)
         for n, token, _ in out:
             if token is None:
                 requests.pop(n, None)
@@ -2492,9 +2510,6 @@ def engine_process_main(fd: int) -> None:
         if stopping and not engine.has_work():
             conn.send(("stopped", engine.stats()))
             return
-        # between steps, wait for commands: for step_interval (slow motion), else not at all when
-        # there is work, and up to 0.2 s when there is none
-        wait = max(0.0, engine.step_interval - (now - t0)) if engine.has_work() else 0.2
 
 
 class EngineProcess:
@@ -2503,7 +2518,9 @@ class EngineProcess:
     dtype and engine_kw: the Engine's (lesson 09's tiny GPT); max_waiting: requests sent to the
     engine and not yet admitted before add_request raises QueueFull (checked here: the engine's
     own queue is unbounded). The child starts at once; start() is a no-op (make_app calls it),
-    stop(drain) ends it. W: block_size and vocab_size of the model."""
+    stop(drain) ends it. W: block_size and vocab_size of the model. error: the last step's
+    failure (its requests end with finish_reason "error"; the engine keeps serving, as Engine
+    does) or the engine process's death (then `alive` is False and requests are refused)."""
 
     def __init__(self, dtype: Any = np.float32, max_waiting: int = 256, start_timeout: float = 300.0,
                  **engine_kw: Any):
@@ -2519,23 +2536,28 @@ class EngineProcess:
         # a fresh interpreter (not fork: this process has threads; not multiprocessing's spawn, which
         # would run a script's main module again), a socket pair, multiprocessing's message framing
         ours, theirs = socket.socketpair()
+        ours.set_inheritable(False)                # a fork of this process must not keep the engine alive
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
             [sys.executable, "-c", f"from minitorch.server import engine_process_main; engine_process_main({theirs.fileno()})"],
             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
-        self.conn.send((np.dtype(dtype).str, {**engine_kw, "max_waiting": 2**62}))
-        if not self.conn.poll(start_timeout):
-            self.process.kill()
-            raise RuntimeError(f"EngineProcess: the engine process did not start in {start_timeout} s")
         try:
-            kind, info, *first_stats = self.conn.recv()
-        except EOFError:
-            raise RuntimeError(f"EngineProcess: the engine process exited (code {self.process.wait()})") from None
-        if kind == "failed":
+            self.conn.send((np.dtype(dtype).str, {**engine_kw, "max_waiting": 2**62}))
+            if not self.conn.poll(start_timeout):
+                raise RuntimeError(f"EngineProcess: the engine process did not start in {start_timeout} s")
+            try:
+                kind, info, *first_stats = self.conn.recv()
+            except EOFError:
+                raise RuntimeError(f"EngineProcess: the engine process exited (code {self.process.wait()})") from None
+            if kind == "failed":
+                raise ValueError(f"EngineProcess: {info}")
+        except BaseException:  # a failed start (or Ctrl-C meanwhile) leaves no process and no socket behind
+            self.process.kill()
             self.process.wait()
-            raise ValueError(f"EngineProcess: {info}")
+            self.conn.close()
+            raise
         self.W = types.SimpleNamespace(**info)
         self.max_waiting, self.decoder = int(max_waiting), None
         self.lock = threading.RLock()
@@ -2544,15 +2566,17 @@ class EngineProcess:
         self._requests: dict[int, GenRequest] = {}     # in flight, by number
         self._numbers: dict[GenRequest, int] = {}
         self._queued: set[int] = set()                 # sent, not yet admitted by the engine
-        self._stats: dict[str, Any] = first_stats[0]    # the engine's stats(), as of its last step
-        self._rejected, self._ids, self._stopping = 0, itertools.count(), False
-        self._send_lock, self._replies = threading.Lock(), {}
+        self._stats: dict[str, Any] = first_stats[0]    # the engine's stats(), as of its last message
+        self._rejected, self._ids, self._stopping, self._dead = 0, itertools.count(), False, False
+        # _send_lock orders the messages, and makes add_request's check and send one step against
+        # stop's; it is taken before self.lock, never inside it. The reader takes only self.lock.
+        self._send_lock, self._replies = threading.RLock(), {}
         self._replied = threading.Condition(self.lock)
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._reader.start()
 
     def _send(self, message: tuple) -> None:
-        """One message to the engine (whole: a lock keeps two threads' messages apart)."""
+        """One message to the engine (callers hold _send_lock, or take it here)."""
         with self._send_lock:
             try:
                 self.conn.send(message)
@@ -2565,7 +2589,7 @@ class EngineProcess:
     @property
     def alive(self) -> bool:
         """Whether the engine process runs and takes requests (/health answers 503 once not)."""
-        return self.error is None and self.process.poll() is None
+        return not self._dead and not self._stopping and self.process.poll() is None
 
     def add_request(self, prompt: Any, max_tokens: int, temperature: float = 0.0, seed: int | None = None,
                     on_token: Callable[[int | None], None] | None = None) -> GenRequest:
@@ -2573,21 +2597,23 @@ class EngineProcess:
         max_waiting, RuntimeError once stopping or if the engine process has died."""
         prompt = check_generation("EngineProcess.add_request", prompt, max_tokens, temperature,
                                   self.W.vocab_size, self.W.block_size)
-        with self.lock:
-            if self._stopping or self.error is not None:
-                raise RuntimeError("EngineProcess.add_request: the engine is shutting down" if self._stopping else
-                                   f"EngineProcess.add_request: the engine process failed: {self.error}")
-            if len(self._queued) >= self.max_waiting:
-                self._rejected += 1
-                raise QueueFull(len(self._queued), self.retry_after())
-            seed = int(np.random.default_rng().integers(2 ** 31)) if seed is None else int(seed)
-            n = next(self._ids)
-            request = GenRequest(f"cmpl-{n}", prompt.astype(np.int64), int(max_tokens), float(temperature), seed,
-                                 on_token)
-            self._requests[n], self._numbers[request] = request, n
-            self._queued.add(n)
-        # sent without the lock: a full pipe must not stop the reader thread, which needs the lock
-        self._send(("add", n, request.prompt, request.max_tokens, request.temperature, seed))
+        with self._send_lock:
+            with self.lock:
+                if self._stopping or self._dead:
+                    raise RuntimeError("EngineProcess.add_request: the engine is shutting down" if self._stopping
+                                       else f"EngineProcess.add_request: the engine process failed: {self.error}")
+                if len(self._queued) >= self.max_waiting:
+                    self._rejected += 1
+                    raise QueueFull(len(self._queued), self.retry_after())
+                seed = int(np.random.default_rng().integers(2 ** 31)) if seed is None else int(seed)
+                n = next(self._ids)
+                request = GenRequest(f"cmpl-{n}", prompt.astype(np.int64), int(max_tokens), float(temperature), seed,
+                                     on_token)
+                self._requests[n], self._numbers[request] = request, n
+                self._queued.add(n)
+            # sent without self.lock (a full socket must not stop the reader, which needs it), but
+            # under _send_lock: stop cannot slip its message in between the check and this one
+            self._send(("add", n, request.prompt, request.max_tokens, request.temperature, seed))
         return request
 
     def abort(self, request: GenRequest) -> bool:
@@ -2608,45 +2634,62 @@ class EngineProcess:
         self._queued.discard(n)
         request.finish_reason = reason
         self.finished.append(request)
-        if request.on_token is not None:
-            request.on_token(None)
+        self._call(request, None)
+
+    def _call(self, request: GenRequest, token: int | None) -> None:
+        """request.on_token(token); a callback that raises ends its own request ("error"), no other."""
+        if request.on_token is None:
+            return
+        try:
+            request.on_token(token)
+        except Exception as exc:  # noqa: BLE001 - the caller's code: keep serving the others
+            self.error = exc
+            if token is not None and not request.finished:
+                request.on_token = None
+                self._finish(request, "error")
 
     def _read(self) -> None:
-        """The reader thread: the engine's messages, until it stops or dies."""
-        while True:
-            try:
-                message = self.conn.recv()
-            except (EOFError, OSError):
-                break
-            kind, now = message[0], time.perf_counter()
-            with self.lock:
-                if kind == "step":
-                    items, admitted, self._stats = message[1:]
-                    self._queued.difference_update(admitted)
-                    for n, token, reason in items:
-                        request = self._requests.get(n)
-                        if request is None:                  # aborted here already
-                            continue
-                        if token is None:
-                            self._finish(request, reason)
-                        else:
-                            request.output.append(token)
-                            request.token_times.append(now)
-                            if request.on_token is not None:
-                                request.on_token(token)
-                elif kind == "error":
-                    self.error = RuntimeError(message[1])
-                elif kind == "reply":
-                    self._replies[message[1]] = message[2]
-                    self._replied.notify_all()
-                elif kind == "stopped":
-                    self._stats = message[1]
-                    return
-        with self.lock:  # the engine process died: end what it held
-            if self.error is None:
+        """The reader thread: the engine's messages, until it stops or dies; then nothing is left
+        unfinished (a request that raced with stop ends with "abort", one the engine died with, "error")."""
+        reason = "error"
+        try:
+            while True:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError):
+                    break
+                kind, now = message[0], time.perf_counter()
+                with self.lock:
+                    if kind == "step":
+                        items, admitted, self._stats = message[1:]
+                        self._queued.difference_update(admitted)
+                        for n, token, finish_reason in items:
+                            request = self._requests.get(n)
+                            if request is None:                  # aborted here already
+                                continue
+                            if token is None:
+                                self._finish(request, finish_reason)
+                            else:
+                                request.output.append(token)
+                                request.token_times.append(now)
+                                self._call(request, token)
+                    elif kind == "error":
+                        self.error = RuntimeError(message[1])
+                    elif kind == "reply":
+                        self._replies[message[1]] = message[2]
+                        self._replied.notify_all()
+                    elif kind == "stopped":
+                        self._stats, reason = message[1], "abort"
+                        break
+        except Exception as exc:  # noqa: BLE001 - a broken message: the engine cannot be trusted any more
+            self.error = exc
+            self.process.kill()
+        with self.lock:
+            self._dead = True
+            if self.error is None and reason == "error":
                 self.error = RuntimeError(f"the engine process exited (code {self.process.poll()})")
             for request in list(self._requests.values()):
-                self._finish(request, "error")
+                self._finish(request, reason)
             self._replied.notify_all()
 
     def retry_after(self) -> float:
@@ -2658,27 +2701,33 @@ class EngineProcess:
         return float(max(1, math.ceil(work / rate)))
 
     def stats(self) -> dict[str, Any]:
-        """The engine's stats() as of its last step (at most 0.1 s old), and the 429s counted here."""
+        """The engine's stats() as of its last message (sent after every step that made tokens or
+        admitted requests, and every 0.1 s besides; a long step delays it), and the 429s counted here."""
         with self.lock:
             return {**self._stats, "rejected": self._rejected}
 
     def reset_prefix_cache(self, timeout: float = 30.0) -> int:
+        """As Engine.reset_prefix_cache, answered by the engine process; RuntimeError without an answer."""
         with self.lock:
             self._replies.pop("reset", None)
         self._send(("reset",))
         with self.lock:
-            if not self._replied.wait_for(lambda: "reset" in self._replies or self.error is not None, timeout):
-                raise RuntimeError(f"EngineProcess.reset_prefix_cache: no answer in {timeout} s")
-            return int(self._replies.pop("reset", 0))
+            self._replied.wait_for(lambda: "reset" in self._replies or self._dead, timeout)
+            if "reset" not in self._replies:
+                raise RuntimeError(f"EngineProcess.reset_prefix_cache: no answer from the engine process in "
+                                   f"{timeout} s" + (" (it has stopped)" if self._dead else ""))
+            return int(self._replies.pop("reset"))
 
     def stop(self, drain: bool = True, timeout: float = 60.0) -> None:
         """Refuse new requests, then end the engine process: after every accepted request has
-        finished (drain), or at once, aborting them. RuntimeError if it did not end in time."""
+        finished (drain), or at once, aborting them. Safe to call twice, and from two threads (a
+        second Ctrl-C during a drain). RuntimeError if it did not end in time."""
         import subprocess
 
-        with self.lock:
-            self._stopping = True
-        self._send(("stop", drain))
+        with self._send_lock:
+            with self.lock:
+                self._stopping = True
+            self._send(("stop", drain))
         self._reader.join(timeout)
         try:
             self.process.wait(5.0 if not self._reader.is_alive() else 0.1)
@@ -2687,7 +2736,11 @@ class EngineProcess:
             self.process.wait()
             if drain:
                 raise RuntimeError(f"EngineProcess.stop: the engine did not finish in {timeout} s") from None
-        self.conn.close()
+        finally:
+            self._reader.join(5.0)
+            with self._send_lock:
+                self.conn.close()
+
 
 # %% [markdown]
 # The two layouts side by side, each in its own server process with the load generator in this

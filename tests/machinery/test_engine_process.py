@@ -219,3 +219,84 @@ def test_the_page_streams_and_shows_the_batch_of_the_engine_process():
             seen = pool.submit(drive).result(timeout=110)
     assert 0 < len(seen["partial"]) < len(want), f"tokens should appear as they stream: {seen['partial']!r}"
     assert seen["final"] == want and seen["blocks"] > 0 and seen["total"] == 32, seen
+
+
+FLAKY = '''
+from minitorch.server import PrefixCache
+
+class FlakyPrefixCache(PrefixCache):
+    """Raises when a prompt starting with token 0 is admitted: a step that fails, on purpose."""
+    def admit(self, seq, tokens):
+        if int(tokens[0]) == 0:
+            raise RuntimeError("a planted bug in a step")
+        return super().admit(seq, tokens)
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_serving(tmp_path, monkeypatch):
+    (tmp_path / "flaky_prefix.py").write_text(FLAKY)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the engine process gets this process's sys.path
+    from flaky_prefix import FlakyPrefixCache
+
+    engine = EngineProcess(num_blocks=32, block_size=8, prefix_caching=FlakyPrefixCache)
+    try:
+        bad = engine.add_request(np.array([0, 5, 6]), 5)
+        deadline = time.monotonic() + 20
+        while not bad.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert bad.finish_reason == "error" and "planted bug" in str(engine.error)
+        assert engine.alive, "one failed step must not take the engine down (the in-thread Engine keeps serving)"
+        good = engine.add_request(TOK.encode("import os"), 6)
+        while not good.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert good.finish_reason == "length" and TOK.decode(good.output) == alone("import os", 6)
+        assert engine.reset_prefix_cache() >= 0
+    finally:
+        engine.stop()
+
+
+@pytest.mark.timeout(120)
+def test_slow_motion_holds_under_traffic_and_a_raising_callback_ends_only_its_request():
+    """step_interval is a floor on each step even while commands arrive (a lecture's slow motion);
+    a callback that raises ends its own request, not the reader thread."""
+    engine = EngineProcess(num_blocks=32, block_size=8, step_interval=0.2)
+    try:
+        def boom(token):
+            if token is not None:
+                raise ValueError("a callback that raises")
+
+        victim = engine.add_request(TOK.encode("class A:"), 5, on_token=boom)
+        steady = engine.add_request(TOK.encode("import os"), 8)
+        t0, steps0 = time.monotonic(), engine.stats()["steps"]
+        while time.monotonic() - t0 < 1.0:  # a command every 20 ms
+            engine.abort(engine.add_request(TOK.encode("x"), 2))
+            time.sleep(0.02)
+        steps = engine.stats()["steps"] - steps0
+        assert steps <= 7, f"{steps} steps in 1 s with step_interval = 0.2 s: commands cut the interval short"
+        deadline = time.monotonic() + 30
+        while not steady.finished and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert victim.finish_reason == "error" and steady.finish_reason == "length" and engine.alive
+    finally:
+        engine.stop()
+
+
+@pytest.mark.timeout(60)
+def test_stop_finishes_every_request_and_can_run_twice():
+    """A request the engine never saw (one racing with stop) still ends, with "abort"; two stops
+    from two threads (a second Ctrl-C during a drain) both return."""
+    from minitorch.server import GenRequest
+
+    engine = EngineProcess(num_blocks=32, block_size=8)
+    ended = []
+    orphan = GenRequest("cmpl-x", np.array([1, 2]), 3, on_token=ended.append)
+    with engine.lock:
+        engine._requests[10**6], engine._numbers[orphan] = orphan, 10**6
+    with ThreadPoolExecutor(2) as pool:
+        stops = [pool.submit(engine.stop, drain) for drain in (True, False)]
+        for f in stops:
+            f.result(timeout=30)
+    assert orphan.finish_reason == "abort" and ended == [None] and not engine.alive
+    with pytest.raises(RuntimeError, match="shutting down"):
+        engine.add_request(TOK.encode("x"), 2)
