@@ -60,6 +60,36 @@ def missing() -> str | None:
     return None
 
 
+def drive_serving_page(url: str, prompt: str, max_tokens: int, final_length: int) -> dict:
+    """Lesson 15's page at `url` in headless Chromium, as a lecturer uses it: type the prompt, ask
+    for max_tokens, press Go. Returns what the page showed: "partial" (the text once the first
+    tokens are in), "blocks" (KV blocks in use while the request runs), "final" (the text once it
+    has final_length characters) and "total" (the pool's blocks, once nothing runs)."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page()
+            page.goto(url + "/")
+            page.fill("#prompt", prompt)
+            page.fill("#max", str(max_tokens))
+            page.click("#go")
+            page.wait_for_function("document.getElementById('out').textContent.length > 0", timeout=20_000)
+            seen["partial"] = page.text_content("#out")
+            page.wait_for_function("document.getElementById('running').textContent === '1'", timeout=20_000)
+            seen["blocks"] = int(page.text_content("#blocks"))
+            page.wait_for_function(f"document.getElementById('out').textContent.length === {final_length}",
+                                   timeout=30_000)
+            seen["final"] = page.text_content("#out")
+            page.wait_for_function("document.getElementById('running').textContent === '0'", timeout=20_000)
+            seen["total"] = int(page.text_content("#total"))
+        finally:
+            browser.close()
+    return seen
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -764,7 +764,7 @@ def test_goodput(lesson):
 @pytest.mark.exercise("15.3")
 @pytest.mark.timeout(90)
 def test_page_streams_tokens_and_shows_the_batch(lesson):
-    from course.browser import CHROMIUM_FLAGS, find_chromium, missing
+    from course.browser import drive_serving_page, missing
 
     why = missing()
     if why:
@@ -773,33 +773,8 @@ def test_page_streams_tokens_and_shows_the_batch(lesson):
     prompt = "def main():"
     want = TOK.decode(alone(TOK.encode(prompt), 40))
 
-    def drive(url):
-        from playwright.sync_api import sync_playwright
-
-        seen = {}
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page()
-                page.goto(url + "/")
-                page.fill("#prompt", prompt)
-                page.fill("#max", "40")
-                page.click("#go")
-                page.wait_for_function("document.getElementById('out').textContent.length > 0", timeout=20_000)
-                seen["partial"] = page.text_content("#out")
-                page.wait_for_function("document.getElementById('running').textContent === '1'", timeout=20_000)
-                seen["blocks"] = int(page.text_content("#blocks"))
-                page.wait_for_function(f"document.getElementById('out').textContent.length === {len(want)}",
-                                       timeout=30_000)
-                seen["final"] = page.text_content("#out")
-                page.wait_for_function("document.getElementById('running').textContent === '0'", timeout=20_000)
-                seen["total"] = int(page.text_content("#total"))
-            finally:
-                browser.close()
-        return seen
-
     with serving(lesson, eng, "15.3") as srv:
-        seen = in_thread(lambda: drive(srv.url))
+        seen = in_thread(lambda: drive_serving_page(srv.url, prompt, 40, len(want)))
     assert 0 < len(seen["partial"]) < len(want), \
         f"the page should show tokens as they stream: first saw {seen['partial']!r} of {want!r}"
     assert seen["final"] == want, f"the page shows {seen['final']!r}, the model generates {want!r}"

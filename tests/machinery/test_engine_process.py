@@ -179,44 +179,16 @@ def test_stop_drains_then_a_forced_stop_aborts():
 def test_the_page_streams_and_shows_the_batch_of_the_engine_process():
     """`make serve`'s layout in headless Chromium, as a lecturer opens it: tokens appear as they
     stream, and the panel (polled from /stats, which the engine process feeds) shows the batch."""
-    from course.browser import CHROMIUM_FLAGS, find_chromium, missing
+    from course.browser import drive_serving_page, missing
 
     why = missing()
     if why:
         pytest.skip(f"no browser check: {why}")
-    from playwright.sync_api import sync_playwright
-
     prompt = "def main():"
     want = alone(prompt, 40)
     with serving(num_blocks=32, block_size=8, step_interval=0.05) as (engine, url):
         with ThreadPoolExecutor(1) as pool:  # Playwright's sync API may not run inside an event loop's thread
-            def drive() -> dict:
-                seen = {}
-                with sync_playwright() as pw:
-                    browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_FLAGS)
-                    try:
-                        page = browser.new_page()
-                        page.goto(url + "/")
-                        page.fill("#prompt", prompt)
-                        page.fill("#max", "40")
-                        page.click("#go")
-                        page.wait_for_function("document.getElementById('out').textContent.length > 0",
-                                               timeout=20_000)
-                        seen["partial"] = page.text_content("#out")
-                        page.wait_for_function("document.getElementById('running').textContent === '1'",
-                                               timeout=20_000)
-                        seen["blocks"] = int(page.text_content("#blocks"))
-                        page.wait_for_function(
-                            f"document.getElementById('out').textContent.length === {len(want)}", timeout=30_000)
-                        seen["final"] = page.text_content("#out")
-                        page.wait_for_function("document.getElementById('running').textContent === '0'",
-                                               timeout=20_000)
-                        seen["total"] = int(page.text_content("#total"))
-                    finally:
-                        browser.close()
-                return seen
-
-            seen = pool.submit(drive).result(timeout=110)
+            seen = pool.submit(drive_serving_page, url, prompt, 40, len(want)).result(timeout=110)
     assert 0 < len(seen["partial"]) < len(want), f"tokens should appear as they stream: {seen['partial']!r}"
     assert seen["final"] == want and seen["blocks"] > 0 and seen["total"] == 32, seen
 
