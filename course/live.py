@@ -194,23 +194,18 @@ def live(draw: Callable[..., Any], **controls: Any) -> Live | Still:
     import matplotlib.pyplot as plt
 
     try:
-        import ipywidgets
+        import ipywidgets  # noqa: F401 - only whether it is installed
+        ctl: Live | Still = Live(draw, controls)
     except ImportError:
-        ipywidgets = None
-    if ipywidgets is None:
-        still = Still(draw, controls)
-        fig = still.render()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-        still.first_png = buf.getvalue()
-        plt.close(fig)
-        print(f"live control drawn once at {still.start}: ipywidgets is not installed")
-        return still
-    ctl = Live(draw, controls)
+        ctl = Still(draw, controls)
     fig = ctl.render()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
     ctl.first_png = buf.getvalue()
+    if isinstance(ctl, Still):
+        plt.close(fig)
+        print(f"live control drawn once at {ctl.start}: ipywidgets is not installed")
+        return ctl
     with ctl.out:
         from IPython.display import display
 

@@ -1516,15 +1516,20 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     return app
 
 
+def model_engine(model: Any, dtype: Any, **engine_kw: Any) -> Engine:
+    """An Engine over `model`'s weights in `dtype` (engine_kw go to Engine), its fused decode step
+    compiled (the first request does not wait for Numba)."""
+    engine = Engine(gpt_weights(model, dtype), **engine_kw)
+    if engine.decoder is not None:
+        engine.decoder.warm_up()
+    return engine
+
+
 def build_server(dtype: Any = np.float32, engine_process: bool = False, **engine_kw: Any) -> tuple[Any, Any]:
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine. With
     engine_process, the engine runs in a process of its own (EngineProcess, section 10)."""
     model, tokenizer = load_tiny_gpt()
-    if engine_process:
-        return (engine := EngineProcess(dtype, **engine_kw)), make_app(engine, tokenizer)
-    engine = Engine(gpt_weights(model, dtype), **engine_kw)
-    if engine.decoder is not None:
-        engine.decoder.warm_up()
+    engine = EngineProcess(dtype, **engine_kw) if engine_process else model_engine(model, dtype, **engine_kw)
     return engine, make_app(engine, tokenizer)
 
 
@@ -2440,10 +2445,7 @@ def engine_process_main(fd: int) -> None:
     try:
         dtype, engine_kw = conn.recv()
         try:
-            model, _ = load_tiny_gpt()
-            engine = Engine(gpt_weights(model, np.dtype(dtype)), **engine_kw)
-            if engine.decoder is not None:
-                engine.decoder.warm_up()
+            engine = model_engine(load_tiny_gpt()[0], np.dtype(dtype), **engine_kw)
         except Exception as exc:  # bad settings: the server raises this in its own process
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             return

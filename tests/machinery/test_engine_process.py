@@ -214,14 +214,11 @@ def test_a_step_that_raises_fails_its_requests_and_the_engine_keeps_serving(tmp_
     engine = EngineProcess(num_blocks=32, block_size=8, prefix_caching=FlakyPrefixCache)
     try:
         bad = engine.add_request(np.array([0, 5, 6]), 5)
-        deadline = time.monotonic() + 20
-        while not bad.finished and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: bad.finished, "the request whose step raises ends", timeout=20)
         assert bad.finish_reason == "error" and "planted bug" in str(engine.error)
         assert engine.alive, "one failed step must not take the engine down (the in-thread Engine keeps serving)"
         good = engine.add_request(TOK.encode("import os"), 6)
-        while not good.finished and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: good.finished, "the next request ends", timeout=20)
         assert good.finish_reason == "length" and TOK.decode(good.output) == alone("import os", 6)
         assert engine.reset_prefix_cache() >= 0
     finally:
@@ -246,9 +243,7 @@ def test_slow_motion_holds_under_traffic_and_a_raising_callback_ends_only_its_re
             time.sleep(0.02)
         steps = engine.stats()["steps"] - steps0
         assert steps <= 7, f"{steps} steps in 1 s with step_interval = 0.2 s: commands cut the interval short"
-        deadline = time.monotonic() + 30
-        while not steady.finished and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: steady.finished, "the steady request ends", timeout=30)
         assert victim.finish_reason == "error" and steady.finish_reason == "length" and engine.alive
     finally:
         engine.stop()
