@@ -996,7 +996,9 @@ print(g_dot.to_dot(fuse(g_dot)))
 # and tanh (below), `math.log/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`, `**`; constants as
 # `py_literal(value, dtype)` (given: `f32(0.5)` in a float32 node, so the arithmetic stays in
 # float32 as NumPy's does; `0.5` in a float64 one; `math.inf` for an infinity); sums start at
-# `0.0`, maxima at `-math.inf`. Rows run in parallel: `for r in prange(rows)` (Numba's parallel
+# zero, maxima at minus infinity, both as `py_literal` of the reduction's dtype: a bare `0.0` is a
+# float64, and a float32 row summed into it is converted element by element (the softmax kernel of
+# the block runs 2x slower so; the max loop no longer vectorises). Rows run in parallel: `for r in prange(rows)` (Numba's parallel
 # range, lesson 06): each row is independent.
 #
 # `exp` and `tanh` need care on a CPU. The C library's `expf` is a function call per element,
@@ -1076,7 +1078,7 @@ def _exp32(x):  # noqa: ANN001, ANN202 - float32 -> float32, compiled by Numba
     of normal numbers 0 or inf; nan stays nan."""
     f = np.float32
     xc = min(max(x, f(-87.3)), f(88.7))
-    n = math.floor(xc * f(1.4426950408889634) + f(0.5))
+    n = np.floor(xc * f(1.4426950408889634) + f(0.5))  # a float32 (math.floor: an int64)
     r = (xc - n * f(0.693359375)) - n * f(-2.1219444005469057e-4)
     p = f(1 / 5040) * r + f(1 / 720)
     p = ((((p * r + f(1 / 120)) * r + f(1 / 24)) * r + f(1 / 6)) * r + f(0.5)) * r + f(1.0)
@@ -1090,7 +1092,7 @@ def _exp32(x):  # noqa: ANN001, ANN202 - float32 -> float32, compiled by Numba
 def _exp64(x):  # noqa: ANN001, ANN202 - float64 -> float64, compiled by Numba
     """_exp32 in float64: Taylor degree 12, 2**n with the exponent field n + 1023."""
     xc = min(max(x, -708.0), 709.0)
-    n = math.floor(xc * 1.4426950408889634 + 0.5)
+    n = np.floor(xc * 1.4426950408889634 + 0.5)
     r = (xc - n * 0.693359375) - n * -2.1219444005469057e-4
     p = (((1 / 479001600 * r + 1 / 39916800) * r + 1 / 3628800) * r + 1 / 362880) * r + 1 / 40320
     p = ((((p * r + 1 / 5040) * r + 1 / 720) * r + 1 / 120) * r + 1 / 24) * r + 1 / 6
@@ -1161,7 +1163,9 @@ def numba_source(graph: Graph, group: Sequence[Node], name: str) -> str:
     for n in group:
         if n.op in REDUCTIONS:
             x = n.inputs[0]
-            lines.append(f"        {var[n]} = {'0.0' if n.op == 'sum' else '-math.inf'}")
+            # the accumulator in the node's dtype: a float64 0.0 would make a float32 row's sum float64
+            # (a conversion per element, and a max LLVM no longer vectorises)
+            lines.append(f"        {var[n]} = {py_literal(0.0 if n.op == 'sum' else -math.inf, n.dtype)}")
             lines.append("        for c in range(C):")
             emit_full(x, set(), lines)
             step = f"{var[n]} + {ref(x)}" if n.op == "sum" else f"max({var[n]}, {ref(x)})"

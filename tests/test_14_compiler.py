@@ -337,6 +337,36 @@ def test_source_is_one_loop_nest_per_group(solo):
 
 
 @pytest.mark.exercise("14.7")
+def test_float32_kernels_compute_in_float32(solo):
+    """Numba's own type inference of a float32 softmax and LayerNorm kernel: every value v0, v1, ...
+    (the accumulators included) is float32. A bare 0.0 or -math.inf is a float64 and drags the
+    row's sum or max into float64: a conversion per element, and a max loop LLVM does not vectorise."""
+    import numba
+
+    lesson = solo("14.7")
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    w = np.ones(6, np.float32)
+    for fn, args in [(softmax_fn, (x,)), (layer_norm_fn, (x, w, w))]:
+        g = lesson.optimize(lesson.trace(fn, *args))
+        group = lesson.fuse(g)[0]
+        src = lesson.numba_source(g, group, "k")
+        scope = dict(lesson.KERNEL_NAMES)
+        exec(src, scope)
+        kernel = numba.njit(scope["k"])
+        reads, writes = lesson.kernel_io(g, group)
+        rows, c = 4, 6
+        ins = [(np.asarray(a).reshape(rows, c) if np.asarray(a).size == rows * c else np.asarray(a).reshape(1, c))
+               for a in args]
+        outs = [np.empty((rows, 1 if n.shape[-1] == 1 else c), np.float32) for n in writes]
+        kernel(rows, c, *ins, *outs)
+        typemap = next(iter(kernel.overloads.values())).type_annotation.typemap
+        wide = sorted({f"{name.split('.')[0]}: {t}" for name, t in typemap.items()
+                       if name.split(".")[0][:1] == "v" and name.split(".")[0][1:].isdigit() and t != numba.float32})
+        assert not wide, f"values of a float32 kernel that are not float32 ({fn.__name__}):\n" + "\n".join(wide) \
+            + f"\n{src}"
+
+
+@pytest.mark.exercise("14.7")
 @pytest.mark.timeout(120)
 def test_compile_mlp_block_equals_eager(solo):
     lesson = solo("14.7")
