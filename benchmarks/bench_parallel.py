@@ -17,10 +17,13 @@
 
 from __future__ import annotations
 
+import math
 import time
 from fractions import Fraction
 from itertools import product
 from pathlib import Path
+
+import numpy as np
 
 from minitorch.comm import mpi_status, run
 from minitorch.parallel import machine_load
@@ -73,7 +76,6 @@ def planner_grid() -> list[tuple]:
 def message_overhead(comm, sizes: list[int], budget: float = 0.05) -> list[tuple[int, float, float]]:
     """Ranks 0 and 1: per size in bytes, the one-way time of a message (half a ping-pong's round
     trip, best of 3 trials of about `budget` seconds) through `comm` and through plain mpi4py."""
-    import numpy as np
     from mpi4py import MPI
 
     world, me = MPI.COMM_WORLD, comm.rank
@@ -115,9 +117,43 @@ def message_overhead(comm, sizes: list[int], budget: float = 0.05) -> list[tuple
     return out
 
 
+def core_scaling(comm, width: int, rows: int, seconds: float = 0.3) -> float:
+    """On 2 ranks: the speed of a micro-batch's GEMM (rows x width @ width x width, float64) on
+    rank 0 while rank 1 waits in a barrier, over its speed with both ranks running it at once
+    (the slower rank's). Below 1 where the two cores share what a GEMM needs (a physical core
+    under two virtual ones, memory bandwidth, a clock that drops when both run): the pipeline's
+    bound 2m/(m+1) assumes 1."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank)
+    a, w = rng.standard_normal((rows, width)), rng.standard_normal((width, width))
+    a @ w
+    t0 = time.perf_counter()
+    a @ w
+    reps = world.bcast(max(10, int(seconds / max(time.perf_counter() - t0, 1e-6))), root=0)
+
+    def timed() -> float:
+        best = math.inf
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ w
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    world.Barrier()
+    alone = timed() if comm.rank == 0 else 0.0
+    world.Barrier()
+    both = world.allreduce(timed(), op=MPI.MAX)
+    return world.bcast(alone / both, root=0)
+
+
 def pipeline_and_overhead(comm, width: int, batch: int, m: int, reps: int):
-    """One launch: lesson 13's pipeline_timings, then the engine's cost per message."""
-    return pipeline_timings(comm, width, batch, m, reps), message_overhead(comm, [8, width * (batch // m) * 8])
+    """One launch: lesson 13's pipeline_timings, then the engine's cost per message, then how the
+    two cores scale on the micro-batch's GEMM (core_scaling)."""
+    return (pipeline_timings(comm, width, batch, m, reps), message_overhead(comm, [8, width * (batch // m) * 8]),
+            core_scaling(comm, width, batch // m))
 
 
 def real_pipeline(ax=None) -> None:
@@ -145,8 +181,12 @@ def real_pipeline(ax=None) -> None:
           f"batch, {t1m / t2:.2f}x over {m} micro-batches; bound with the bubble: 2 m / (m + 1) = "
           f"{bound:.2f}x)")
     share = min(t1, t1m) / t2 / bound
+    scaling = res.results[0][2]
     print(f"  speed-up over the faster 1-process run: {min(t1, t1m) / t2:.2f}x = {share:.0%} of the bound "
           f"(issue 27 measured 1.54x of 1.78x = 87% before; target: closer)")
+    print(f"  the two cores together: each runs the micro-batch's GEMM at {scaling:.2f} of its speed alone "
+          f"(core_scaling), so this machine's bound is {bound:.2f} x {scaling:.2f} = {bound * scaling:.2f}x; the "
+          f"speed-up is {min(t1, t1m) / t2 / (bound * scaling):.0%} of it")
     print(f"  measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
           f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
     per_step = 2 * m  # messages on a step's path: m activations forward, m gradients back

@@ -67,13 +67,14 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     (rank + 1) % size."""
     flat = np.asarray(x).reshape(-1)
     size, rank = comm.size, comm.rank
-    parts = [flat[lo:hi].copy() for lo, hi in chunk_bounds(flat.size, size)]
+    parts = [flat[lo:hi] for lo, hi in chunk_bounds(flat.size, size)]  # views of x, never written
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s - 1) % size], right)
         k = (rank - s - 2) % size
-        parts[k] += check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
-    return parts[rank]
+        got = check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
+        parts[k] = np.add(got, parts[k], out=got)  # into the new array recv returned: no copy of x
+    return parts[rank] if size > 1 else parts[rank].copy()
 
 
 def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
@@ -84,7 +85,7 @@ def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     messages, all to (rank + 1) % size."""
     size, rank = comm.size, comm.rank
     parts: list = [None] * size
-    parts[rank] = np.asarray(chunk).reshape(-1).copy()
+    parts[rank] = np.asarray(chunk).reshape(-1)  # only read: concatenate makes the new array
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         comm.send(parts[(rank - s) % size], right)
@@ -106,14 +107,18 @@ def mpi4py_ring_allreduce(world: Any, x: np.ndarray) -> np.ndarray:
     with `Sendrecv` of NumPy chunks: the same steps, chunks and sums, nothing in between."""
     flat = np.asarray(x).reshape(-1)
     size, rank = world.Get_size(), world.Get_rank()
-    parts = [flat[lo:hi].copy() for lo, hi in chunk_bounds(flat.size, size)]
+    parts = [flat[lo:hi] for lo, hi in chunk_bounds(flat.size, size)]
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
-        into = np.empty_like(parts[(rank - s - 2) % size])
+        k = (rank - s - 2) % size
+        into = np.empty_like(parts[k])
         world.Sendrecv(parts[(rank - s - 1) % size], right, recvbuf=into, source=left)
-        parts[(rank - s - 2) % size] += into
+        parts[k] = np.add(into, parts[k], out=into)
     for s in range(size - 1):
-        world.Sendrecv(parts[(rank - s) % size], right, recvbuf=parts[(rank - s - 1) % size], source=left)
+        k = (rank - s - 1) % size
+        into = np.empty_like(parts[k])
+        world.Sendrecv(parts[(rank - s) % size], right, recvbuf=into, source=left)
+        parts[k] = into
     return np.concatenate(parts).reshape(x.shape)
 
 
