@@ -80,7 +80,7 @@ def a2a_timings(comm, sizes_bytes: list[int], budget: float = 0.05) -> list[tupl
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
         ops = [lambda: all_to_all(comm, x, send, recv),
                lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE])]
-        best = [mpi_best_seconds(op, budget) for op in ops]
+        best = mpi_best_seconds(ops, budget)
         if not np.array_equal(all_to_all(comm, x, send, recv), y.reshape(-1, 8)):
             raise AssertionError(f"rank {r}: all_to_all and Alltoallv disagree at {nbytes} bytes")
         out.append((nbytes, *best))

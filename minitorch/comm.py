@@ -258,6 +258,10 @@ class SubComm(Communicator):
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         return self.parent.recv(self.ranks[self._check_rank(src, "src")], tag)
 
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        return self.parent.sendrecv(array, self.ranks[self._check_rank(dst, "dst")],
+                                    self.ranks[self._check_rank(src, "src")], tag, recvtag)
+
     def barrier(self) -> None:
         """Every member sends an empty message to member 0, which answers each of them."""
         token = np.zeros(0, np.uint8)
@@ -901,6 +905,30 @@ class MPIComm(Communicator):
         self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
 
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        """send then recv, with MPI_Sendrecv's contract: `array` is the caller's again only when the
+        call returns, so an array over _INLINE bytes goes out from where it is, without the private
+        copy `send` makes (a ring step moves its chunk once, not twice); the call returns when the
+        message has been received and this rank's own has left."""
+        big = type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc" \
+            and array.nbytes > _INLINE  # noqa: E721
+        if not big:
+            return Communicator.sendrecv(self, array, dst, src, tag, recvtag)
+        dst, src = self._check_rank(dst, "dst"), self._check_rank(src, "src")
+        tag = self._check_tag(tag)
+        recvtag = tag if recvtag is None else self._check_tag(recvtag)
+        clock, t0 = time.perf_counter, self._t0
+        t = clock() - t0
+        head, n = _HEADERS.get((array.dtype, array.shape)) or _header(array), array.nbytes
+        self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
+        out = self._c.Isend([array.reshape(-1).view(np.uint8), self._BYTE], dst, tag)
+        self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
+        self._bytes_to[dst] += n
+        self._msgs_to[dst] += 1
+        got = self.recv(src, recvtag)
+        self._wait(out, "send", dst, tag)  # until rank dst has it: then the caller may change `array`
+        return got
+
     def _reap(self) -> None:
         """Forget completed sends (oldest first; all of them when many are pending), keeping
         large buffers for reuse."""
@@ -1306,9 +1334,11 @@ class _DeadlockWatch:
         """(report, whether messages are in flight on waited edges) if every rank that has not
         returned waits and none of them can move, else None."""
         n = self.nranks
-        recv = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
-        orphans = [r for r, src in recv.items() if st.get(src, {}).get("op") == "returned"
-                   and st[src]["sent"][r] == st[r]["received"][src]]
+        # r waits for rank waits[r]: to send it a message (recv), or to receive r's (a sendrecv's send)
+        waits = {r: s["src"] for r, s in st.items() if s["op"] in ("recv", "send")}
+        recv = {r: src for r, src in waits.items() if st[r]["op"] == "recv"}
+        orphans = [r for r, peer in waits.items() if st.get(peer, {}).get("op") == "returned"
+                   and (st[r]["op"] == "send" or st[peer]["sent"][r] == st[r]["received"][peer])]
         in_flight: set[int] = set()
         if not orphans:  # nobody waits for a rank that has returned, owing it nothing
             if len(st) < n or all(s["op"] == "returned" for s in st.values()):
@@ -1318,7 +1348,7 @@ class _DeadlockWatch:
             in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
             movable, grew = set(in_flight), True  # a message in flight may be the one awaited
             while grew:
-                more = {r for r, src in recv.items() if src in movable} - movable
+                more = {r for r, peer in waits.items() if peer in movable} - movable
                 movable |= more
                 grew = bool(more)
             if movable - in_flight:
@@ -1331,10 +1361,11 @@ class _DeadlockWatch:
             elif s["op"] == "returned":
                 lines.append(f"  rank {r} has returned")
             else:
+                never = "be received" if s["op"] == "send" else "come"
                 lines.append(f"  rank {r} waits in {_what(s)}" + (f", at {w}" if (w := _where(s)) else "")
-                             + (f", but rank {s['src']} has returned: that message will never come"
+                             + (f", but rank {s['src']} has returned: that message will never {never}"
                                 if r in orphans else ""))
-        nxt = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
+        nxt = waits
         cycle = ""
         for start in sorted(nxt):
             path, r = [start], start
@@ -1356,6 +1387,8 @@ class _DeadlockWatch:
 def _what(status: dict) -> str:
     if status["op"] == "recv":
         return f"recv(src={status['src']}, tag={status['tag']})"
+    if status["op"] == "send":  # a sendrecv, after its receive: its message must reach rank src
+        return f"sendrecv(dst={status['src']}, tag={status['tag']}) until rank {status['src']} receives its message"
     return f"{status['op']}()"
 
 

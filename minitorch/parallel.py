@@ -6,10 +6,11 @@ Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 import tracemalloc
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -70,9 +71,9 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     parts = [flat[lo:hi] for lo, hi in chunk_bounds(flat.size, size)]  # views of x, never written
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
-        comm.send(parts[(rank - s - 1) % size], right)
         k = (rank - s - 2) % size
-        got = check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
+        got = comm.sendrecv(parts[(rank - s - 1) % size], right, left)
+        got = check_received(comm, got, parts[k], left, "ring_reduce_scatter")
         parts[k] = np.add(got, parts[k], out=got)  # into the new array recv returned: no copy of x
     return parts[rank] if size > 1 else parts[rank].copy()
 
@@ -88,8 +89,7 @@ def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     parts[rank] = np.asarray(chunk).reshape(-1)  # only read: concatenate makes the new array
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
-        comm.send(parts[(rank - s) % size], right)
-        got = comm.recv(left)
+        got = comm.sendrecv(parts[(rank - s) % size], right, left)
         parts[(rank - s - 1) % size] = check_received(comm, got, parts[rank], left, "ring_allgather", same_size=False)
     return np.concatenate(parts)
 
@@ -122,34 +122,39 @@ def mpi4py_ring_allreduce(world: Any, x: np.ndarray) -> np.ndarray:
     return np.concatenate(parts).reshape(x.shape)
 
 
-def mpi_best_seconds(op: Callable[[], Any], budget: float = 0.05) -> float:
-    """On every rank of an MPI run: seconds per call of `op()` (a collective step every rank
-    runs), the best of 3 trials of about `budget` seconds between barriers; the repetitions are
-    agreed by all ranks (the fewest any rank asks for, 1 to 200), after one warm-up call."""
+def mpi_best_seconds(ops: Sequence[Callable[[], Any]], budget: float = 0.05, trials: int = 5) -> list[float]:
+    """On every rank of an MPI run: seconds per call of each `op()` (a collective step every rank
+    runs), the best of `trials` trials of about `budget` seconds between barriers. The ops' trials
+    are interleaved (op 0, op 1, ..., then op 0 again), so each op is timed in the same conditions
+    on a machine whose speed drifts; the repetitions are agreed by all ranks (the fewest any rank
+    asks for, 1 to 200), after one warm-up call of each op."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    op()  # warm up
-    world.Barrier()
-    t0 = time.perf_counter()
-    op()
-    reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
-    trials = []
-    for _ in range(3):
+    reps = []
+    for op in ops:
+        op()  # warm up
         world.Barrier()
         t0 = time.perf_counter()
-        for _ in range(reps):
-            op()
-        world.Barrier()
-        trials.append((time.perf_counter() - t0) / reps)
-    return min(trials)
+        op()
+        reps.append(int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN)))
+    best = [math.inf] * len(ops)
+    for _ in range(trials):
+        for i, (op, n) in enumerate(zip(ops, reps)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                op()
+            world.Barrier()
+            best[i] = min(best[i], (time.perf_counter() - t0) / n)
+    return best
 
 
 def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
                       ring: Callable | None = None) -> list[tuple[int, float, float, float]]:
     """On every rank of an MPI run: per size (bytes of float64), the seconds per all-reduce of
     `ring(comm, x)` (default: ring_allreduce), of `mpi4py_ring_allreduce` and of `MPI.Allreduce`,
-    each the best of 3 trials of about `budget` seconds (the repetitions agreed by all ranks)."""
+    each the best of 5 trials of about `budget` seconds, interleaved (mpi_best_seconds)."""
     from mpi4py import MPI
 
     ring = ring or ring_allreduce
@@ -159,7 +164,7 @@ def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05
         x = np.random.default_rng(comm.rank).standard_normal(nbytes // 8)
         y = np.empty_like(x)
         ops = [lambda: ring(comm, x), lambda: mpi4py_ring_allreduce(world, x), lambda: world.Allreduce(x, y)]
-        best = [mpi_best_seconds(op, budget) for op in ops]
+        best = mpi_best_seconds(ops, budget)
         if not (np.array_equal(ring(comm, x), mpi4py_ring_allreduce(world, x)) and np.allclose(ring(comm, x), y)):
             raise AssertionError(f"rank {comm.rank}: the rings or MPI.Allreduce disagree at {nbytes} bytes")
         out.append((nbytes, *best))

@@ -68,10 +68,11 @@ Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 import tracemalloc
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -111,7 +112,7 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
 # |---|---|
 # | `comm.send(array, dst, tag=0)` | send a copy of `array` to rank `dst`; returns at once (the copy is buffered) |
 # | `comm.recv(src, tag=0)` | wait for the oldest message from rank `src` with this tag; returns the array |
-# | `comm.sendrecv(array, dst, src)` | `send` then `recv`: one step of a ring |
+# | `comm.sendrecv(array, dst, src)` | `send` then `recv`: one step of a ring (on MPI without `send`'s copy) |
 # | `comm.barrier()` | wait until every rank gets here |
 # | `comm.compute(seconds=..., flops=..., kind="F")` | account for local work (simulator: advances this rank's clock) |
 # | `comm.launch(fn, *args)` | run `fn(comm, *args)` on the communication stream; `.wait()` gives its result (section 5) |
@@ -417,6 +418,10 @@ class SubComm(Communicator):
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         return self.parent.recv(self.ranks[self._check_rank(src, "src")], tag)
+
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        return self.parent.sendrecv(array, self.ranks[self._check_rank(dst, "dst")],
+                                    self.ranks[self._check_rank(src, "src")], tag, recvtag)
 
     def barrier(self) -> None:
         """Every member sends an empty message to member 0, which answers each of them."""
@@ -1106,6 +1111,30 @@ class MPIComm(Communicator):
         self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
 
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        """send then recv, with MPI_Sendrecv's contract: `array` is the caller's again only when the
+        call returns, so an array over _INLINE bytes goes out from where it is, without the private
+        copy `send` makes (a ring step moves its chunk once, not twice); the call returns when the
+        message has been received and this rank's own has left."""
+        big = type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc" \
+            and array.nbytes > _INLINE  # noqa: E721
+        if not big:
+            return Communicator.sendrecv(self, array, dst, src, tag, recvtag)
+        dst, src = self._check_rank(dst, "dst"), self._check_rank(src, "src")
+        tag = self._check_tag(tag)
+        recvtag = tag if recvtag is None else self._check_tag(recvtag)
+        clock, t0 = time.perf_counter, self._t0
+        t = clock() - t0
+        head, n = _HEADERS.get((array.dtype, array.shape)) or _header(array), array.nbytes
+        self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
+        out = self._c.Isend([array.reshape(-1).view(np.uint8), self._BYTE], dst, tag)
+        self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
+        self._bytes_to[dst] += n
+        self._msgs_to[dst] += 1
+        got = self.recv(src, recvtag)
+        self._wait(out, "send", dst, tag)  # until rank dst has it: then the caller may change `array`
+        return got
+
     def _reap(self) -> None:
         """Forget completed sends (oldest first; all of them when many are pending), keeping
         large buffers for reuse."""
@@ -1511,9 +1540,11 @@ class _DeadlockWatch:
         """(report, whether messages are in flight on waited edges) if every rank that has not
         returned waits and none of them can move, else None."""
         n = self.nranks
-        recv = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
-        orphans = [r for r, src in recv.items() if st.get(src, {}).get("op") == "returned"
-                   and st[src]["sent"][r] == st[r]["received"][src]]
+        # r waits for rank waits[r]: to send it a message (recv), or to receive r's (a sendrecv's send)
+        waits = {r: s["src"] for r, s in st.items() if s["op"] in ("recv", "send")}
+        recv = {r: src for r, src in waits.items() if st[r]["op"] == "recv"}
+        orphans = [r for r, peer in waits.items() if st.get(peer, {}).get("op") == "returned"
+                   and (st[r]["op"] == "send" or st[peer]["sent"][r] == st[r]["received"][peer])]
         in_flight: set[int] = set()
         if not orphans:  # nobody waits for a rank that has returned, owing it nothing
             if len(st) < n or all(s["op"] == "returned" for s in st.values()):
@@ -1523,7 +1554,7 @@ class _DeadlockWatch:
             in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
             movable, grew = set(in_flight), True  # a message in flight may be the one awaited
             while grew:
-                more = {r for r, src in recv.items() if src in movable} - movable
+                more = {r for r, peer in waits.items() if peer in movable} - movable
                 movable |= more
                 grew = bool(more)
             if movable - in_flight:
@@ -1536,10 +1567,11 @@ class _DeadlockWatch:
             elif s["op"] == "returned":
                 lines.append(f"  rank {r} has returned")
             else:
+                never = "be received" if s["op"] == "send" else "come"
                 lines.append(f"  rank {r} waits in {_what(s)}" + (f", at {w}" if (w := _where(s)) else "")
-                             + (f", but rank {s['src']} has returned: that message will never come"
+                             + (f", but rank {s['src']} has returned: that message will never {never}"
                                 if r in orphans else ""))
-        nxt = {r: s["src"] for r, s in st.items() if s["op"] == "recv"}
+        nxt = waits
         cycle = ""
         for start in sorted(nxt):
             path, r = [start], start
@@ -1561,6 +1593,8 @@ class _DeadlockWatch:
 def _what(status: dict) -> str:
     if status["op"] == "recv":
         return f"recv(src={status['src']}, tag={status['tag']})"
+    if status["op"] == "send":  # a sendrecv, after its receive: its message must reach rank src
+        return f"sendrecv(dst={status['src']}, tag={status['tag']}) until rank {status['src']} receives its message"
     return f"{status['op']}()"
 
 
@@ -1870,9 +1904,9 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
     parts = [flat[lo:hi] for lo, hi in chunk_bounds(flat.size, size)]  # views of x, never written
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
-        comm.send(parts[(rank - s - 1) % size], right)
         k = (rank - s - 2) % size
-        got = check_received(comm, comm.recv(left), parts[k], left, "ring_reduce_scatter")
+        got = comm.sendrecv(parts[(rank - s - 1) % size], right, left)
+        got = check_received(comm, got, parts[k], left, "ring_reduce_scatter")
         parts[k] = np.add(got, parts[k], out=got)  # into the new array recv returned: no copy of x
     return parts[rank] if size > 1 else parts[rank].copy()
     ### END SOLUTION
@@ -1890,8 +1924,7 @@ def ring_allgather(comm: Communicator, chunk: np.ndarray) -> np.ndarray:
     parts[rank] = np.asarray(chunk).reshape(-1)  # only read: concatenate makes the new array
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
-        comm.send(parts[(rank - s) % size], right)
-        got = comm.recv(left)
+        got = comm.sendrecv(parts[(rank - s) % size], right, left)
         parts[(rank - s - 1) % size] = check_received(comm, got, parts[rank], left, "ring_allgather", same_size=False)
     return np.concatenate(parts)
     ### END SOLUTION
@@ -1983,34 +2016,39 @@ def mpi4py_ring_allreduce(world: Any, x: np.ndarray) -> np.ndarray:
     return np.concatenate(parts).reshape(x.shape)
 
 
-def mpi_best_seconds(op: Callable[[], Any], budget: float = 0.05) -> float:
-    """On every rank of an MPI run: seconds per call of `op()` (a collective step every rank
-    runs), the best of 3 trials of about `budget` seconds between barriers; the repetitions are
-    agreed by all ranks (the fewest any rank asks for, 1 to 200), after one warm-up call."""
+def mpi_best_seconds(ops: Sequence[Callable[[], Any]], budget: float = 0.05, trials: int = 5) -> list[float]:
+    """On every rank of an MPI run: seconds per call of each `op()` (a collective step every rank
+    runs), the best of `trials` trials of about `budget` seconds between barriers. The ops' trials
+    are interleaved (op 0, op 1, ..., then op 0 again), so each op is timed in the same conditions
+    on a machine whose speed drifts; the repetitions are agreed by all ranks (the fewest any rank
+    asks for, 1 to 200), after one warm-up call of each op."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    op()  # warm up
-    world.Barrier()
-    t0 = time.perf_counter()
-    op()
-    reps = int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN))
-    trials = []
-    for _ in range(3):
+    reps = []
+    for op in ops:
+        op()  # warm up
         world.Barrier()
         t0 = time.perf_counter()
-        for _ in range(reps):
-            op()
-        world.Barrier()
-        trials.append((time.perf_counter() - t0) / reps)
-    return min(trials)
+        op()
+        reps.append(int(world.allreduce(max(1, min(200, budget / max(time.perf_counter() - t0, 1e-6))), op=MPI.MIN)))
+    best = [math.inf] * len(ops)
+    for _ in range(trials):
+        for i, (op, n) in enumerate(zip(ops, reps)):
+            world.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                op()
+            world.Barrier()
+            best[i] = min(best[i], (time.perf_counter() - t0) / n)
+    return best
 
 
 def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
                       ring: Callable | None = None) -> list[tuple[int, float, float, float]]:
     """On every rank of an MPI run: per size (bytes of float64), the seconds per all-reduce of
     `ring(comm, x)` (default: ring_allreduce), of `mpi4py_ring_allreduce` and of `MPI.Allreduce`,
-    each the best of 3 trials of about `budget` seconds (the repetitions agreed by all ranks)."""
+    each the best of 5 trials of about `budget` seconds, interleaved (mpi_best_seconds)."""
     from mpi4py import MPI
 
     ring = ring or ring_allreduce
@@ -2020,7 +2058,7 @@ def allreduce_timings(comm: Communicator, sizes: list[int], budget: float = 0.05
         x = np.random.default_rng(comm.rank).standard_normal(nbytes // 8)
         y = np.empty_like(x)
         ops = [lambda: ring(comm, x), lambda: mpi4py_ring_allreduce(world, x), lambda: world.Allreduce(x, y)]
-        best = [mpi_best_seconds(op, budget) for op in ops]
+        best = mpi_best_seconds(ops, budget)
         if not (np.array_equal(ring(comm, x), mpi4py_ring_allreduce(world, x)) and np.allclose(ring(comm, x), y)):
             raise AssertionError(f"rank {comm.rank}: the rings or MPI.Allreduce disagree at {nbytes} bytes")
         out.append((nbytes, *best))
@@ -2050,23 +2088,30 @@ else:
     print("MPI cannot start here:", mpi_status()[1])
 
 # %% [markdown]
-# What to expect, and why. In three launches on this 2-core machine, with other work running
-# (load 3 to 6, printed above each table; compare yours): with 2 ranks your ring took 1.4-4.5x
-# the time of the mpi4py ring up to 64 KiB and 0.8-1.7x above, and at most 1.6x the time of
-# `MPI.Allreduce` from 512 KiB to 32 MiB, but 3-10x at 1 KiB. With 4 ranks on the 2 cores,
-# 0.8-2x the mpi4py ring from 64 KiB up, and 0.2-4x at 1 and 8 KiB, where timings scatter most.
+# What to expect, and why. Read the ratios, not the times: each row is the best of five trials
+# per all-reduce, the three all-reduces' trials interleaved so that they share the machine's
+# conditions, and the load printed above each table says what else ran. Times on a shared
+# machine drift from run to run; the ratios move much less.
 #
 # - **Your ring against the mpi4py ring** is the communicator's cost: a few microseconds of
-#   Python per message (the header, the counters, a timeline event; `make bench` prints it), and
-#   above 8 KiB the private copy that lets `send` return at once (`MPI_Bsend` makes the same
-#   copy). It matters for small messages, where a step is a few microseconds anyway.
+#   Python per message (the header, the counters, a timeline event; `make bench` prints it),
+#   which matters for small messages, where a step is a few microseconds anyway. Above 8 KiB a
+#   `send` also copies the array (so that it can return at once; `MPI_Bsend` makes the same copy);
+#   `sendrecv` does not (MPI_Sendrecv's contract: the array is yours again when it returns), which
+#   is why the reference ring steps with `sendrecv`, and adds into the array `recv` returned rather
+#   than into a copy of `x`. Every copy of a 4 MiB chunk costs about what the whole exchange does.
 # - **The rings against `MPI.Allreduce`** is algorithm and implementation. MPICH picks its
 #   algorithm by message size (Thakur, Rabenseifner and Gropp 2005): for short vectors recursive
 #   doubling, log2 N exchanges of the whole vector where a ring needs 2(N-1) steps, each paying
 #   the latency; for long ones Rabenseifner's algorithm, a reduce-scatter by recursive halving
 #   then an all-gather by recursive doubling, the ring's bytes in 2 log2 N steps. And it runs in
 #   C over shared memory with fewer copies: no Python between steps, the sums in place, no fresh
-#   arrays to allocate (each of the rings' new arrays must be faulted into memory page by page).
+#   arrays to allocate. A fresh array costs more than its copy when the memory is new to the
+#   process: the kernel maps it page by page, a fault per 4 KiB, as it is first written. By default
+#   glibc hands a freed multi-MiB array back to the kernel, so every all-reduce of 4 MiB faulted on
+#   every page of every array it made (`resource.getrusage(...).ru_minflt` counts them); `run`
+#   starts the ranks with glibc told to keep freed memory (`MPI_ENV`), as a long-running training
+#   process would.
 # - **With more ranks than cores** every step also waits for the scheduler: a rank whose message
 #   has not arrived gives its core away (`sched_yield`, as MPICH's own waits do), and the rank
 #   that sends the message must get a core first. Both rings pay this; other load on the machine

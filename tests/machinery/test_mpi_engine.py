@@ -135,6 +135,77 @@ def test_the_mpi_timeline_is_one_list_in_time_order(job_dir):
         assert same and kinds == [("send", ""), ("recv", ""), ("compute", "mine"), ("send", ""), ("recv", "")], kinds
 
 
+def shifts(comm):
+    """Each rank exchanges arrays around the ring with sendrecv (and within a group of ranks 0
+    and 2), zeroing each right after the call. Returns what it received and, on MPI, how many
+    private copies of the arrays the engine held (sendrecv needs none)."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    got, copies = [], 0
+    for k, n in enumerate([8192 // 8, 8192 // 8 + 1, 5000, 300_000]):
+        mine = np.arange(n, dtype=np.float64) * (comm.rank + 1) + k
+        got.append(comm.sendrecv(mine, right, left, tag=k))
+        if comm.engine == "mpi":
+            copies += sum(isinstance(b, np.ndarray) and b.nbytes == mine.nbytes for _, b in comm._pending)
+        mine[...] = 0
+    odd = np.arange(20_000, dtype=np.int32).reshape(100, 200).T  # not contiguous: sent as send does
+    got.append(comm.sendrecv(odd, right, left, tag=9))
+    if comm.rank in (0, 2):
+        g = comm.group([0, 2])
+        got.append(g.sendrecv(np.full(4000, comm.rank, np.int64), 1 - g.rank, 1 - g.rank, tag=11))
+    return got, copies
+
+
+def test_sendrecv_sends_without_a_copy_and_matches_the_simulator(job_dir):
+    sim = mc.run(shifts, 3)
+    real = mc.run(shifts, 3, engine="mpi", timeout=60)
+    for r in range(3):
+        want, _ = sim.results[r]
+        got, copies = real.results[r]
+        assert len(got) == len(want)
+        for a, b in zip(want, got):
+            assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f"rank {r}: {b!r} != {a!r}"
+        assert copies == 0, f"rank {r}: sendrecv kept {copies} private copies of arrays over the inline limit"
+    assert real.stats[0]["bytes_sent"] == sim.stats[0]["bytes_sent"]
+
+
+def allreduce_faults(comm, nbytes):
+    """Minor page faults per ring all-reduce of nbytes, after three warm-up calls."""
+    import resource
+
+    from minitorch.parallel import ring_allreduce
+
+    x = np.random.default_rng(comm.rank).standard_normal(nbytes // 8)
+    for _ in range(3):
+        ring_allreduce(comm, x)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        ring_allreduce(comm, x)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings (MPI_ENV) are Linux's")
+def test_ranks_keep_freed_memory_mapped(job_dir):
+    """A 4 MiB all-reduce makes arrays of 2 and 4 MiB; glibc gave each back to the kernel when
+    freed, and the next faulted on every page (about 2,000 faults per call): MPI_ENV keeps them."""
+    faults = mc.run(allreduce_faults, 2, 4 << 20, engine="mpi", timeout=60).results
+    assert max(faults) < 100, f"minor page faults per 4 MiB all-reduce, per rank: {faults}"
+
+
+def orphan_sendrecv(comm):
+    if comm.rank == 0:
+        comm.sendrecv(np.zeros(100_000), 1, 1)
+    else:
+        comm.send(np.ones(3), 0)
+
+
+def test_a_sendrecv_to_a_rank_that_returned_is_reported(job_dir):
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(orphan_sendrecv, 2, engine="mpi", timeout=60)
+    text = str(info.value)
+    assert "rank 0 waits in sendrecv(dst=1, tag=0) until rank 1 receives its message, at " in text, text
+    assert "but rank 1 has returned: that message will never be received" in text, text
+
+
 def cycle(comm):
     comm.recv((comm.rank + 1) % comm.size, tag=3)
 
