@@ -383,11 +383,17 @@ def mlp_costs(model: GPT) -> dict[str, float]:
             "param_bytes": 4.0 * sum(p.size for p in model.parameters())}
 
 
+# Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
+# up to 8 KiB in one message with its header, so the copy a send makes costs nothing extra).
+SMALL_BLOCK = 8192
+
+
 def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, tag: int = 0) -> np.ndarray:
     """Rows x (n, ...) split by send_counts (comm.size counts, sum n): block j goes to rank j.
     Returns the blocks received, recv_counts[s] rows from rank s, concatenated in rank order, shape
     (sum(recv_counts), ...), x's dtype. Pairwise exchange: step s sends to (rank + s) % size and
-    receives from (rank - s) % size; the own block is copied. Blocks are sent even when empty."""
+    receives from (rank - s) % size (every send posted first when no block is over SMALL_BLOCK bytes,
+    else sendrecv); the own block is copied into the result. Blocks are sent even when empty."""
     what = "all_to_all"
     x = np.asarray(x)
     n, r = comm.size, comm.rank
@@ -397,14 +403,16 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
     offsets = np.concatenate([[0], np.cumsum(send)])
+    blocks = [x[offsets[j]:offsets[j + 1]] for j in range(n)]
     parts: list = [None] * n
-    parts[r] = x[offsets[r]:offsets[r + 1]].copy()
-    for s in range(1, n):  # sends are buffered: post them all, then receive in the same order
-        dst = (r + s) % n
-        comm.send(x[offsets[dst]:offsets[dst + 1]], dst, tag=tag)
+    parts[r] = blocks[r]  # only read: concatenate makes the new array
+    pairwise = max(b.nbytes for b in blocks) > SMALL_BLOCK  # large blocks: sendrecv, no copies
+    if not pairwise:
+        for s in range(1, n):  # small blocks: post every send (their copies cost nothing), then receive
+            comm.send(blocks[(r + s) % n], (r + s) % n, tag=tag)
     for s in range(1, n):
-        src = (r - s) % n
-        got = comm.recv(src, tag=tag)
+        dst, src = (r + s) % n, (r - s) % n
+        got = comm.sendrecv(blocks[dst], dst, src, tag=tag) if pairwise else comm.recv(src, tag=tag)
         if got.shape[1:] != x.shape[1:] or got.shape[0] != recv[src] or got.dtype != x.dtype:
             raise ValueError(f"{what}: rank {r} expected {recv[src]} rows of shape {x.shape[1:]} and dtype {x.dtype} "
                              f"from rank {src}, got shape {got.shape}, dtype {got.dtype}")

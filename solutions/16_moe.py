@@ -756,13 +756,22 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 # next `send_counts[1]` to rank 1, and so on; it receives `recv_counts[s]` rows from each rank s
 # and returns them concatenated in rank order. Its own block stays local.
 #
-# Build it from `send`/`recv` as a **pairwise exchange**: in step s = 1 .. N-1, rank r sends its
-# block for rank `(r + s) % N` and receives the block from rank `(r - s) % N`. Every rank sends and
-# receives one message per step, so every port is busy at every step. Since `send` never blocks,
-# post all N-1 sends first and then the N-1 receives, in the same order: the schedule and the
-# cost are the same, but no rank waits for a receive before it has handed all its data to the
-# network (under MPI this matters when there are more ranks than cores). In the alpha-beta model of
-# lesson 12, with m bytes per block, that is
+# Build it from `send`/`recv` and `sendrecv` as a **pairwise exchange**: in step s = 1 .. N-1,
+# rank r sends its block for rank `(r + s) % N` and receives the block from rank `(r - s) % N`.
+# Every rank sends and receives one message per step, so every port is busy at every step. How
+# to post the messages depends on their size, as in MPICH's `Alltoall` (Thakur, Rabenseifner and
+# Gropp 2005: every message posted at once for medium sizes, one pair at a time for long ones):
+#
+# - **Small blocks** (the largest up to `SMALL_BLOCK` bytes, given): since `send` never blocks,
+#   post all N-1 sends first and then the N-1 receives, in the same order. No rank waits for a
+#   receive before it has handed all its data over, and the latencies overlap (under MPI this
+#   matters when there are more ranks than cores).
+# - **Large blocks**: `send` would copy each block so that it can return at once, and a copy of a
+#   large block costs about what sending it does. `comm.sendrecv(block, dst, src)` sends from
+#   where the block is (it returns once the block has left), one pair at a time.
+#
+# The schedule is the same either way. In the alpha-beta model of lesson 12, with m bytes per
+# block, that is
 #
 # `T = (N - 1) (alpha + m beta)`, and each rank sends `(N - 1) m` bytes,
 #
@@ -778,12 +787,19 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 
 # %%
 #| export
+# Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
+# up to 8 KiB in one message with its header, so the copy a send makes costs nothing extra).
+SMALL_BLOCK = 8192
+
+# %%
+#| export
 #| exercise 16.4
 def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, tag: int = 0) -> np.ndarray:
     """Rows x (n, ...) split by send_counts (comm.size counts, sum n): block j goes to rank j.
     Returns the blocks received, recv_counts[s] rows from rank s, concatenated in rank order, shape
     (sum(recv_counts), ...), x's dtype. Pairwise exchange: step s sends to (rank + s) % size and
-    receives from (rank - s) % size; the own block is copied. Blocks are sent even when empty."""
+    receives from (rank - s) % size (every send posted first when no block is over SMALL_BLOCK bytes,
+    else sendrecv); the own block is copied into the result. Blocks are sent even when empty."""
     ### BEGIN SOLUTION
     what = "all_to_all"
     x = np.asarray(x)
@@ -794,14 +810,16 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
     offsets = np.concatenate([[0], np.cumsum(send)])
+    blocks = [x[offsets[j]:offsets[j + 1]] for j in range(n)]
     parts: list = [None] * n
-    parts[r] = x[offsets[r]:offsets[r + 1]].copy()
-    for s in range(1, n):  # sends are buffered: post them all, then receive in the same order
-        dst = (r + s) % n
-        comm.send(x[offsets[dst]:offsets[dst + 1]], dst, tag=tag)
+    parts[r] = blocks[r]  # only read: concatenate makes the new array
+    pairwise = max(b.nbytes for b in blocks) > SMALL_BLOCK  # large blocks: sendrecv, no copies
+    if not pairwise:
+        for s in range(1, n):  # small blocks: post every send (their copies cost nothing), then receive
+            comm.send(blocks[(r + s) % n], (r + s) % n, tag=tag)
     for s in range(1, n):
-        src = (r - s) % n
-        got = comm.recv(src, tag=tag)
+        dst, src = (r + s) % n, (r - s) % n
+        got = comm.sendrecv(blocks[dst], dst, src, tag=tag) if pairwise else comm.recv(src, tag=tag)
         if got.shape[1:] != x.shape[1:] or got.shape[0] != recv[src] or got.dtype != x.dtype:
             raise ValueError(f"{what}: rank {r} expected {recv[src]} rows of shape {x.shape[1:]} and dtype {x.dtype} "
                              f"from rank {src}, got shape {got.shape}, dtype {got.dtype}")
