@@ -44,7 +44,7 @@ code get an exception raised in them.
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
 written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
-bytes: one MPI message up to 8 KiB, else the header then the data, received straight into the
+bytes: one MPI message up to 64 KiB, else the header then the data, received straight into the
 returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
 deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
 returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
@@ -753,7 +753,7 @@ def _plain_stats(st: dict) -> dict:
 
 
 _HEADER = 64      # bytes: int64 ndim, dtype (its str, 8 bytes), 6 int64 dimensions
-_INLINE = 8192    # arrays up to this many bytes travel in their header's message
+_INLINE = 65536   # arrays up to this many bytes travel in their header's message
 _SPINS = 20       # tests of a request before a wait starts yielding the core
 _YIELD_FOR = 0.02     # seconds of yielding before naps
 _NAP = 0.0005         # seconds per nap
@@ -849,6 +849,7 @@ class MPIComm(Communicator):
         self._pending: deque = deque()   # (request, buffer) of sends not known to be complete
         self._spare: dict[int, list[np.ndarray]] = {}  # buffers of completed large sends, by size
         self._head = np.empty(_HEADER + _INLINE, np.uint8)  # where every header lands
+        self._head_view = memoryview(self._head)[:_HEADER]  # bytes() of it: the header, a dict key
         self._recvs: dict[tuple[int, int], Any] = {}  # persistent receives into _head, by (source, tag)
         self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
@@ -889,7 +890,7 @@ class MPIComm(Communicator):
         head, n = _HEADERS.get((data.dtype, data.shape)) or _header(data), data.nbytes
         if n <= _INLINE:  # one message: the header and a copy of the data
             buf = head + data.tobytes()
-            self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
+            self._pending.append((self._c.Isend(buf, dst, tag), buf))
         else:  # the header, then the data from a private copy (the caller may change `array` at once)
             spare = self._spare.get(n)
             if not spare and self._pending:  # a completed send's buffer: its pages are mapped already
@@ -899,7 +900,7 @@ class MPIComm(Communicator):
             np.copyto(buf, data.reshape(-1).view(np.uint8))
             self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
             self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
-        if len(self._pending) > 4:
+        if len(self._pending) > 16:
             self._reap()
         self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
         self._bytes_to[dst] += n
@@ -930,19 +931,25 @@ class MPIComm(Communicator):
         return got
 
     def _reap(self) -> None:
-        """Forget completed sends (oldest first; all of them when many are pending), keeping
-        large buffers for reuse."""
+        """Forget completed sends, keeping large buffers for reuse: one MPI_Testsome over all the
+        pending sends (a Test per request, from Python, costs several times the test itself)."""
         pending = self._pending
-        while pending and pending[0][0].Test():
-            self._keep(pending.popleft()[1])
-        if len(pending) > 32:
-            still = deque()
-            for req, buf in pending:
-                if req.Test():
-                    self._keep(buf)
-                else:
-                    still.append((req, buf))
-            self._pending = still
+        done = self._MPI.Request.Testsome([req for req, _ in pending])
+        if not done:
+            return
+        if len(done) == len(pending):  # the usual case: every send has left
+            for _, buf in pending:
+                self._keep(buf)
+            pending.clear()
+            return
+        done = set(done)
+        still = deque()
+        for i, item in enumerate(pending):
+            if i in done:
+                self._keep(item[1])
+            else:
+                still.append(item)
+        self._pending = still
 
     def _keep(self, buf: Any) -> None:
         if type(buf) is np.ndarray and buf.nbytes > _INLINE:  # noqa: E721
@@ -966,7 +973,8 @@ class MPIComm(Communicator):
         req.Start()
         if not req.Test():
             self._wait(req, "recv", src, tag)
-        dtype, shape, n, count = _layout(head[:_HEADER].tobytes())
+        key = bytes(self._head_view)
+        dtype, shape, n, count = _LAYOUTS.get(key) or _layout(key)
         if n <= _INLINE:
             data = np.frombuffer(head, dtype, count, _HEADER).copy()
             if len(shape) != 1:

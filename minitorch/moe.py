@@ -384,8 +384,8 @@ def mlp_costs(model: GPT) -> dict[str, float]:
 
 
 # Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
-# up to 8 KiB in one message with its header, so the copy a send makes costs nothing extra).
-SMALL_BLOCK = 8192
+# up to 64 KiB in one message with its header, so the copy a send makes is the message itself).
+SMALL_BLOCK = 65536
 
 
 def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, tag: int = 0) -> np.ndarray:

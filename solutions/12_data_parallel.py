@@ -205,7 +205,7 @@ code get an exception raised in them.
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
 written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
-bytes: one MPI message up to 8 KiB, else the header then the data, received straight into the
+bytes: one MPI message up to 64 KiB, else the header then the data, received straight into the
 returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
 deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
 returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
@@ -924,12 +924,13 @@ def _plain_stats(st: dict) -> dict:
 # which costs little more than mpi4py itself:
 #
 # - **Typed buffers, one copy.** A message is a 64-byte header (dtype and shape) followed by the
-#   array's bytes. A small array (up to 8 KiB) travels in the same message as its header; a larger
-#   one is a second message sent straight from the private copy that buffered sends need
-#   (`MPI_Isend`) and received straight into the array `recv` returns (`MPI_Irecv`), so neither
-#   side packs or unpacks anything. The receiver knows the header's size in advance, so it needs
-#   no `MPI_Probe`. Completed sends are reaped while the rank waits (or when a few are pending),
-#   and their buffers reused.
+#   array's bytes. An array up to 64 KiB travels in the same message as its header (one message
+#   costs less than two, whatever its size: a step waits for each); a larger one is a second
+#   message sent straight from the private copy that buffered sends need, or from the array
+#   itself in a `sendrecv` (`MPI_Isend`), and received straight into the array `recv` returns
+#   (`MPI_Irecv`), so neither side packs or unpacks anything. The receiver knows the header's
+#   size in advance, so it needs no `MPI_Probe`. Completed sends are reaped while the rank waits
+#   (or when many are pending), and their buffers reused.
 # - **Waits that yield.** A rank waiting in `recv` or `barrier` tests its request in a loop that
 #   gives the core away (`sched_yield`) between tests, and after 20 ms of waiting naps for half a
 #   millisecond at a time. MPICH's own blocking calls (and `MPI_Probe`) poll without yielding, so
@@ -959,7 +960,7 @@ def _plain_stats(st: dict) -> dict:
 #| export comm
 #| given
 _HEADER = 64      # bytes: int64 ndim, dtype (its str, 8 bytes), 6 int64 dimensions
-_INLINE = 8192    # arrays up to this many bytes travel in their header's message
+_INLINE = 65536   # arrays up to this many bytes travel in their header's message
 _SPINS = 20       # tests of a request before a wait starts yielding the core
 _YIELD_FOR = 0.02     # seconds of yielding before naps
 _NAP = 0.0005         # seconds per nap
@@ -1055,6 +1056,7 @@ class MPIComm(Communicator):
         self._pending: deque = deque()   # (request, buffer) of sends not known to be complete
         self._spare: dict[int, list[np.ndarray]] = {}  # buffers of completed large sends, by size
         self._head = np.empty(_HEADER + _INLINE, np.uint8)  # where every header lands
+        self._head_view = memoryview(self._head)[:_HEADER]  # bytes() of it: the header, a dict key
         self._recvs: dict[tuple[int, int], Any] = {}  # persistent receives into _head, by (source, tag)
         self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
@@ -1095,7 +1097,7 @@ class MPIComm(Communicator):
         head, n = _HEADERS.get((data.dtype, data.shape)) or _header(data), data.nbytes
         if n <= _INLINE:  # one message: the header and a copy of the data
             buf = head + data.tobytes()
-            self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
+            self._pending.append((self._c.Isend(buf, dst, tag), buf))
         else:  # the header, then the data from a private copy (the caller may change `array` at once)
             spare = self._spare.get(n)
             if not spare and self._pending:  # a completed send's buffer: its pages are mapped already
@@ -1105,7 +1107,7 @@ class MPIComm(Communicator):
             np.copyto(buf, data.reshape(-1).view(np.uint8))
             self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
             self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
-        if len(self._pending) > 4:
+        if len(self._pending) > 16:
             self._reap()
         self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
         self._bytes_to[dst] += n
@@ -1136,19 +1138,25 @@ class MPIComm(Communicator):
         return got
 
     def _reap(self) -> None:
-        """Forget completed sends (oldest first; all of them when many are pending), keeping
-        large buffers for reuse."""
+        """Forget completed sends, keeping large buffers for reuse: one MPI_Testsome over all the
+        pending sends (a Test per request, from Python, costs several times the test itself)."""
         pending = self._pending
-        while pending and pending[0][0].Test():
-            self._keep(pending.popleft()[1])
-        if len(pending) > 32:
-            still = deque()
-            for req, buf in pending:
-                if req.Test():
-                    self._keep(buf)
-                else:
-                    still.append((req, buf))
-            self._pending = still
+        done = self._MPI.Request.Testsome([req for req, _ in pending])
+        if not done:
+            return
+        if len(done) == len(pending):  # the usual case: every send has left
+            for _, buf in pending:
+                self._keep(buf)
+            pending.clear()
+            return
+        done = set(done)
+        still = deque()
+        for i, item in enumerate(pending):
+            if i in done:
+                self._keep(item[1])
+            else:
+                still.append(item)
+        self._pending = still
 
     def _keep(self, buf: Any) -> None:
         if type(buf) is np.ndarray and buf.nbytes > _INLINE:  # noqa: E721
@@ -1172,7 +1180,8 @@ class MPIComm(Communicator):
         req.Start()
         if not req.Test():
             self._wait(req, "recv", src, tag)
-        dtype, shape, n, count = _layout(head[:_HEADER].tobytes())
+        key = bytes(self._head_view)
+        dtype, shape, n, count = _LAYOUTS.get(key) or _layout(key)
         if n <= _INLINE:
             data = np.frombuffer(head, dtype, count, _HEADER).copy()
             if len(shape) != 1:
@@ -2095,7 +2104,7 @@ else:
 #
 # - **Your ring against the mpi4py ring** is the communicator's cost: a few microseconds of
 #   Python per message (the header, the counters, a timeline event; `make bench` prints it),
-#   which matters for small messages, where a step is a few microseconds anyway. Above 8 KiB a
+#   which matters for small messages, where a step is a few microseconds anyway. Above 64 KiB a
 #   `send` also copies the array (so that it can return at once; `MPI_Bsend` makes the same copy);
 #   `sendrecv` does not (MPI_Sendrecv's contract: the array is yours again when it returns), which
 #   is why the reference ring steps with `sendrecv`, and adds into the array `recv` returned rather

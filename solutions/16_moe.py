@@ -788,8 +788,8 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 # %%
 #| export
 # Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
-# up to 8 KiB in one message with its header, so the copy a send makes costs nothing extra).
-SMALL_BLOCK = 8192
+# up to 64 KiB in one message with its header, so the copy a send makes is the message itself).
+SMALL_BLOCK = 65536
 
 # %%
 #| export

@@ -65,8 +65,8 @@ CASES = [(np.float64(3.5), None), (np.array(-2, np.int16), None), (np.zeros((0, 
          (np.zeros(0, np.uint8), None),
          (np.arange(24.0).reshape(4, 6), lambda a: a[:, ::2]),                 # not contiguous
          (np.arange(3000, dtype=np.float32).reshape(10, 300), lambda a: a.T),  # transposed, 12000 bytes
-         (np.arange(1024, dtype=np.float64), None),                            # exactly the inline limit
-         (np.arange(1025, dtype=np.float64), lambda a: a[::-1]),               # just past it, reversed
+         (np.arange(mc._INLINE // 8, dtype=np.float64), None),                 # exactly the inline limit
+         (np.arange(mc._INLINE // 8 + 1, dtype=np.float64), lambda a: a[::-1]),  # just past it, reversed
          (np.ones((3, 5000), np.complex128) * (1 + 2j), None), (np.array([True, False, True]), None),
          (np.arange(6, dtype=">i4"), None), (np.arange(7, dtype=np.uint64) * 2**60, None),
          (np.linspace(0, 1, 72).reshape(2, 3, 1, 2, 2, 3), None)]
@@ -141,7 +141,7 @@ def shifts(comm):
     private copies of the arrays the engine held (sendrecv needs none)."""
     right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
     got, copies = [], 0
-    for k, n in enumerate([8192 // 8, 8192 // 8 + 1, 5000, 300_000]):
+    for k, n in enumerate([mc._INLINE // 8, mc._INLINE // 8 + 1, 5000, 300_000]):
         mine = np.arange(n, dtype=np.float64) * (comm.rank + 1) + k
         got.append(comm.sendrecv(mine, right, left, tag=k))
         if comm.engine == "mpi":
