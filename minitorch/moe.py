@@ -7,6 +7,7 @@ Runs on any `minitorch.comm` communicator (simulated or MPI).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Callable, NamedTuple
 
@@ -397,12 +398,12 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
     what = "all_to_all"
     x = np.asarray(x)
     n, r = comm.size, comm.rank
-    send = [check_int(what, "send_counts[i]", c, 0) for c in np.asarray(send_counts).reshape(-1)]
-    recv = [check_int(what, "recv_counts[i]", c, 0) for c in np.asarray(recv_counts).reshape(-1)]
+    send = [check_int(what, "send_counts[i]", c, 0) for c in np.asarray(send_counts).reshape(-1).tolist()]
+    recv = [check_int(what, "recv_counts[i]", c, 0) for c in np.asarray(recv_counts).reshape(-1).tolist()]
     if len(send) != n or len(recv) != n or x.ndim < 1 or sum(send) != x.shape[0]:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
-    offsets = np.concatenate([[0], np.cumsum(send)])
+    offsets = [0, *itertools.accumulate(send)]  # Python ints: a small all-to-all is bound by Python
     blocks = [x[offsets[j]:offsets[j + 1]] for j in range(n)]
     parts: list = [None] * n
     parts[r] = blocks[r]  # only read: concatenate makes the new array
