@@ -1632,18 +1632,23 @@ print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step"
 # Every function above takes a communicator, so the pipeline, the tensor-parallel layers and the
 # ring run on real processes unchanged; the tests check that MPI's results equal the simulator's
 # bit for bit. What the simulator cannot show is real time. The 12-layer MLP of section 4, widened
-# to 512 (float64, a batch of 1024 in 8 micro-batches), on 2 MPI processes (2 stages, 1F1B)
-# against 1 process running the whole batch at once and 1 process running the 8 micro-batches one
-# after the other, on this 2-core machine: the step time (best of 3), and the bubble in the
-# measured timeline (`stage_forward` and `stage_backward` record wall-clock intervals under MPI).
+# to 512 and with a 512-wide last layer too (the loss reads its first 5 outputs), so that the two
+# stages do the same work (float64, a batch of 1024 in 8 micro-batches), on 2 MPI processes (2
+# stages, 1F1B) against 1 process running the whole batch at once and 1 process running the 8
+# micro-batches one after the other, on this 2-core machine: the step time (best of 3), and the
+# bubble in the measured timeline (`stage_forward` and `stage_backward` record wall-clock
+# intervals under MPI).
 
 # %%
 #| export
 def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int) -> tuple[float, float]:
     """(best step time, start of that step) of a 1F1B pipeline of the 12-layer MLP (`mlp_layers`,
     the given width, float64) split over comm's ranks, on a batch of `batch` rows in m micro-batches;
-    the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI)."""
-    layers = mlp_layers(12, width, 5, seed=0)
+    the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI). Every
+    layer is width x width (the loss reads the first 5 outputs as the classes' scores), so that
+    equal numbers of layers are equal work: with a width x 5 last layer the second of 2 stages
+    would hold 5 1/100 layers' work against the first's 6, and the slower stage sets the pace."""
+    layers = mlp_layers(12, width, width, seed=0)
     chunks = split_layers(layers, comm.size, comm.rank)
     data = np.random.default_rng(1)
     X, y = data.standard_normal((batch, width)), data.integers(0, 5, batch)
@@ -1656,7 +1661,8 @@ def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int
             c.zero_grad()
         comm.barrier()
         t0 = comm.time
-        pipeline_step(comm, chunks, steps, inputs, targets, lambda out, t: cross_entropy(out, t) * (len(t) / batch))
+        pipeline_step(comm, chunks, steps, inputs, targets,
+                      lambda out, t: cross_entropy(out[:, :5], t) * (len(t) / batch))
         comm.barrier()
         if rep:
             best = min(best, (comm.time - t0, t0))
@@ -1695,21 +1701,19 @@ else:
 # %% [markdown]
 # The cell prints the load and the threads first: compare your figures with those conditions.
 # The pipeline runs the same 8 micro-batches as the second one-process run, so that run is the
-# baseline of the bound `2 m/(m+1)` = 1.78x; the whole-batch run is another program, and
-# dividing by it can exceed the bound. Which one-process run is faster depends on the machine
-# and its load. Three runs on the course's 2-core machine at a load of 1.7 to 1.8 (BLAS on 2
-# threads) gave 468 to 511 ms for the whole batch, 492 to 506 ms for the 8 micro-batches and
-# 301 to 318 ms for the pipeline: a speed-up of 1.56x to 1.68x over the micro-batches. Three
-# earlier runs, on the same machine under other load, measured the micro-batches faster than
-# the whole batch (1486 against 2141 ms, 609 against 769, 485 against 585) and speed-ups from
-# 0.8x to 1.7x over the whole batch. The measured bubble is larger than the unit-time
-# `(p-1)/(m+p-1)` = 0.11, and the timeline shows why: the stages are not equal (the last one holds the small output
-# layer), a backward is not exactly twice a forward, and every message costs wall time. The
-# pipeline needs both cores at once, so any other load lands on the critical path (a rank waiting
-# in `recv` gives its core away, but the stage it waits for still has to get one). `make bench`
-# repeats the measurement and prints what the MPI engine itself costs per message: measured
-# 0.4-8 us for 8 bytes and 20-130 us for one activation (512 KiB), 16 of them a step, against
-# steps of 300-600 ms.
+# baseline of the bound `2 m/(m+1)` = 1.78x; the whole-batch run is another program (larger
+# matrices, fewer Python calls), and dividing by it can fall below the bound or, on a machine
+# where large arrays are slow to allocate, exceed it. What keeps the pipeline from the bound:
+#
+# - **Unequal stages.** The slower stage sets the pace of every step. With section 4's 512 x 5
+#   output layer the second stage would hold five layers' work against the first's six, and the
+#   first would idle less than the second waits: the measured bubble would exceed the unit-time
+#   `(p-1)/(m+p-1)` = 0.11. GPipe and PipeDream partition layers by measured cost for this reason.
+# - **A backward is not exactly twice a forward**, and every message costs wall time: `make
+#   bench` prints what the MPI engine adds per message (a few microseconds, against steps of
+#   hundreds of milliseconds) and how the two cores scale when both run (`core_scaling`).
+# - **Both cores at once.** Any other load lands on the critical path: a rank waiting in `recv`
+#   gives its core away, but the stage it waits for still has to get one.
 
 # %% [markdown]
 # ## Summary
