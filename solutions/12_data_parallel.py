@@ -935,7 +935,13 @@ def _plain_stats(st: dict) -> dict:
 #   gives the core away (`sched_yield`) between tests, and after 20 ms of waiting naps for half a
 #   millisecond at a time. MPICH's own blocking calls (and `MPI_Probe`) poll without yielding, so
 #   4 ranks on 2 cores each spun through a whole scheduler time slice (several milliseconds)
-#   before the rank that had the message to send could run.
+#   before the rank that had the message to send could run. With more ranks than cores a rank
+#   yields at its first failed test (the rank it waits for may be the one it keeps off the core);
+#   otherwise it tests 20 times first, which saves a system call when the message is close.
+# - **Ranks pinned to cores.** `mpiexec -bind-to core` puts rank r on core r % cores for the whole
+#   run (where Hydra can bind; `mpi_status` checks). Unpinned, the scheduler moved ranks between
+#   cores and sometimes put ring neighbours on one core, so the same all-reduce timed differently
+#   from one launch to the next.
 # - **Deadlocks found by the launcher.** A rank that has waited 0.1 s writes, to a status file of
 #   the job, what it waits for (`recv(src, tag)` or `barrier()`), the line of your code it is at,
 #   and how many messages it has sent to and received from each rank. The launcher reads these
@@ -953,15 +959,16 @@ def _plain_stats(st: dict) -> dict:
 #
 # A rank that raises aborts the job (so the others do not wait forever) and its exception is
 # re-raised in the caller, with the rank's traceback attached. The launcher sets, in the ranks'
-# environment only, one BLAS thread per rank and hydra's `fork` launcher (no ssh, no network);
-# MPICH runs more ranks than cores without any flag.
+# environment only, one BLAS thread per rank, hydra's `fork` launcher (no ssh, no network) and
+# glibc's malloc told to keep freed memory (`MPI_ENV`, section 2); MPICH runs more ranks than
+# cores without any flag.
 
 # %%
 #| export comm
 #| given
 _HEADER = 64      # bytes: int64 ndim, dtype (its str, 8 bytes), 6 int64 dimensions
 _INLINE = 65536   # arrays up to this many bytes travel in their header's message
-_SPINS = 20       # tests of a request before a wait starts yielding the core
+_SPINS = 20       # tests of a request before a wait starts yielding the core (none when oversubscribed)
 _YIELD_FOR = 0.02     # seconds of yielding before naps
 _NAP = 0.0005         # seconds per nap
 _STATUS_AFTER = 0.1   # seconds a rank waits before it writes a status file for the launcher
@@ -993,6 +1000,14 @@ def _layout(head: bytes) -> tuple[np.dtype, tuple[int, ...], int, int]:
         if len(_LAYOUTS) < 4096:
             _LAYOUTS[head] = got
     return got
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class _LiveStats(Mapping):
@@ -1061,6 +1076,12 @@ class MPIComm(Communicator):
         self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
         self._episode = 0    # waits that wrote a status file
+        # More ranks on this machine than cores: a waiting rank yields at once, since the rank it
+        # waits for may be the one it keeps off the core (at 4 ranks on 2 cores, 20 tests before
+        # yielding made a small all-reduce 1.3x slower); otherwise a few tests first save a syscall.
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self._spins = 0 if node.Get_size() > _cores() else _SPINS
+        node.Free()
         mpi_comm.Barrier()
         self._t0 = time.perf_counter()
 
@@ -1210,7 +1231,7 @@ class MPIComm(Communicator):
         (nap=True; not for the data that follows a header) longer than _STATUS_AFTER writes this
         rank's status file for the launcher's deadlock check."""
         test = req.Test
-        for _ in range(_SPINS):
+        for _ in range(self._spins):
             if test():
                 return
         start = time.perf_counter()
@@ -1290,22 +1311,33 @@ MPI_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS
 
 _WORKER = "import sys; from minitorch.comm import _mpi_worker; _mpi_worker(sys.argv[1])"
 _MPI_STATUS: tuple[bool, str] | None = None
+# Hydra's options that pin rank r to core r % cores, where mpi_status found that they work here.
+# Unpinned, the scheduler moves ranks between cores mid-step and sometimes puts ring neighbours on
+# one core: with 4 ranks on 2 cores a small all-reduce took 1.5x the mpi4py ring's time in one
+# launch and 2.2x in the next; pinned, both rings see the same placement every time.
+_MPI_BIND: list[str] = []
 
 
 def mpi_status() -> tuple[bool, str]:
-    """(True, version) if `mpiexec -n 1` can start an mpi4py process here, else (False, why)."""
-    global _MPI_STATUS
+    """(True, version) if `mpiexec -n 1` can start an mpi4py process here, else (False, why).
+    Tries with ranks pinned to cores first (_MPI_BIND), then without."""
+    global _MPI_STATUS, _MPI_BIND
     if _MPI_STATUS is None:
         exe = mpiexec_path()
         if exe is None:
             _MPI_STATUS = (False, "no mpiexec found (run `make setup`: it installs the mpich wheel)")
         else:
             code = "from mpi4py import MPI; MPI.COMM_WORLD.Barrier(); print(MPI.Get_library_version().splitlines()[0])"
-            try:
-                rc, out = _launch([exe, "-n", "1", sys.executable, "-c", code], 60)
-                _MPI_STATUS = (True, out.strip()) if rc == 0 else (False, f"mpiexec failed ({rc}): {out.strip()[-300:]}")
-            except (OSError, TimeoutError) as exc:
-                _MPI_STATUS = (False, f"mpiexec could not start: {exc}")
+            for bind in (["-bind-to", "core"], []):
+                try:
+                    rc, out = _launch([exe, *bind, "-n", "1", sys.executable, "-c", code], 60)
+                    _MPI_STATUS = (True, out.strip()) if rc == 0 else \
+                        (False, f"mpiexec failed ({rc}): {out.strip()[-300:]}")
+                except (OSError, TimeoutError) as exc:
+                    _MPI_STATUS = (False, f"mpiexec could not start: {exc}")
+                if _MPI_STATUS[0]:
+                    _MPI_BIND = bind
+                    break
     return _MPI_STATUS
 
 
@@ -1443,7 +1475,7 @@ def _dumps(obj: Any) -> bytes:
 
 def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
     exe = mpiexec_path()
-    if exe is None:
+    if exe is None or not mpi_status()[0]:
         raise RuntimeError(f"MPI cannot start here: {mpi_status()[1]}")
     with tempfile.TemporaryDirectory(prefix="minitorch-mpi-") as tmp:
         job = Path(tmp)
@@ -1453,7 +1485,8 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
         t0 = time.perf_counter()
         watch = _DeadlockWatch(job, nranks)
         try:
-            rc, out = _launch([exe, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout, watch)
+            rc, out = _launch([exe, *_MPI_BIND, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout,
+                              watch)
         except _Stop:
             raise DeadlockError(watch.report) from None
         except TimeoutError as exc:

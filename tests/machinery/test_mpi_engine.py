@@ -191,6 +191,36 @@ def test_ranks_keep_freed_memory_mapped(job_dir):
     assert max(faults) < 100, f"minor page faults per 4 MiB all-reduce, per rank: {faults}"
 
 
+def affinity(comm):
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no sched_getaffinity on this OS")
+def test_ranks_are_pinned_one_core_each_in_turn(job_dir):
+    if not mc._MPI_BIND:
+        pytest.skip("Hydra cannot bind ranks to cores here (mpi_status fell back to unpinned ranks)")
+    cores = sorted(os.sched_getaffinity(0))
+    got = mc.run(affinity, 4, engine="mpi", timeout=60).results
+    assert all(len(a) == 1 for a in got), f"each rank on one core, got affinities {got}"
+    if len(cores) >= 2:
+        assert got[0] != got[1], f"ranks 0 and 1 on different cores, got {got}"
+
+
+def test_mpi_status_falls_back_to_unpinned_ranks(monkeypatch):
+    """Where Hydra cannot bind (no topology support), mpi_status must still start MPI, unpinned."""
+    launched = []
+
+    def launch(cmd, timeout, watch=None):
+        launched.append(cmd)
+        return (1, "hwloc: cannot bind") if "-bind-to" in cmd else (0, "MPICH Version: test\n")
+
+    monkeypatch.setattr(mc, "_MPI_STATUS", None)
+    monkeypatch.setattr(mc, "_MPI_BIND", ["-bind-to", "core"])
+    monkeypatch.setattr(mc, "_launch", launch)
+    assert mc.mpi_status() == (True, "MPICH Version: test")
+    assert mc._MPI_BIND == [] and len(launched) == 2 and "-bind-to" not in launched[1]
+
+
 def orphan_sendrecv(comm):
     if comm.rank == 0:
         comm.sendrecv(np.zeros(100_000), 1, 1)
