@@ -81,6 +81,16 @@ def check_int(what: str, name: str, value: Any, lo: int, hi: int | None = None) 
     return int(value)
 
 
+def check_counts(what: str, name: str, counts: Any) -> list[int]:
+    """`counts` (any array-like of integers >= 0) as a list of Python ints, or check_int's error
+    for the first that is not one. One pass in Python for the common case: an all-to-all of small
+    blocks is bound by its bookkeeping."""
+    values = np.asarray(counts).reshape(-1).tolist()
+    if all([type(c) is int and c >= 0 for c in values]):  # noqa: E721 - bool is not a count
+        return values
+    return [check_int(what, f"{name}[{i}]", c, 0) for i, c in enumerate(values)]
+
+
 def check_experts(what: str, experts: Any, n_experts: int) -> np.ndarray:
     """`experts` as a 2-D int64 array (tokens, k) of ids in [0, n_experts), or a ValueError naming
     its shape, dtype and range."""
@@ -805,8 +815,7 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
     what = "all_to_all"
     x = np.asarray(x)
     n, r = comm.size, comm.rank
-    send = [check_int(what, "send_counts[i]", c, 0) for c in np.asarray(send_counts).reshape(-1).tolist()]
-    recv = [check_int(what, "recv_counts[i]", c, 0) for c in np.asarray(recv_counts).reshape(-1).tolist()]
+    send, recv = check_counts(what, "send_counts", send_counts), check_counts(what, "recv_counts", recv_counts)
     if len(send) != n or len(recv) != n or x.ndim < 1 or sum(send) != x.shape[0]:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
