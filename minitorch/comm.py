@@ -187,7 +187,8 @@ class Communicator:
         raise NotImplementedError
 
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
-        """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift."""
+        """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift. May
+        return only once rank dst has received the message (the simulator always waits for that)."""
         self.send(array, dst, tag)
         return self.recv(src, tag if recvtag is None else recvtag)
 
@@ -292,6 +293,7 @@ class _Message:
     ready: float      # simulated time at which the sender finished pushing it onto the wire
     src: int
     tag: int
+    taken: bool = False  # received (a sendrecv waits for it)
 
 
 class _Aborted(BaseException):
@@ -367,6 +369,10 @@ class SimComm(Communicator):
 
     # -- point to point
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        self._post(array, dst, tag)
+
+    def _post(self, array: np.ndarray, dst: int, tag: int) -> _Message:
+        """send's work; returns the message, so that sendrecv can wait until it is received."""
         dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
         data = _message_array(array, self.rank)
         cost = self.alpha + data.nbytes * self.beta
@@ -381,8 +387,21 @@ class SimComm(Communicator):
         w = self._w
         with w.cond:
             self._check_abort()
-            w.mail[(self.rank, dst, tag)].append(_Message(data, start + cost, self.rank, tag))
+            msg = _Message(data, start + cost, self.rank, tag)
+            w.mail[(self.rank, dst, tag)].append(msg)
             w.cond.notify_all()
+        return msg
+
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        """send then recv, returning only once rank dst has received this rank's message. MPI's
+        sendrecv may wait for its receiver (the MPI engine does for an array over its inline limit,
+        which it sends without a copy), so the simulator always waits: a program that relies on
+        sendrecv returning first fails here, at every size, with a deadlock report."""
+        msg = self._post(array, dst, tag)
+        got = self.recv(src, tag if recvtag is None else recvtag)
+        self._block(f"sendrecv(dst={dst}, tag={tag}) until rank {dst} receives its message", lambda: msg.taken,
+                    lambda: {dst})
+        return got
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src, tag = self._check_rank(src, "src"), self._check_tag(tag)
@@ -392,6 +411,8 @@ class SimComm(Communicator):
         self._block(f"recv(src={src}, tag={tag})", lambda: bool(box), lambda: {src})
         with w.cond:
             msg = box.popleft()
+            msg.taken = True
+            w.cond.notify_all()  # a sendrecv may wait for this
         n = msg.data.nbytes
         cost = self.alpha + n * self.beta
         arrived = max(msg.ready, self._in_free + cost)  # the receiving port serves one message at a time
@@ -863,8 +884,8 @@ class MPIComm(Communicator):
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
         self._episode = 0    # waits that wrote a status file
         # More ranks on this machine than cores: a waiting rank yields at once, since the rank it
-        # waits for may be the one it keeps off the core (at 4 ranks on 2 cores, 20 tests before
-        # yielding made a small all-reduce 1.3x slower); otherwise a few tests first save a syscall.
+        # waits for may be the one it keeps off the core (testing 20 times first made small
+        # all-reduces slower there); otherwise a few tests first save a system call.
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
         self._spins = 0 if node.Get_size() > _cores() else _SPINS
         node.Free()
@@ -903,7 +924,7 @@ class MPIComm(Communicator):
             data = _message_array(array, self.rank, copy=False)
         head, n = _HEADERS.get((data.dtype, data.shape)) or _header(data), data.nbytes
         if n <= _INLINE:  # one message: the header and a copy of the data
-            buf = head + data.tobytes()
+            buf = head + (memoryview(data).cast("B") if n else b"")  # one copy: header and data, new bytes
             self._pending.append((self._c.Isend(buf, dst, tag), buf))
         else:  # the header, then the data from a private copy (the caller may change `array` at once)
             spare = self._spare.get(n)
@@ -941,7 +962,7 @@ class MPIComm(Communicator):
         self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
         got = self.recv(src, recvtag)
-        self._wait(out, "send", dst, tag)  # until rank dst has it: then the caller may change `array`
+        self._wait(out, "send", dst, tag)  # until the send completes: then the caller may change `array`
         return got
 
     def _reap(self) -> None:
@@ -1085,12 +1106,13 @@ def mpiexec_path() -> str | None:
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-# Environment for every MPI launch. One BLAS/OpenMP thread per rank: ranks already outnumber
-# cores. Hydra starts ranks by fork on this host (no ssh, no network needed). glibc's malloc keeps
-# what a rank frees mapped (arrays up to 64 MiB from the heap, up to 256 MiB of free memory kept):
-# by default it gives a freed multi-MiB array back to the kernel, and the next one page-faults on
-# every 4 KiB page as it is written, about 2,000 faults per 4 MiB all-reduce of either ring, which
-# then ran at a quarter of its speed (getrusage's minor faults; other platforms ignore these names).
+# Environment for every MPI launch. One BLAS/OpenMP thread per rank: ranks may outnumber cores.
+# Hydra starts ranks by fork on this host (no ssh, no network needed). glibc's malloc keeps what a
+# rank frees mapped (arrays up to 64 MiB from the heap, up to 256 MiB of free memory kept): by
+# default it may give freed multi-MiB blocks back to the kernel (it unmaps blocks above its mmap
+# threshold and trims the top of the heap once enough is free), and the next array page-faults on
+# every 4 KiB page as it is written (getrusage's minor faults count them; `make bench` showed the
+# rings' large all-reduces paying for it; other platforms ignore these names).
 MPI_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "HYDRA_LAUNCHER": "fork", "PYTHONDONTWRITEBYTECODE": "1",
            "MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
@@ -1099,8 +1121,8 @@ _WORKER = "import sys; from minitorch.comm import _mpi_worker; _mpi_worker(sys.a
 _MPI_STATUS: tuple[bool, str] | None = None
 # Hydra's options that pin rank r to core r % cores, where mpi_status found that they work here.
 # Unpinned, the scheduler moves ranks between cores mid-step and sometimes puts ring neighbours on
-# one core: with 4 ranks on 2 cores a small all-reduce took 1.5x the mpi4py ring's time in one
-# launch and 2.2x in the next; pinned, both rings see the same placement every time.
+# one core, so that with more ranks than cores the same all-reduce timed differently from one
+# launch to the next; pinned, every launch sees the same placement.
 _MPI_BIND: list[str] = []
 
 
@@ -1379,7 +1401,10 @@ class _DeadlockWatch:
                 return None  # a rank is running (or all have returned)
             if all(s["op"] == "barrier" for s in st.values()):
                 return None  # the barrier completes
-            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
+            # messages src sent r that r has not received; a sendrecv's own message, blocked in src
+            # with another tag than r waits for, cannot be the one r waits for
+            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] - st[r]["received"][src]
+                         > (st[src]["op"] == "send" and st[src]["src"] == r and st[src]["tag"] != st[r]["tag"])}
             movable, grew = set(in_flight), True  # a message in flight may be the one awaited
             while grew:
                 more = {r for r, peer in waits.items() if peer in movable} - movable

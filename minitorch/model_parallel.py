@@ -780,7 +780,8 @@ def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int
     the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI). Every
     layer is width x width (the loss reads the first 5 outputs as the classes' scores), so that
     equal numbers of layers are equal work: with a width x 5 last layer the second of 2 stages
-    would hold 5 1/100 layers' work against the first's 6, and the slower stage sets the pace."""
+    would hold five layers plus a width x 5 one (5/width of a layer) against the first's six, and
+    the slower stage sets the pace."""
     layers = mlp_layers(12, width, width, seed=0)
     chunks = split_layers(layers, comm.size, comm.rank)
     data = np.random.default_rng(1)

@@ -112,7 +112,7 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
 # |---|---|
 # | `comm.send(array, dst, tag=0)` | send a copy of `array` to rank `dst`; returns at once (the copy is buffered) |
 # | `comm.recv(src, tag=0)` | wait for the oldest message from rank `src` with this tag; returns the array |
-# | `comm.sendrecv(array, dst, src)` | `send` then `recv`: one step of a ring (on MPI without `send`'s copy) |
+# | `comm.sendrecv(array, dst, src)` | `send` then `recv`, and may wait until `dst` has the message: one step of a ring |
 # | `comm.barrier()` | wait until every rank gets here |
 # | `comm.compute(seconds=..., flops=..., kind="F")` | account for local work (simulator: advances this rank's clock) |
 # | `comm.launch(fn, *args)` | run `fn(comm, *args)` on the communication stream; `.wait()` gives its result (section 5) |
@@ -129,7 +129,10 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
 #
 # - **Sends never block.** `send` copies the array and returns (MPI's *buffered* mode; the MPI
 #   engine uses `MPI_Isend` on a private copy). So "everyone sends to the right, then receives
-#   from the left" cannot deadlock; only a `recv` that no `send` will ever match can.
+#   from the left" cannot deadlock; only a `recv` that no `send` will ever match can. `sendrecv`
+#   is the exception, as `MPI_Sendrecv` is: it may wait until `dst` has received its message (the
+#   simulator always waits; the MPI engine does for a large array, which it sends without copying
+#   it). In a ring step the right neighbour receives it in its own `sendrecv`: no wait.
 # - **Messages are matched by (source, tag), oldest first** (MPI's non-overtaking rule), and
 #   there is no "receive from anyone". Every run of the simulator is therefore deterministic,
 #   whatever the thread scheduling: the same results, counters and clock, every time.
@@ -348,7 +351,8 @@ class Communicator:
         raise NotImplementedError
 
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
-        """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift."""
+        """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift. May
+        return only once rank dst has received the message (the simulator always waits for that)."""
         self.send(array, dst, tag)
         return self.recv(src, tag if recvtag is None else recvtag)
 
@@ -455,6 +459,7 @@ class _Message:
     ready: float      # simulated time at which the sender finished pushing it onto the wire
     src: int
     tag: int
+    taken: bool = False  # received (a sendrecv waits for it)
 
 
 class _Aborted(BaseException):
@@ -530,6 +535,10 @@ class SimComm(Communicator):
 
     # -- point to point
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        self._post(array, dst, tag)
+
+    def _post(self, array: np.ndarray, dst: int, tag: int) -> _Message:
+        """send's work; returns the message, so that sendrecv can wait until it is received."""
         dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
         data = _message_array(array, self.rank)
         cost = self.alpha + data.nbytes * self.beta
@@ -544,8 +553,21 @@ class SimComm(Communicator):
         w = self._w
         with w.cond:
             self._check_abort()
-            w.mail[(self.rank, dst, tag)].append(_Message(data, start + cost, self.rank, tag))
+            msg = _Message(data, start + cost, self.rank, tag)
+            w.mail[(self.rank, dst, tag)].append(msg)
             w.cond.notify_all()
+        return msg
+
+    def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
+        """send then recv, returning only once rank dst has received this rank's message. MPI's
+        sendrecv may wait for its receiver (the MPI engine does for an array over its inline limit,
+        which it sends without a copy), so the simulator always waits: a program that relies on
+        sendrecv returning first fails here, at every size, with a deadlock report."""
+        msg = self._post(array, dst, tag)
+        got = self.recv(src, tag if recvtag is None else recvtag)
+        self._block(f"sendrecv(dst={dst}, tag={tag}) until rank {dst} receives its message", lambda: msg.taken,
+                    lambda: {dst})
+        return got
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src, tag = self._check_rank(src, "src"), self._check_tag(tag)
@@ -555,6 +577,8 @@ class SimComm(Communicator):
         self._block(f"recv(src={src}, tag={tag})", lambda: bool(box), lambda: {src})
         with w.cond:
             msg = box.popleft()
+            msg.taken = True
+            w.cond.notify_all()  # a sendrecv may wait for this
         n = msg.data.nbytes
         cost = self.alpha + n * self.beta
         arrived = max(msg.ready, self._in_free + cost)  # the receiving port serves one message at a time
@@ -924,18 +948,18 @@ def _plain_stats(st: dict) -> dict:
 # which costs little more than mpi4py itself:
 #
 # - **Typed buffers, one copy.** A message is a 64-byte header (dtype and shape) followed by the
-#   array's bytes. An array up to 64 KiB travels in the same message as its header (one message
-#   costs less than two, whatever its size: a step waits for each); a larger one is a second
-#   message sent straight from the private copy that buffered sends need, or from the array
-#   itself in a `sendrecv` (`MPI_Isend`), and received straight into the array `recv` returns
-#   (`MPI_Irecv`), so neither side packs or unpacks anything. The receiver knows the header's
-#   size in advance, so it needs no `MPI_Probe`. Completed sends are reaped while the rank waits
-#   (or when many are pending), and their buffers reused.
+#   array's bytes. An array up to 64 KiB travels in the same message as its header, copied once
+#   (one message pays one latency, two pay two); a larger one is a second message sent straight
+#   from the private copy that buffered sends need, or from the array itself in a `sendrecv`
+#   (`MPI_Isend`), and received straight into the array `recv` returns (`MPI_Irecv`), so neither
+#   side packs or unpacks anything. The receiver knows the header's size in advance, so it needs
+#   no `MPI_Probe`. Completed sends are reaped while the rank waits (or when many are pending),
+#   and their buffers reused.
 # - **Waits that yield.** A rank waiting in `recv` or `barrier` tests its request in a loop that
 #   gives the core away (`sched_yield`) between tests, and after 20 ms of waiting naps for half a
-#   millisecond at a time. MPICH's own blocking calls (and `MPI_Probe`) poll without yielding, so
-#   4 ranks on 2 cores each spun through a whole scheduler time slice (several milliseconds)
-#   before the rank that had the message to send could run. With more ranks than cores a rank
+#   millisecond at a time. (A blocking `MPI_Probe`, which the engine's first version used, polled
+#   without yielding here: with 4 ranks on 2 cores each rank spun through a whole scheduler time
+#   slice before the rank with the message could run.) With more ranks than cores a rank
 #   yields at its first failed test (the rank it waits for may be the one it keeps off the core);
 #   otherwise it tests 20 times first, which saves a system call when the message is close.
 # - **Ranks pinned to cores.** `mpiexec -bind-to core` puts rank r on core r % cores for the whole
@@ -1077,8 +1101,8 @@ class MPIComm(Communicator):
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
         self._episode = 0    # waits that wrote a status file
         # More ranks on this machine than cores: a waiting rank yields at once, since the rank it
-        # waits for may be the one it keeps off the core (at 4 ranks on 2 cores, 20 tests before
-        # yielding made a small all-reduce 1.3x slower); otherwise a few tests first save a syscall.
+        # waits for may be the one it keeps off the core (testing 20 times first made small
+        # all-reduces slower there); otherwise a few tests first save a system call.
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
         self._spins = 0 if node.Get_size() > _cores() else _SPINS
         node.Free()
@@ -1117,7 +1141,7 @@ class MPIComm(Communicator):
             data = _message_array(array, self.rank, copy=False)
         head, n = _HEADERS.get((data.dtype, data.shape)) or _header(data), data.nbytes
         if n <= _INLINE:  # one message: the header and a copy of the data
-            buf = head + data.tobytes()
+            buf = head + (memoryview(data).cast("B") if n else b"")  # one copy: header and data, new bytes
             self._pending.append((self._c.Isend(buf, dst, tag), buf))
         else:  # the header, then the data from a private copy (the caller may change `array` at once)
             spare = self._spare.get(n)
@@ -1155,7 +1179,7 @@ class MPIComm(Communicator):
         self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
         got = self.recv(src, recvtag)
-        self._wait(out, "send", dst, tag)  # until rank dst has it: then the caller may change `array`
+        self._wait(out, "send", dst, tag)  # until the send completes: then the caller may change `array`
         return got
 
     def _reap(self) -> None:
@@ -1299,12 +1323,13 @@ def mpiexec_path() -> str | None:
     return str(here) if here.exists() else shutil.which("mpiexec")
 
 
-# Environment for every MPI launch. One BLAS/OpenMP thread per rank: ranks already outnumber
-# cores. Hydra starts ranks by fork on this host (no ssh, no network needed). glibc's malloc keeps
-# what a rank frees mapped (arrays up to 64 MiB from the heap, up to 256 MiB of free memory kept):
-# by default it gives a freed multi-MiB array back to the kernel, and the next one page-faults on
-# every 4 KiB page as it is written, about 2,000 faults per 4 MiB all-reduce of either ring, which
-# then ran at a quarter of its speed (getrusage's minor faults; other platforms ignore these names).
+# Environment for every MPI launch. One BLAS/OpenMP thread per rank: ranks may outnumber cores.
+# Hydra starts ranks by fork on this host (no ssh, no network needed). glibc's malloc keeps what a
+# rank frees mapped (arrays up to 64 MiB from the heap, up to 256 MiB of free memory kept): by
+# default it may give freed multi-MiB blocks back to the kernel (it unmaps blocks above its mmap
+# threshold and trims the top of the heap once enough is free), and the next array page-faults on
+# every 4 KiB page as it is written (getrusage's minor faults count them; `make bench` showed the
+# rings' large all-reduces paying for it; other platforms ignore these names).
 MPI_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "HYDRA_LAUNCHER": "fork", "PYTHONDONTWRITEBYTECODE": "1",
            "MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
@@ -1313,8 +1338,8 @@ _WORKER = "import sys; from minitorch.comm import _mpi_worker; _mpi_worker(sys.a
 _MPI_STATUS: tuple[bool, str] | None = None
 # Hydra's options that pin rank r to core r % cores, where mpi_status found that they work here.
 # Unpinned, the scheduler moves ranks between cores mid-step and sometimes puts ring neighbours on
-# one core: with 4 ranks on 2 cores a small all-reduce took 1.5x the mpi4py ring's time in one
-# launch and 2.2x in the next; pinned, both rings see the same placement every time.
+# one core, so that with more ranks than cores the same all-reduce timed differently from one
+# launch to the next; pinned, every launch sees the same placement.
 _MPI_BIND: list[str] = []
 
 
@@ -1593,7 +1618,10 @@ class _DeadlockWatch:
                 return None  # a rank is running (or all have returned)
             if all(s["op"] == "barrier" for s in st.values()):
                 return None  # the barrier completes
-            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] != st[r]["received"][src]}
+            # messages src sent r that r has not received; a sendrecv's own message, blocked in src
+            # with another tag than r waits for, cannot be the one r waits for
+            in_flight = {r for r, src in recv.items() if st[src]["sent"][r] - st[r]["received"][src]
+                         > (st[src]["op"] == "send" and st[src]["src"] == r and st[src]["tag"] != st[r]["tag"])}
             movable, grew = set(in_flight), True  # a message in flight may be the one awaited
             while grew:
                 more = {r for r, peer in waits.items() if peer in movable} - movable
@@ -2135,29 +2163,30 @@ else:
 # conditions, and the load printed above each table says what else ran. Times on a shared
 # machine drift from run to run; the ratios move much less.
 #
-# - **Your ring against the mpi4py ring** is the communicator's cost: a few microseconds of
-#   Python per message (the header, the counters, a timeline event; `make bench` prints it),
-#   which matters for small messages, where a step is a few microseconds anyway. Above 64 KiB a
-#   `send` also copies the array (so that it can return at once; `MPI_Bsend` makes the same copy);
-#   `sendrecv` does not (MPI_Sendrecv's contract: the array is yours again when it returns), which
-#   is why the reference ring steps with `sendrecv`, and adds into the array `recv` returned rather
-#   than into a copy of `x`. Every copy of a 4 MiB chunk costs about what the whole exchange does.
-# - **The rings against `MPI.Allreduce`** is algorithm and implementation. MPICH picks its
-#   algorithm by message size (Thakur, Rabenseifner and Gropp 2005): for short vectors recursive
-#   doubling, log2 N exchanges of the whole vector where a ring needs 2(N-1) steps, each paying
-#   the latency; for long ones Rabenseifner's algorithm, a reduce-scatter by recursive halving
-#   then an all-gather by recursive doubling, the ring's bytes in 2 log2 N steps. And it runs in
-#   C over shared memory with fewer copies: no Python between steps, the sums in place, no fresh
-#   arrays to allocate. A fresh array costs more than its copy when the memory is new to the
-#   process: the kernel maps it page by page, a fault per 4 KiB, as it is first written. By default
-#   glibc hands a freed multi-MiB array back to the kernel, so every all-reduce of 4 MiB faulted on
-#   every page of every array it made (`resource.getrusage(...).ru_minflt` counts them); `run`
-#   starts the ranks with glibc told to keep freed memory (`MPI_ENV`), as a long-running training
-#   process would.
+# - **Your ring against the mpi4py ring** is the communicator's cost: Python per message (the
+#   header, the counters, a timeline event; `make bench` prints it per message), which matters
+#   for small messages, where a step is short anyway. Above 64 KiB a `send` also copies the array
+#   (so that it can return at once; `MPI_Bsend` makes the same copy); `sendrecv` does not (as
+#   MPI_Sendrecv, it may wait until `dst` has the message, so the array is yours again when it
+#   returns), which is why the reference ring steps with `sendrecv`, and adds into the array
+#   `sendrecv` returned rather than into a copy of `x`: a copy of a large chunk costs about as
+#   much as sending it.
+# - **The rings against `MPI.Allreduce`** is algorithm and implementation. MPI libraries pick an
+#   algorithm by message size (Thakur, Rabenseifner and Gropp 2005 describe MPICH's): for short
+#   vectors recursive doubling, log2 N exchanges of the whole vector where a ring needs 2(N-1)
+#   steps, each paying the latency; for long ones Rabenseifner's algorithm, a reduce-scatter by
+#   recursive halving then an all-gather by recursive doubling, the ring's bytes in 2 log2 N
+#   steps. And it runs in C over shared memory with fewer copies: no Python between steps, the
+#   sums in place, no fresh arrays to allocate. A fresh array costs more than its copy when the
+#   memory is new to the process: the kernel maps it page by page, a fault per 4 KiB, as it is
+#   first written (`resource.getrusage(...).ru_minflt` counts them). By default glibc may give
+#   freed multi-MiB blocks back to the kernel (it unmaps blocks above its mmap threshold and trims
+#   the top of the heap once enough is free); `run` fixes both thresholds in the ranks
+#   (`MPI_ENV`), as a long-running training process would.
 # - **With more ranks than cores** every step also waits for the scheduler: a rank whose message
-#   has not arrived gives its core away (`sched_yield`, as MPICH's own waits do), and the rank
-#   that sends the message must get a core first. Both rings pay this; other load on the machine
-#   makes it worse, and less predictable.
+#   has not arrived gives its core away (`sched_yield`), and the rank that sends the message must
+#   get a core first. Both rings pay this; other load on the machine makes it worse, and less
+#   predictable.
 
 # %% [markdown]
 # ## 3. The alpha-beta cost model

@@ -1631,13 +1631,13 @@ print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step"
 #
 # Every function above takes a communicator, so the pipeline, the tensor-parallel layers and the
 # ring run on real processes unchanged; the tests check that MPI's results equal the simulator's
-# bit for bit. What the simulator cannot show is real time. The 12-layer MLP of section 4, widened
-# to 512 and with a 512-wide last layer too (the loss reads its first 5 outputs), so that the two
-# stages do the same work (float64, a batch of 1024 in 8 micro-batches), on 2 MPI processes (2
-# stages, 1F1B) against 1 process running the whole batch at once and 1 process running the 8
-# micro-batches one after the other, on this 2-core machine: the step time (best of 3), and the
-# bubble in the measured timeline (`stage_forward` and `stage_backward` record wall-clock
-# intervals under MPI).
+# bit for bit. What the simulator cannot show is real time. The cell below runs the 12-layer MLP
+# of section 4, widened to 512 (float64, a batch of 1024 in 8 micro-batches), with a 512-wide last
+# layer too (the loss reads its first 5 outputs) so that the two stages do the same work. It times
+# 2 MPI processes (2 stages, 1F1B) against 1 process running the whole batch at once and 1 process
+# running the 8 micro-batches one after the other, on this machine (the cell prints its cores and
+# load), and prints the step times (best of 3) and the bubble in the measured timeline
+# (`stage_forward` and `stage_backward` record wall-clock intervals under MPI).
 
 # %%
 #| export
@@ -1647,7 +1647,8 @@ def timed_pipeline(comm: Communicator, width: int, batch: int, m: int, reps: int
     the best of `reps` steps after a warm-up. Times are comm.time (wall clock under MPI). Every
     layer is width x width (the loss reads the first 5 outputs as the classes' scores), so that
     equal numbers of layers are equal work: with a width x 5 last layer the second of 2 stages
-    would hold 5 1/100 layers' work against the first's 6, and the slower stage sets the pace."""
+    would hold five layers plus a width x 5 one (5/width of a layer) against the first's six, and
+    the slower stage sets the pace."""
     layers = mlp_layers(12, width, width, seed=0)
     chunks = split_layers(layers, comm.size, comm.rank)
     data = np.random.default_rng(1)
@@ -1705,13 +1706,14 @@ else:
 # matrices, fewer Python calls), and dividing by it can fall below the bound or, on a machine
 # where large arrays are slow to allocate, exceed it. What keeps the pipeline from the bound:
 #
-# - **Unequal stages.** The slower stage sets the pace of every step. With section 4's 512 x 5
-#   output layer the second stage would hold five layers' work against the first's six, and the
-#   first would idle less than the second waits: the measured bubble would exceed the unit-time
-#   `(p-1)/(m+p-1)` = 0.11. GPipe and PipeDream partition layers by measured cost for this reason.
+# - **Unequal stages.** The slower stage sets the pace of every step. With a 512 x 5 output layer
+#   (as section 4's MLP ends in a 64 x 5 one) the second stage would hold five layers' work
+#   against the first's six: it would wait for the first at every step, and the measured bubble
+#   would exceed the unit-time `(p-1)/(m+p-1)` = 0.11. PipeDream partitions layers by profiled
+#   cost, GPipe by estimated cost, for this reason.
 # - **A backward is not exactly twice a forward**, and every message costs wall time: `make
-#   bench` prints what the MPI engine adds per message (a few microseconds, against steps of
-#   hundreds of milliseconds) and how the two cores scale when both run (`core_scaling`).
+#   bench` prints what the MPI engine adds per message (compare it with the step time printed
+#   above) and how the two cores scale when both run (`core_scaling`).
 # - **Both cores at once.** Any other load lands on the critical path: a rank waiting in `recv`
 #   gives its core away, but the stage it waits for still has to get one.
 

@@ -996,10 +996,11 @@ print(g_dot.to_dot(fuse(g_dot)))
 # and tanh (below), `math.log/sqrt`, `max(a, 0.0)` for relu, `-a`, `+ - * /`, `**`; constants as
 # `py_literal(value, dtype)` (given: `f32(0.5)` in a float32 node, so the arithmetic stays in
 # float32 as NumPy's does; `0.5` in a float64 one; `math.inf` for an infinity); sums start at
-# zero, maxima at minus infinity, both as `py_literal` of the reduction's dtype: a bare `0.0` is a
-# float64, and a float32 row summed into it is converted element by element (the softmax kernel of
-# the block runs 2x slower so; the max loop no longer vectorises). Rows run in parallel: `for r in prange(rows)` (Numba's parallel
-# range, lesson 06): each row is independent.
+# zero, maxima at minus infinity, both as `py_literal` of the reduction's dtype. A bare `0.0` is a
+# float64: a float32 row would be converted element by element and summed in float64 (slower
+# than NumPy's float32 sum, and not the same result), and the max loop would no longer vectorise.
+# Rows run in parallel: `for r in prange(rows)` (Numba's parallel range, lesson 06): each row is
+# independent.
 #
 # `exp` and `tanh` need care on a CPU. The C library's `expf` is a function call per element,
 # which stops LLVM from vectorising the loop around it (Numba has vector versions only with

@@ -82,11 +82,20 @@ def check_int(what: str, name: str, value: Any, lo: int, hi: int | None = None) 
 
 
 def check_counts(what: str, name: str, counts: Any) -> list[int]:
-    """`counts` (any array-like of integers >= 0) as a list of Python ints, or check_int's error
-    for the first that is not one. One pass in Python for the common case: an all-to-all of small
-    blocks is bound by its bookkeeping."""
-    values = np.asarray(counts).reshape(-1).tolist()
-    if all([type(c) is int and c >= 0 for c in values]):  # noqa: E721 - bool is not a count
+    """`counts` (a 1-D array or sequence of integers >= 0) as a list of Python ints, or an error
+    naming the first that is not one (check_int's). One pass in Python for the common case: an
+    all-to-all of small blocks is bound by its bookkeeping."""
+    if isinstance(counts, np.ndarray) and counts.ndim == 1:
+        values = counts.tolist()
+    else:
+        try:
+            values = list(counts) if not isinstance(counts, np.ndarray) else None
+        except TypeError:
+            values = None
+        if values is None:
+            raise ValueError(f"{what}: {name} must be a 1-D sequence of counts, got {type(counts).__name__} "
+                             f"of shape {np.shape(counts)}")
+    if all([type(c) is int and c >= 0 for c in values]):  # noqa: E721 - a bool is not a count
         return values
     return [check_int(what, f"{name}[{i}]", c, 0) for i, c in enumerate(values)]
 
@@ -781,14 +790,20 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 #   large block costs about what sending it does. `comm.sendrecv(block, dst, src)` sends from
 #   where the block is (it returns once the block has left), one pair at a time.
 #
+# Each rank decides from its own blocks, so ranks may choose differently. That is safe: both ways
+# receive in the same step order, and a rank's sendrecv at step s is matched by the receive of
+# step s on the other side, whichever way that rank posts it.
+#
 # The schedule is the same either way. In the alpha-beta model of lesson 12, with m bytes per
 # block, that is
 #
 # `T = (N - 1) (alpha + m beta)`, and each rank sends `(N - 1) m` bytes,
 #
-# against a ring all-reduce's `2(N-1)/N S`: an all-to-all moves almost all of a rank's data off
-# the rank, and it cannot be pipelined around a ring. That is why expert parallelism wants the
-# fastest links there are (NVLink inside a node; DeepSeek-V3 limits each token to 4 nodes).
+# against a ring all-reduce's `2(N-1)/N S` for the same S = N m bytes: half of it. But every rank
+# sends to every other rank, so an all-to-all needs the network's bisection bandwidth, not just
+# links to neighbours, and it sits on the critical path twice per MoE layer (dispatch, then
+# combine), forward and backward. That is why expert parallelism wants the fastest links there
+# are (NVLink inside a node; DeepSeek-V3 limits each token to 4 nodes).
 #
 # `recv_counts` must be known in advance (the receiver allocates its buffer), so the counts go
 # first: `exchange_counts` is an all-to-all of one integer per pair. Check every block you receive

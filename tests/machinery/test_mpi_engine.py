@@ -221,6 +221,29 @@ def test_mpi_status_falls_back_to_unpinned_ranks(monkeypatch):
     assert mc._MPI_BIND == [] and len(launched) == 2 and "-bind-to" not in launched[1]
 
 
+def sendrecv_before_its_receiver(comm):
+    """Rank 0's sendrecv returns only once rank 1 has received its message, but rank 1 first waits
+    for a message rank 0 sends after the sendrecv: MPI may hang here, so both engines must say so."""
+    if comm.rank == 0:
+        comm.sendrecv(np.zeros(100_000), 1, 1, tag=0)
+        comm.send(np.ones(2), 1, tag=1)
+    else:
+        comm.send(np.ones(3), 0)
+        comm.recv(0, tag=1)
+        comm.recv(0, tag=0)
+
+
+@pytest.mark.parametrize("engine", ["sim", "mpi"])
+def test_a_sendrecv_waits_for_its_receiver_on_both_engines(job_dir, engine):
+    t0 = time.monotonic()
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(sendrecv_before_its_receiver, 2, engine=engine, timeout=60)
+    text = str(info.value)
+    assert "rank 0 waits in sendrecv(dst=1, tag=0) until rank 1 receives its message" in text, text
+    assert "rank 1 waits in recv(src=0, tag=1)" in text and "cycle: rank 0 -> rank 1 -> rank 0" in text, text
+    assert time.monotonic() - t0 < 15, "the launcher should see this deadlock long before the time limit"
+
+
 def orphan_sendrecv(comm):
     if comm.rank == 0:
         comm.sendrecv(np.zeros(100_000), 1, 1)
