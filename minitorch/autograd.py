@@ -138,8 +138,8 @@ class Tensor(_t.Tensor):
                 g = node.backend.asarray(g, dtype=node.dtype)
                 if node.grad is None:
                     node.grad = Tensor(g.copy(), device=node.device)
-                else:
-                    node.grad = Tensor(node.grad.data + g, device=node.device)
+                else:  # in place, as PyTorch accumulates: no new array per backward (micro-batches)
+                    node.grad.data += g
                 continue
             for parent, pg in zip(node._parents, node._vjp(g)):
                 if pg is None:
