@@ -105,10 +105,31 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
         env["MT_LIVE_PROBE"] = probes
     limit = round(DEMO_CELL_LIMIT * time_scale())
     running: list[int] = []
+    progress = [time.monotonic()]  # when the last cell started or finished
+
+    def step(cell, cell_index, **_):  # noqa: ANN001, ANN202 - nbclient's hook signature
+        running.append(cell_index)
+        progress[0] = time.monotonic()
+
     client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warning
-                            on_cell_start=lambda cell, cell_index: running.append(cell_index),
+                            on_cell_start=step, on_cell_executed=lambda **kw: progress.__setitem__(0, time.monotonic()),
                             resources={"metadata": {"path": str(lesson.notebook.parent)}})
+    # nbclient times each cell, but can wait forever for a kernel message that never comes (seen
+    # once here: an idle kernel, the client still waiting): past the cell limit plus a minute with
+    # no cell started or finished, the kernel is killed, and nbclient reports it dead.
+    done, hung = threading.Event(), []
+
+    def watchdog() -> None:
+        while not done.wait(5):
+            if time.monotonic() - progress[0] > limit + 60:
+                hung.append(True)
+                process = getattr(getattr(client.km, "provisioner", None), "process", None)
+                if process is not None:
+                    process.kill()
+                return
+
+    threading.Thread(target=watchdog, daemon=True).start()
     try:
         client.execute(env=env)
         message = ""
@@ -125,6 +146,11 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
         message = f"cell {i} ended in an error, and Run All stops there:\n" + "\n".join(text.splitlines()[-15:])
     except Exception as exc:  # noqa: BLE001 - kernel death: report, don't crash the check
         message = f"{type(exc).__name__}: {exc}"
+        if hung:
+            message = (f"no cell started or finished for {limit + 60} s (the per-cell limit plus a minute): the "
+                       f"kernel was killed ({message})")
+    finally:
+        done.set()
     nbformat.write(nb, out)
     tests = [r for r in _read_jsonl(results) if r.get("event") == "end"]
     os.unlink(results)
