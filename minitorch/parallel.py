@@ -74,7 +74,7 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
         k = (rank - s - 2) % size
         got = comm.sendrecv(parts[(rank - s - 1) % size], right, left)
         got = check_received(comm, got, parts[k], left, "ring_reduce_scatter")
-        parts[k] = np.add(got, parts[k], out=got)  # into the new array recv returned: no copy of x
+        parts[k] = np.add(got, parts[k], out=got)  # into the new array sendrecv returned: no copy of x
     return parts[rank] if size > 1 else parts[rank].copy()
 
 

@@ -1129,6 +1129,12 @@ class MPIComm(Communicator):
         return _LiveStats(self)
 
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
+        self._send(array, dst, tag, False)
+
+    def _send(self, array: np.ndarray, dst: int, tag: int, borrow: bool) -> Any:
+        """send's work. borrow=True (sendrecv): the caller leaves `array` alone until the returned
+        request completes, so an array over _INLINE bytes goes out from where it is, without the
+        private copy (the request is returned, not kept with the pending ones); else None."""
         if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
             dst = self._check_rank(dst, "dst")
         if not (type(tag) is int and 0 <= tag < 2**20):  # noqa: E721
@@ -1140,9 +1146,13 @@ class MPIComm(Communicator):
         else:
             data = _message_array(array, self.rank, copy=False)
         head, n = _HEADERS.get((data.dtype, data.shape)) or _header(data), data.nbytes
+        out = None
         if n <= _INLINE:  # one message: the header and a copy of the data
             buf = head + (memoryview(data).cast("B") if n else b"")  # one copy: header and data, new bytes
             self._pending.append((self._c.Isend(buf, dst, tag), buf))
+        elif borrow:  # the header, then the data from where it is
+            self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
+            out = self._c.Isend([data.reshape(-1).view(np.uint8), self._BYTE], dst, tag)
         else:  # the header, then the data from a private copy (the caller may change `array` at once)
             spare = self._spare.get(n)
             if not spare and self._pending:  # a completed send's buffer: its pages are mapped already
@@ -1157,29 +1167,21 @@ class MPIComm(Communicator):
         self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
         self._bytes_to[dst] += n
         self._msgs_to[dst] += 1
+        return out
 
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
         """send then recv, with MPI_Sendrecv's contract: `array` is the caller's again only when the
         call returns, so an array over _INLINE bytes goes out from where it is, without the private
         copy `send` makes (a ring step moves its chunk once, not twice); the call returns when the
         message has been received and this rank's own has left."""
-        big = type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc" \
-            and array.nbytes > _INLINE  # noqa: E721
-        if not big:
-            return Communicator.sendrecv(self, array, dst, src, tag, recvtag)
-        dst, src = self._check_rank(dst, "dst"), self._check_rank(src, "src")
-        tag = self._check_tag(tag)
-        recvtag = tag if recvtag is None else self._check_tag(recvtag)
-        clock, t0 = time.perf_counter, self._t0
-        t = clock() - t0
-        head, n = _HEADERS.get((array.dtype, array.shape)) or _header(array), array.nbytes
-        self._pending.append((self._c.Isend([head, self._BYTE], dst, tag), head))
-        out = self._c.Isend([array.reshape(-1).view(np.uint8), self._BYTE], dst, tag)
-        self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
-        self._bytes_to[dst] += n
-        self._msgs_to[dst] += 1
+        recvtag = tag if recvtag is None else recvtag
+        if not (type(src) is int and 0 <= src < self.size and type(recvtag) is int  # noqa: E721 - checked
+                and 0 <= recvtag < 2**20):  # before anything is sent (the fast path of the checks)
+            src, recvtag = self._check_rank(src, "src"), self._check_tag(recvtag)
+        out = self._send(array, dst, tag, True)  # checks dst and tag
         got = self.recv(src, recvtag)
-        self._wait(out, "send", dst, tag)  # until the send completes: then the caller may change `array`
+        if out is not None:  # until the send completes: then the caller may change `array`
+            self._wait(out, "send", int(dst), int(tag))
         return got
 
     def _reap(self) -> None:
@@ -1977,7 +1979,7 @@ def ring_reduce_scatter(comm: Communicator, x: np.ndarray) -> np.ndarray:
         k = (rank - s - 2) % size
         got = comm.sendrecv(parts[(rank - s - 1) % size], right, left)
         got = check_received(comm, got, parts[k], left, "ring_reduce_scatter")
-        parts[k] = np.add(got, parts[k], out=got)  # into the new array recv returned: no copy of x
+        parts[k] = np.add(got, parts[k], out=got)  # into the new array sendrecv returned: no copy of x
     return parts[rank] if size > 1 else parts[rank].copy()
     ### END SOLUTION
 
