@@ -35,16 +35,13 @@ def check_counts(what: str, name: str, counts: Any) -> list[int]:
     """`counts` (a 1-D array or sequence of integers >= 0) as a list of Python ints, or an error
     naming the first that is not one (check_int's). One pass in Python for the common case: an
     all-to-all of small blocks is bound by its bookkeeping."""
-    if isinstance(counts, np.ndarray) and counts.ndim == 1:
-        values = counts.tolist()
-    else:
-        try:
-            values = list(counts) if not isinstance(counts, np.ndarray) else None
-        except TypeError:
-            values = None
-        if values is None:
-            raise ValueError(f"{what}: {name} must be a 1-D sequence of counts, got {type(counts).__name__} "
-                             f"of shape {np.shape(counts)}")
+    try:
+        if isinstance(counts, np.ndarray) and counts.ndim != 1:
+            raise TypeError
+        values = counts.tolist() if isinstance(counts, np.ndarray) else list(counts)
+    except TypeError:
+        raise ValueError(f"{what}: {name} must be a 1-D sequence of counts, got {type(counts).__name__} "
+                         f"of shape {np.shape(counts)}") from None
     if all([type(c) is int and c >= 0 for c in values]):  # noqa: E721 - a bool is not a count
         return values
     return [check_int(what, f"{name}[{i}]", c, 0) for i, c in enumerate(values)]

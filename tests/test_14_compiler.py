@@ -350,10 +350,8 @@ def test_float32_kernels_compute_in_float32(solo):
         g = lesson.optimize(lesson.trace(fn, *args))
         group = lesson.fuse(g)[0]
         src = lesson.numba_source(g, group, "k")
-        scope = dict(lesson.KERNEL_NAMES)
-        exec(src, scope)
-        kernel = numba.njit(scope["k"])
-        reads, writes = lesson.kernel_io(g, group)
+        kernel = lesson.compile_numba(src, "k", parallel=False)
+        writes = lesson.kernel_io(g, group)[1]
         rows, c = 4, 6
         ins = [(np.asarray(a).reshape(rows, c) if np.asarray(a).size == rows * c else np.asarray(a).reshape(1, c))
                for a in args]
