@@ -82,8 +82,6 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
     import tempfile
 
     import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
     from course.build import solution_notebook, student_notebook
     from course.gpu import gpu_status
@@ -105,52 +103,17 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
         env["MT_LIVE_PROBE"] = probes
     limit = round(DEMO_CELL_LIMIT * time_scale())
     running: list[int] = []
-    progress = [time.monotonic()]  # when the last cell started or finished
-
-    def step(cell, cell_index, **_):  # noqa: ANN001, ANN202 - nbclient's hook signature
-        running.append(cell_index)
-        progress[0] = time.monotonic()
-
-    client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
-                            extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warning
-                            on_cell_start=step, on_cell_executed=lambda **kw: progress.__setitem__(0, time.monotonic()),
-                            resources={"metadata": {"path": str(lesson.notebook.parent)}})
-    # nbclient times each cell, but can wait forever for a kernel message that never comes (seen
-    # once here: an idle kernel, the client still waiting): past the cell limit plus a minute with
-    # no cell started or finished, the kernel is killed, and nbclient reports it dead.
-    done, hung = threading.Event(), []
-
-    def watchdog() -> None:
-        while not done.wait(5):
-            if time.monotonic() - progress[0] > limit + 60:
-                hung.append(True)
-                process = getattr(getattr(client.km, "provisioner", None), "process", None)
-                if process is not None:
-                    process.kill()
-                return
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    try:
-        client.execute(env=env)
-        message = ""
-    except CellTimeoutError:
-        i = running[-1] if running else -1
-        first = nb.cells[i].source.strip().splitlines()[0] if i >= 0 else "?"
-        message = (f"cell {i} (`{first}`) ran past the per-cell limit of {limit} s ({DEMO_CELL_LIMIT:g} s on the "
-                   f"course's reference machine, x{time_scale():.2f} for this machine's measured speed). The "
-                   f"notebook up to that cell is in {out}. Run it on a quieter machine, or allow more with "
-                   f"MT_DEMO_CELL_LIMIT=<seconds>.")
-    except CellExecutionError as exc:
-        i = running[-1] if running else -1
-        text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # no terminal colours in a report
-        message = f"cell {i} ended in an error, and Run All stops there:\n" + "\n".join(text.splitlines()[-15:])
-    except Exception as exc:  # noqa: BLE001 - kernel death: report, don't crash the check
-        message = f"{type(exc).__name__}: {exc}"
-        if hung:
-            message = (f"no cell started or finished for {limit + 60} s (the per-cell limit plus a minute): the "
-                       f"kernel was killed ({message})")
-    finally:
-        done.set()
+    for attempt in (1, 2):
+        message, idle = _run_client(nb, env, limit, running, lesson, out)
+        # A kernel that went idle in the middle of a cell stopped answering (ipykernel's fault,
+        # not the lesson's): the notebook runs once more from the start, and the check says so.
+        if not idle or attempt == 2:
+            break
+        print(f"  {lesson.stem}{' (stub)' if stub else ''}: {message}; running the notebook again", flush=True)
+        nb = nbformat.from_dict(student_notebook(lesson) if stub else solution_notebook(lesson))
+        running.clear()
+        for path in (results, probes):
+            open(path, "w").close()
     nbformat.write(nb, out)
     tests = [r for r in _read_jsonl(results) if r.get("event") == "end"]
     os.unlink(results)
@@ -183,6 +146,49 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
                 not text.startswith(GPU_SKIP):
             message = f"gpu cell {i} should say it skipped (no GPU here: {reason}), but printed:\n{text[:500]}"
     return not message, message, checks, tests
+
+
+def _run_client(nb, env: dict, limit: int, running: list[int], lesson: Lesson, out: Path) -> tuple[str, bool]:  # noqa: ANN001
+    """Execute `nb` in place in a fresh kernel, watched by course.kernel_watch; append each cell's
+    index to `running` as it starts. Returns (error message or '', whether the watch killed a
+    kernel that sat idle in a cell)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError
+
+    from course.kernel_watch import IDLE_S, KernelWatch
+    from course.timing import time_scale
+
+    client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
+                            extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warning
+                            resources={"metadata": {"path": str(lesson.notebook.parent)}})
+    watch = KernelWatch(client, limit, IDLE_S * time_scale())
+
+    def started(cell_index, **kw):  # noqa: ANN001, ANN003, ANN202 - nbclient's hook signature
+        running.append(cell_index)
+        watch.cell_started(**kw)
+
+    client.on_cell_start, client.on_cell_executed = started, watch.cell_done
+    message = ""
+    with watch:
+        try:
+            client.execute(env=env)
+        except CellTimeoutError:
+            i = running[-1] if running else -1
+            first = nb.cells[i].source.strip().splitlines()[0] if i >= 0 else "?"
+            message = (f"cell {i} (`{first}`) ran past the per-cell limit of {limit} s ({DEMO_CELL_LIMIT:g} s on the "
+                       f"course's reference machine, x{time_scale():.2f} for this machine's measured speed). The "
+                       f"notebook up to that cell is in {out}. Run it on a quieter machine, or allow more with "
+                       f"MT_DEMO_CELL_LIMIT=<seconds>.")
+        except CellExecutionError as exc:
+            i = running[-1] if running else -1
+            text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # no terminal colours in a report
+            message = f"cell {i} ended in an error, and Run All stops there:\n" + "\n".join(text.splitlines()[-15:])
+        except Exception as exc:  # noqa: BLE001 - kernel death: report, don't crash the check
+            message = f"{type(exc).__name__}: {exc}"
+    if watch.reason:
+        i = running[-1] if running else -1
+        message = f"cell {i}: {watch.reason}; the kernel was killed ({message})"
+    return message, watch.idle
 
 
 def _check_cell_problems(checks: dict[str, str], lesson: Lesson, stub: bool) -> list[str]:

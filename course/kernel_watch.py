@@ -1,0 +1,100 @@
+"""A watchdog for a notebook run by nbclient: it kills a kernel that has stopped answering.
+
+nbclient times each cell, but it waits for a kernel message, and a kernel that never sends one
+(a request stranded in ipykernel 7's shell socket: ipython/ipykernel#1471, #1554) leaves it
+waiting with the kernel idle until the cell limit, which is minutes. Two rules, checked every
+few seconds:
+
+- stalled: no cell has started or finished for the cell limit plus a minute;
+- idle: a cell is running, yet neither the kernel nor any process under it has used any CPU for
+  IDLE_S seconds (scaled by the machine's speed). No lesson cell waits that long doing nothing:
+  every wait in the course (an MPI launch, a server, a grader's time limit) is shorter or burns
+  CPU somewhere under the kernel.
+
+Either way the kernel process is killed, nbclient reports the kernel dead, and the caller says
+which rule fired (`reason`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+IDLE_S = 120.0  # s a running cell may leave the kernel's process tree without CPU (reference machine)
+POLL_S = 5.0
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by process `pid` and its live descendants; None
+    where psutil is missing or the process is gone."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:  # a child that ended between the listing and the reading
+            pass
+    return total
+
+
+class KernelWatch:
+    """Watch an nbclient.NotebookClient while it executes; pass `cell_started` and `cell_done` as
+    its on_cell_start / on_cell_executed hooks. `reason` is '' or what made the watch kill the
+    kernel."""
+
+    def __init__(self, client, cell_limit: float, idle_s: float) -> None:  # noqa: ANN001 - nbclient's client
+        self.client, self.cell_limit, self.idle_s = client, cell_limit, idle_s
+        self.in_cell = False
+        self.progress = time.monotonic()  # when the last cell started or finished
+        self.reason = ""
+        self.idle = False  # the idle rule fired
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def cell_started(self, **_) -> None:  # noqa: ANN003 - nbclient's hook signature
+        self.in_cell, self.progress = True, time.monotonic()
+
+    def cell_done(self, **_) -> None:  # noqa: ANN003
+        self.in_cell, self.progress = False, time.monotonic()
+
+    def __enter__(self) -> KernelWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:  # noqa: ANN002
+        self._done.set()
+        self._thread.join()
+
+    def _process(self):  # noqa: ANN202 - the kernel's subprocess.Popen, or None before it starts
+        return getattr(getattr(getattr(self.client, "km", None), "provisioner", None), "process", None)
+
+    def _watch(self) -> None:
+        last_cpu, active = None, time.monotonic()  # the tree's CPU at the last poll; when it last worked
+        while not self._done.wait(POLL_S):
+            now, process = time.monotonic(), self._process()
+            if process is None:
+                continue
+            cpu = tree_cpu_seconds(process.pid)
+            # Working: more than 1% of a core since the last poll (an idle kernel's threads use less).
+            if cpu is None or last_cpu is None or abs(cpu - last_cpu) > 0.01 * POLL_S:
+                active = now
+            last_cpu = cpu
+            quiet = now - max(active, self.progress)
+            if now - self.progress > self.cell_limit + 60:
+                self.reason = f"no cell started or finished for {self.cell_limit + 60:.0f} s (the cell limit plus a minute)"
+            elif self.in_cell and cpu is not None and quiet > self.idle_s:
+                self.idle = True
+                self.reason = (f"the kernel and every process under it sat idle for {quiet:.0f} s in the middle of a "
+                               f"cell (more than {self.idle_s:.0f} s): the kernel stopped answering")
+            if self.reason:
+                process.kill()
+                return

@@ -1,0 +1,70 @@
+"""make check's watchdog over a notebook run (course.kernel_watch): a kernel that stops answering
+in the middle of a cell is killed and reported, and one whose work runs in a child process is not."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from course import kernel_watch
+
+pytestmark = pytest.mark.timeout(180)
+
+pytest.importorskip("psutil")
+
+
+def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> tuple[str, bool, list[int], float]:  # noqa: ANN001
+    """Run `cells` through make check's notebook runner with a short idle limit: (message, idle,
+    the cells started, seconds)."""
+    import nbformat
+
+    from course.maintain import _run_client
+
+    monkeypatch.setattr(kernel_watch, "IDLE_S", idle_s)
+    monkeypatch.setattr(kernel_watch, "POLL_S", 0.5)
+    monkeypatch.setenv("MT_TIME_SCALE", "1")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    lesson = SimpleNamespace(notebook=tmp_path / "watched.ipynb")
+    running: list[int] = []
+    t0 = time.monotonic()
+    message, idle = _run_client(nb, {}, 120, running, lesson, tmp_path / "out.ipynb")
+    return message, idle, running, time.monotonic() - t0
+
+
+def test_a_kernel_that_stops_answering_is_killed_and_reported(tmp_path, monkeypatch):
+    # SIGSTOP: the kernel never answers the cell, and nothing under it uses CPU, as in the hangs
+    # seen here (an idle kernel, nbclient waiting for its reply until the cell limit).
+    message, idle, running, seconds = run(["x = 1", "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
+                                           "print('never')"], tmp_path, monkeypatch)
+    assert idle and running == [0, 1], (message, running)
+    assert "cell 1:" in message and "idle" in message and "killed" in message, message
+    assert seconds < 60, f"the watch took {seconds:.0f} s to kill a kernel idle for 4 s"
+
+
+def test_work_in_a_child_process_is_not_idleness(tmp_path, monkeypatch):
+    # The kernel waits (no CPU of its own) while a child process burns CPU for 3x the idle limit,
+    # as a cell that waits for mpiexec's ranks or a server does.
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 12: pass"
+    message, idle, running, _ = run(["import subprocess, sys", f"subprocess.run([sys.executable, '-c', {spin!r}])",
+                                     "print('done')"], tmp_path, monkeypatch)
+    assert message == "" and not idle and running == [0, 1, 2], message
+
+
+def test_tree_cpu_counts_live_children():
+    import os
+    import subprocess
+    import sys
+
+    mine = kernel_watch.tree_cpu_seconds(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(2)
+        with_child = kernel_watch.tree_cpu_seconds(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+    assert with_child - mine > 0.5, (mine, with_child)
+    assert kernel_watch.tree_cpu_seconds(2**22 + 12345) is None  # no such process
