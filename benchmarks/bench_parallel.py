@@ -7,11 +7,12 @@
    plan is run as a skeleton on the communicator's simulator (`simulate_plan`); how often
    `best_plan`'s pick is the simulated best, the worst ratio of its simulated time to the best's,
    and the estimate's error.
-3. Real: the 1F1B pipeline of a 12-layer MLP (width 512, float64, batch 1024, m = 8) on 2 MPI
-   processes against 1 process running the whole batch: step time (best of 5), and the bubble in
-   the measured timeline, the speed-up's share of the bound 2m/(m+1) (issue 27: closer to it), and the
-   MPI engine's own cost per message in the same launch: a ping-pong between the two ranks through
-   the communicator against plain mpi4py (`Send`/`Recv` of the same arrays), at 8 bytes and at the
+3. Real: the 1F1B pipeline of a 12-layer MLP (width 512, float64, m = 8) on 2 MPI processes
+   against 1 process running the whole batch and the same micro-batches, at batch 1024 and 2048
+   (micro-batches of 128 and 256 rows): step time (best of 5), and the bubble in the measured
+   timeline, the speed-up's share of the bound 2m/(m+1) (issue 27: closer to it), and the MPI
+   engine's own cost per message in the same launch: a ping-pong between the two ranks through the
+   communicator against plain mpi4py (`Send`/`Recv` of the same arrays), at 8 bytes and at the
    size of one activation. On a 2-core machine the two ranks each get a core, if nothing else runs.
 """
 
@@ -149,56 +150,59 @@ def core_scaling(comm, width: int, rows: int, seconds: float = 0.3) -> float:
     return world.bcast(alone / both, root=0)
 
 
-def pipeline_and_overhead(comm, width: int, batch: int, m: int, reps: int):
-    """One launch: lesson 13's pipeline_timings, then the engine's cost per message, then how the
-    two cores scale on the micro-batch's GEMM (core_scaling)."""
-    return (pipeline_timings(comm, width, batch, m, reps), message_overhead(comm, [8, width * (batch // m) * 8]),
-            core_scaling(comm, width, batch // m))
+BATCHES = (1024, 2048)  # m = 8 micro-batches of 128 and of 256 rows
+
+
+def pipeline_and_overhead(comm, width: int, batches: tuple[int, ...], m: int, reps: int):
+    """One launch: lesson 13's pipeline_timings at each batch size, then the engine's cost per
+    message (at the first size's activation), then how the two cores scale on that micro-batch's
+    GEMM (core_scaling)."""
+    return ([pipeline_timings(comm, width, batch, m, reps) for batch in batches],
+            message_overhead(comm, [8, width * (batches[0] // m) * 8]), core_scaling(comm, width, batches[0] // m))
 
 
 def real_pipeline(ax=None) -> None:
-    """Part 3: the pipeline and the engine's cost per message on 2 MPI processes (one launch)."""
+    """Part 3: the pipeline at two micro-batch sizes and the engine's cost per message on 2 MPI
+    processes (one launch)."""
     ok, why = mpi_status()
     if not ok:
         print(f"\nMPI part skipped: {why}")
         return
-    width, batch, m, reps = 512, 1024, 8, 5
+    width, m, reps = 512, 8, 5
     conditions = machine_load()
-    res = run(pipeline_and_overhead, 2, width, batch, m, reps, engine="mpi", timeout=600)
-    timings = [r[0] for r in res.results]
-    (t1, t1m), t2 = timings[0][0], max(r[1][0] for r in timings)
-    start = max(r[1][1] for r in timings)
-    ivs = pipeline_intervals(res, since=start, until=start + t2)
-    busy = sum(iv.end - iv.start for iv in ivs)
+    res = run(pipeline_and_overhead, 2, width, BATCHES, m, reps, engine="mpi", timeout=600)
     bound = 2 * m / (m + 1)
+    scaling = res.results[0][2]
     print(f"\nreal pipeline on MPI ({why}), 2 ranks on {conditions} (before the launch): 12-layer MLP, "
-          f"width {width}, float64, batch {batch}")
+          f"width {width}, float64, m = {m}")
     print("  (the 1-process steps run on rank 0 while rank 1 waits in a barrier: on a busy machine a waiting rank "
           "that spins would slow them, and flatter the speed-up)")
-    print(f"  1 process, whole batch:  {t1 * 1e3:8.1f} ms per step")
-    print(f"  1 process, m={m} micro-batches: {t1m * 1e3:8.1f} ms per step (the cost of smaller matrices)")
-    print(f"  2 processes, 1F1B, m={m}: {t2 * 1e3:8.1f} ms per step (speed-up {t1 / t2:.2f}x over the whole "
-          f"batch, {t1m / t2:.2f}x over {m} micro-batches; bound with the bubble: 2 m / (m + 1) = "
-          f"{bound:.2f}x)")
-    share = min(t1, t1m) / t2 / bound
-    scaling = res.results[0][2]
-    print(f"  speed-up over the faster 1-process run: {min(t1, t1m) / t2:.2f}x = {share:.0%} of the bound "
-          f"(issue 27 measured 1.54x of 1.78x = 87% before; target: closer); over the same {m} micro-batches "
-          f"on 1 process (the same work): {t1m / t2:.2f}x = {t1m / t2 / bound:.0%} of the bound")
-    print(f"  the two cores together: each runs the micro-batch's GEMM at {scaling:.2f} of its speed alone "
-          f"(core_scaling), so this machine's bound is {bound:.2f} x {scaling:.2f} = {bound * scaling:.2f}x; the "
-          f"speed-up is {min(t1, t1m) / t2 / (bound * scaling):.0%} of it")
-    print(f"  measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
-          f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
+    print(f"  the two cores together: each runs a {BATCHES[0] // m}-row micro-batch's GEMM at {scaling:.2f} of its "
+          f"speed alone (core_scaling), so this machine's bound is {bound:.2f} x {scaling:.2f} = {bound * scaling:.2f}x")
+    for k, batch in enumerate(BATCHES):
+        timings = [r[0][k] for r in res.results]
+        (t1, t1m), t2 = timings[0][0], max(r[1][0] for r in timings)
+        start = max(r[1][1] for r in timings)
+        ivs = pipeline_intervals(res, since=start, until=start + t2)
+        busy = sum(iv.end - iv.start for iv in ivs)
+        best1 = min(t1, t1m)
+        print(f"  batch {batch} ({batch // m}-row micro-batches): 1 process, whole batch {t1 * 1e3:.1f} ms, "
+              f"m={m} micro-batches {t1m * 1e3:.1f} ms ({t1m / t1 - 1:+.0%}: what micro-batching costs); "
+              f"2 processes, 1F1B: {t2 * 1e3:.1f} ms")
+        print(f"    speed-up over the faster 1-process run {best1 / t2:.2f}x = {best1 / t2 / bound:.0%} of the bound "
+              f"{bound:.2f}x (issue 27 measured 1.54x = 87% at batch 1024 before; target: closer); over the same "
+              f"{m} micro-batches (the same work) {t1m / t2:.2f}x = {t1m / t2 / bound:.0%}; over the whole batch "
+              f"{t1 / t2:.2f}x")
+        print(f"    measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
+              f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
     per_step = 2 * m  # messages on a step's path: m activations forward, m gradients back
     for nbytes, t_comm, t_plain in res.results[0][1]:
         print(f"  engine cost per message, {nbytes:>7} bytes: {(t_comm - t_plain) * 1e6:7.1f} us "
               f"(one way: {t_comm * 1e6:7.1f} us through the communicator, {t_plain * 1e6:7.1f} us plain mpi4py)"
-              + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms of "
-                 f"{t2 * 1e3:.0f} ms" if nbytes > 8 else ""))
+              + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms" if nbytes > 8 else ""))
     if ax is not None:
         plot_pipeline(ivs, 2, ax=ax, unit="seconds (wall clock)",
-                      title=f"1F1B on 2 MPI processes: bubble {measured_bubble(ivs, 2):.2f}")
+                      title=f"1F1B on 2 MPI processes, batch {BATCHES[-1]}: bubble {measured_bubble(ivs, 2):.2f}")
 
 
 def main(out_dir: Path) -> None:

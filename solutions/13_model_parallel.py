@@ -1684,17 +1684,18 @@ def pipeline_timings(comm: Communicator, width: int, batch: int, m: int,
 # %% tags=["demo"]
 if mpi_status()[0]:
     from minitorch.bench import load_report
-    width, batch, reps = (512, 1024, 3) if not SMALL else (64, 64, 1)
+    width, batches, reps = (512, (1024, 2048), 3) if not SMALL else (64, (64,), 1)
     print(load_report())
-    res = run(pipeline_timings, 2, width, batch, 8, reps, engine="mpi", timeout=300)
-    (t1, t1m), t2, start = res.results[0][0], max(r[1][0] for r in res.results), max(r[1][1] for r in res.results)
-    ivs = pipeline_intervals(res, since=start, until=start + t2)
-    print(f"one process: whole batch {t1 * 1e3:.1f} ms, the 8 micro-batches one after the other {t1m * 1e3:.1f} ms; "
-          f"2 stages, m = 8: {t2 * 1e3:.1f} ms")
-    print(f"speed-up over the same 8 micro-batches on one process {t1m / t2:.2f}x (at best 2 m/(m+1) = "
-          f"{2 * 8 / 9:.2f}x); over the faster one-process run {min(t1, t1m) / t2:.2f}x")
-    print(f"measured bubble {measured_bubble(ivs, 2):.3f}, unit-time formula (p-1)/(m+p-1) = {1 / 9:.3f}")
-    plot_pipeline(ivs, 2, unit="seconds (wall clock, MPI)", title="1F1B on 2 MPI processes")
+    for batch in batches:  # m = 8 micro-batches of batch / 8 rows
+        res = run(pipeline_timings, 2, width, batch, 8, reps, engine="mpi", timeout=300)
+        (t1, t1m), t2, start = res.results[0][0], max(r[1][0] for r in res.results), max(r[1][1] for r in res.results)
+        ivs = pipeline_intervals(res, since=start, until=start + t2)
+        print(f"batch {batch} ({batch // 8}-row micro-batches): one process, whole batch {t1 * 1e3:.1f} ms, the 8 "
+              f"micro-batches one after the other {t1m * 1e3:.1f} ms; 2 stages, m = 8: {t2 * 1e3:.1f} ms")
+        print(f"  speed-up over the same 8 micro-batches on one process {t1m / t2:.2f}x (at best 2 m/(m+1) = "
+              f"{2 * 8 / 9:.2f}x); over the faster one-process run {min(t1, t1m) / t2:.2f}x")
+        print(f"  measured bubble {measured_bubble(ivs, 2):.3f}, unit-time formula (p-1)/(m+p-1) = {1 / 9:.3f}")
+    plot_pipeline(ivs, 2, unit="seconds (wall clock, MPI)", title=f"1F1B on 2 MPI processes, batch {batch}")
     plt.show()
 else:
     print("MPI cannot start here:", mpi_status()[1])
@@ -1716,6 +1717,17 @@ else:
 #   above) and how the two cores scale when both run (`core_scaling`).
 # - **Both cores at once.** Any other load lands on the critical path: a rank waiting in `recv`
 #   gives its core away, but the stage it waits for still has to get one.
+# - **Micro-batches too small.** Some work is paid once per micro-batch, whatever its size: every
+#   layer adds its weight gradient (a 512 x 512 float64 array, 2 MiB, read and written from
+#   outside the caches) into `.grad` once per micro-batch, and a weight-gradient GEMM with an inner
+#   dimension of 128 rows runs less efficiently than one of 1024. Compare the two one-process lines
+#   of each batch above: at 128 rows that work shows as the micro-batches' extra time, and the
+#   pipeline's gain over the whole batch falls short of the bound by it; at 256 rows the same
+#   additions come with twice the FLOPs, so their share halves.
+#   Larger micro-batches, or more of them per step (the bound grows with m), are the remedy;
+#   Megatron-LM fuses the accumulation into the weight-gradient GEMM (a GEMM that adds into its
+#   output, BLAS's beta = 1), and zero-bubble schedules (P. Qi et al., *Zero bubble pipeline
+#   parallelism*, ICLR 2024) move the weight-gradient GEMMs into the bubble.
 
 # %% [markdown]
 # ## Summary
@@ -1751,7 +1763,8 @@ else:
 # H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for near-infinite
 # context*, arXiv:2310.01889, 2023 (ICLR 2024). W. Brandon et al., *Striped attention: faster ring
 # attention for causal transformers*, arXiv:2311.09431, 2023. T. Dao et al., *FlashAttention*,
-# NeurIPS 2022. M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*,
+# NeurIPS 2022. P. Qi, X. Wan, G. Huang, M. Lin, *Zero bubble pipeline parallelism*, ICLR 2024.
+# M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*,
 # arXiv:1805.02867, 2018. N. Tazi et al., *The ultra-scale playbook: training LLMs on GPU
 # clusters*, Hugging Face, 2025 (and its companion code, picotron and nanotron). Hugging Face
 # Transformers documentation, *Model parallelism*.
