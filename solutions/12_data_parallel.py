@@ -827,7 +827,7 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
     if world.failure is not None:
         rank, exc = world.failure
         if not isinstance(exc, DeadlockError):
-            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} ranks)" + _stuck_note(stuck))
+            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} rank{'s' * (nranks > 1)})" + _stuck_note(stuck))
         raise exc
     pending = world.pending_report()
     if pending:
@@ -1532,7 +1532,7 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
                         where = _mpi_where(job / f"stack{r}.txt")
                     lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
             who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, late))
-            raise RunTimeoutError(f"{who} of an MPI run with {nranks} ranks did not finish within {timeout:g} s "
+            raise RunTimeoutError(f"{who} of an MPI run with {nranks} rank{'s' * (nranks > 1)} did not finish within {timeout:g} s "
                                   "(an infinite loop?):\n" + "\n".join(lines) + f"\n{exc}", timeout, late) from None
         wall = time.perf_counter() - t0
         records = {}
@@ -1546,7 +1546,7 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
     if failed:
         rank = failed[0]
         exc = records[rank]["error"]
-        exc.add_note(f"(raised on rank {rank} of an MPI run with {nranks} ranks)\n"
+        exc.add_note(f"(raised on rank {rank} of an MPI run with {nranks} rank{'s' * (nranks > 1)})\n"
                      f"rank {rank}'s traceback:\n{records[rank]['traceback']}")
         raise exc
     if rc != 0 or len(records) != nranks:
