@@ -13,7 +13,7 @@
    timeline, the speed-up's share of the bound 2m/(m+1) (issue 27: closer to it), and the MPI
    engine's own cost per message in the same launch: a ping-pong between the two ranks through the
    communicator against plain mpi4py (`Send`/`Recv` of the same arrays), at 8 bytes and at the
-   size of one activation. On a 2-core machine the two ranks each get a core, if nothing else runs.
+   size of one 128-row activation. On a 2-core machine the two ranks each get a core, if nothing else runs.
 """
 
 from __future__ import annotations
@@ -178,7 +178,9 @@ def real_pipeline(ax=None) -> None:
     print("  (the 1-process steps run on rank 0 while rank 1 waits in a barrier: on a busy machine a waiting rank "
           "that spins would slow them, and flatter the speed-up)")
     print(f"  the two cores together: each runs a {BATCHES[0] // m}-row micro-batch's GEMM at {scaling:.2f} of its "
-          f"speed alone (core_scaling), so this machine's bound is {bound:.2f} x {scaling:.2f} = {bound * scaling:.2f}x")
+          f"speed alone (core_scaling), so this machine's bound at that size is {bound:.2f} x {scaling:.2f} = "
+          f"{bound * scaling:.2f}x")
+    steps = {}  # batch -> pipeline step time
     for k, batch in enumerate(BATCHES):
         timings = [r[0][k] for r in res.results]
         (t1, t1m), t2 = timings[0][0], max(r[1][0] for r in timings)
@@ -189,17 +191,19 @@ def real_pipeline(ax=None) -> None:
         print(f"  batch {batch} ({batch // m}-row micro-batches): 1 process, whole batch {t1 * 1e3:.1f} ms, "
               f"m={m} micro-batches {t1m * 1e3:.1f} ms ({t1m / t1 - 1:+.0%}: what micro-batching costs); "
               f"2 processes, 1F1B: {t2 * 1e3:.1f} ms")
+        before = " (issue 27 measured 1.54x = 87% here before; target: closer)" if batch == 1024 else ""
         print(f"    speed-up over the faster 1-process run {best1 / t2:.2f}x = {best1 / t2 / bound:.0%} of the bound "
-              f"{bound:.2f}x (issue 27 measured 1.54x = 87% at batch 1024 before; target: closer); over the same "
-              f"{m} micro-batches (the same work) {t1m / t2:.2f}x = {t1m / t2 / bound:.0%}; over the whole batch "
-              f"{t1 / t2:.2f}x")
+              f"{bound:.2f}x{before}; over the same {m} micro-batches (the same work) {t1m / t2:.2f}x = "
+              f"{t1m / t2 / bound:.0%}; over the whole batch {t1 / t2:.2f}x")
+        steps[batch] = t2
         print(f"    measured bubble {measured_bubble(ivs, 2):.3f} (unit-time formula {1 / (m + 1):.3f}); "
               f"F+B busy {busy * 1e3:.1f} ms of 2 x {t2 * 1e3:.1f} ms")
     per_step = 2 * m  # messages on a step's path: m activations forward, m gradients back
     for nbytes, t_comm, t_plain in res.results[0][1]:
         print(f"  engine cost per message, {nbytes:>7} bytes: {(t_comm - t_plain) * 1e6:7.1f} us "
               f"(one way: {t_comm * 1e6:7.1f} us through the communicator, {t_plain * 1e6:7.1f} us plain mpi4py)"
-              + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms" if nbytes > 8 else ""))
+              + (f"; x {per_step} messages per step = {(t_comm - t_plain) * per_step * 1e3:.2f} ms of the "
+                 f"{steps[BATCHES[0]] * 1e3:.0f} ms step at batch {BATCHES[0]}" if nbytes > 8 else ""))
     if ax is not None:
         plot_pipeline(ivs, 2, ax=ax, unit="seconds (wall clock)",
                       title=f"1F1B on 2 MPI processes, batch {BATCHES[-1]}: bubble {measured_bubble(ivs, 2):.2f}")

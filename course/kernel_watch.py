@@ -11,13 +11,15 @@ rules, checked every POLL_S seconds:
   doing nothing: every wait in the course (an MPI launch, a server, a grader's time limit) is
   shorter or burns CPU somewhere under the kernel.
 
-Either way the kernel process is killed, nbclient reports the kernel dead, and `reason` says
+Either way the kernel and its session are killed, nbclient reports the kernel dead, and `reason` says
 which rule fired (`idle`: the second). make check runs a notebook whose kernel went idle once
 more (course.maintain.execute_notebook).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -26,8 +28,8 @@ POLL_S = 5.0
 
 
 def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds (user + system) used so far by process `pid` and its live descendants; None
-    where psutil is missing or the process is gone."""
+    """CPU seconds (user + system) used so far by process `pid`, its live descendants and the
+    children they have reaped; None where psutil is missing or the process is gone."""
     try:
         import psutil
     except ImportError:
@@ -39,9 +41,9 @@ def tree_cpu_seconds(pid: int) -> float | None:
         return None
     total = 0.0
     for proc in procs:
-        try:
+        try:  # children_*: the children it has reaped, so the total never falls when one ends
             t = proc.cpu_times()
-            total += t.user + t.system
+            total += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
         except psutil.Error:  # a child that ended between the listing and the reading
             pass
     return total
@@ -86,7 +88,7 @@ class KernelWatch:
                 continue
             cpu = tree_cpu_seconds(process.pid)
             # Working: more than 1% of a core since the last poll (an idle kernel's threads use less).
-            if cpu is None or last_cpu is None or abs(cpu - last_cpu) > 0.01 * POLL_S:
+            if cpu is None or last_cpu is None or cpu - last_cpu > 0.01 * POLL_S:
                 active = now
             last_cpu = cpu
             quiet = now - max(active, self.progress)
@@ -97,5 +99,14 @@ class KernelWatch:
                 self.reason = (f"the kernel and every process under it sat idle for {quiet:.0f} s in the middle of a "
                                f"cell (more than {self.idle_s:.0f} s): the kernel stopped answering")
             if self.reason:
-                process.kill()
+                _kill_session(process)
                 return
+
+
+def _kill_session(process) -> None:  # noqa: ANN001 - a subprocess.Popen
+    """SIGKILL the kernel and every process of its session (jupyter_client starts a kernel in a
+    session of its own), so that no child of a cell (a server, a subprocess) outlives it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (OSError, AttributeError):  # not a group leader, or no process groups (Windows)
+        process.kill()

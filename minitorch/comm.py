@@ -567,7 +567,7 @@ def plot_timeline(result: RunResult, ax: Any = None, title: str | None = None) -
     used = {e.kind for e in result.timeline}
     ax.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items() if k in used],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.set_title(title or f"{result.engine}: {result.nranks} ranks")
+    ax.set_title(title or f"{result.engine}: {result.nranks} rank{'s' * (result.nranks > 1)}")
     return ax
 
 
@@ -1441,7 +1441,7 @@ class _DeadlockWatch:
                    if (k := st[src]["sent"][dst] - s["received"][src]) > 0]
         hint = ("\n  sent but not received (wrong peer or tag?):\n" + "\n".join(pending)) if pending else ""
         what = "a rank waits for a rank that has returned" if orphans else "every running rank is blocked"
-        return (f"deadlock in an MPI run with {n} ranks: {what} (seen by the launcher in the ranks' status "
+        return (f"deadlock in an MPI run with {n} rank{'s' * (n > 1)}: {what} (seen by the launcher in the ranks' status "
                 "files; the job was killed)\n" + "\n".join(lines) + cycle + hint, bool(in_flight))
 
 

@@ -1632,9 +1632,10 @@ print(f"best_plan: {pick}, {est.memory / 1e9:.1f} GB, {est.time:.2f} s per step"
 # Every function above takes a communicator, so the pipeline, the tensor-parallel layers and the
 # ring run on real processes unchanged; the tests check that MPI's results equal the simulator's
 # bit for bit. What the simulator cannot show is real time. The cell below runs the 12-layer MLP
-# of section 4, widened to 512 (float64, a batch of 1024 in 8 micro-batches), with a 512-wide last
-# layer too (the loss reads its first 5 outputs) so that the two stages do the same work. It times
-# 2 MPI processes (2 stages, 1F1B) against 1 process running the whole batch at once and 1 process
+# of section 4, widened to 512 (float64, 8 micro-batches), with a 512-wide last layer too (the
+# loss reads its first 5 outputs) so that the two stages do the same work, at two batch sizes:
+# 1024 and 2048 rows (micro-batches of 128 and 256 rows), each in its own MPI launch. It times 2
+# MPI processes (2 stages, 1F1B) against 1 process running the whole batch at once and 1 process
 # running the 8 micro-batches one after the other, on this machine (the cell prints its cores and
 # load), and prints the step times (best of 3) and the bubble in the measured timeline
 # (`stage_forward` and `stage_backward` record wall-clock intervals under MPI).
@@ -1717,17 +1718,20 @@ else:
 #   above) and how the two cores scale when both run (`core_scaling`).
 # - **Both cores at once.** Any other load lands on the critical path: a rank waiting in `recv`
 #   gives its core away, but the stage it waits for still has to get one.
-# - **Micro-batches too small.** Some work is paid once per micro-batch, whatever its size: every
-#   layer adds its weight gradient (a 512 x 512 float64 array, 2 MiB, read and written from
-#   outside the caches) into `.grad` once per micro-batch, and a weight-gradient GEMM with an inner
-#   dimension of 128 rows runs less efficiently than one of 1024. Compare the two one-process lines
-#   of each batch above: at 128 rows that work shows as the micro-batches' extra time, and the
-#   pipeline's gain over the whole batch falls short of the bound by it; at 256 rows the same
-#   additions come with twice the FLOPs, so their share halves.
-#   Larger micro-batches, or more of them per step (the bound grows with m), are the remedy;
-#   Megatron-LM fuses the accumulation into the weight-gradient GEMM (a GEMM that adds into its
-#   output, BLAS's beta = 1), and zero-bubble schedules (P. Qi et al., *Zero bubble pipeline
-#   parallelism*, ICLR 2024) move the weight-gradient GEMMs into the bubble.
+# - **Micro-batches too small.** Some work is paid once per micro-batch, whatever its size:
+#   every layer adds its weight gradient (512 x 512 float64, 2 MiB) into `.grad` once per
+#   micro-batch, and its weight-gradient GEMM has only the micro-batch's rows as its inner
+#   dimension. Compare the two one-process times of each batch: where that work costs, the
+#   micro-batches take longer than the whole batch, and the speed-up over the faster one-process
+#   run falls short of the bound by as much. (On the 2-core development machine a profile put
+#   the difference at 128 rows in those adds and GEMMs, and there was none at 256 rows.) The
+#   remedy is larger micro-batches; more of them (a larger m) shrinks the bubble but, for the same
+#   batch, makes each one smaller. Megatron-LM cuts the cost of the adds by fusing them into the
+#   weight-gradient GEMM (`--gradient-accumulation-fusion`: a GEMM that adds into its output,
+#   BLAS's beta = 1; from NumPy, SciPy's `scipy.linalg.blas.dgemm(1.0, a, b, beta=1.0, c=grad,
+#   overwrite_c=True)` on a Fortran-ordered `grad`). Zero-bubble schedules pull a different
+#   lever: they split each backward into its input-gradient and weight-gradient halves and run
+#   the weight-gradient GEMMs in the bubble (Qi et al. 2024).
 
 # %% [markdown]
 # ## Summary
@@ -1763,8 +1767,8 @@ else:
 # H. Liu, M. Zaharia, P. Abbeel, *Ring attention with blockwise transformers for near-infinite
 # context*, arXiv:2310.01889, 2023 (ICLR 2024). W. Brandon et al., *Striped attention: faster ring
 # attention for causal transformers*, arXiv:2311.09431, 2023. T. Dao et al., *FlashAttention*,
-# NeurIPS 2022. P. Qi, X. Wan, G. Huang, M. Lin, *Zero bubble pipeline parallelism*, ICLR 2024.
-# M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*,
+# NeurIPS 2022. P. Qi, X. Wan, G. Huang, M. Lin, *Zero bubble (almost) pipeline parallelism*,
+# ICLR 2024 (arXiv:2401.10241). M. Milakov, N. Gimelshein, *Online normalizer calculation for softmax*,
 # arXiv:1805.02867, 2018. N. Tazi et al., *The ultra-scale playbook: training LLMs on GPU
 # clusters*, Hugging Face, 2025 (and its companion code, picotron and nanotron). Hugging Face
 # Transformers documentation, *Model parallelism*.

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.timeout(180)
 pytest.importorskip("psutil")
 
 
-def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> tuple[str, bool, list[int], float]:  # noqa: ANN001
+def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> tuple[str, bool, list[int], float, list[str]]:  # noqa: ANN001
     """Run `cells` through make check's notebook runner with a short idle limit: (message, idle,
-    the cells started, seconds)."""
+    the cells started, seconds, what each cell printed)."""
     import nbformat
 
     from course.maintain import _run_client
@@ -31,24 +31,42 @@ def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> t
     running: list[int] = []
     t0 = time.monotonic()
     message, idle = _run_client(nb, {}, 120, running, lesson, tmp_path / "out.ipynb")
-    return message, idle, running, time.monotonic() - t0
+    printed = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells]
+    return message, idle, running, time.monotonic() - t0, printed
 
 
 def test_a_kernel_that_stops_answering_is_killed_and_reported(tmp_path, monkeypatch):
     # SIGSTOP: the kernel never answers the cell, and nothing under it uses CPU, as in the hangs
-    # seen here (an idle kernel, nbclient waiting for its reply until the cell limit).
-    message, idle, running, seconds = run(["x = 1", "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)",
-                                           "print('never')"], tmp_path, monkeypatch)
+    # seen here (an idle kernel, nbclient waiting for its reply until the cell limit). The sleeping
+    # child a cell started goes with it.
+    message, idle, running, seconds, printed = run(
+        ["import subprocess\nchild = subprocess.Popen(['sleep', '300'])\nprint(child.pid)",
+         "import os, signal\nos.kill(os.getpid(), signal.SIGSTOP)", "print('never')"], tmp_path, monkeypatch)
     assert idle and running == [0, 1], (message, running)
     assert "cell 1:" in message and "idle" in message and "killed" in message, message
     assert seconds < 60, f"the watch took {seconds:.0f} s to kill a kernel idle for 4 s"
+    child = int(printed[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.1)
+    assert not _alive(child), f"the cell's child process {child} outlived the killed kernel"
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed but not yet reaped by its parent, does not)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_work_in_a_child_process_is_not_idleness(tmp_path, monkeypatch):
     # The kernel waits (no CPU of its own) while a child process burns CPU for 3x the idle limit,
     # as a cell that waits for mpiexec's ranks or a server does.
     spin = "import time\nt = time.time()\nwhile time.time() - t < 12: pass"
-    message, idle, running, _ = run(["import subprocess, sys", f"subprocess.run([sys.executable, '-c', {spin!r}])",
+    message, idle, running, _, _ = run(["import subprocess, sys", f"subprocess.run([sys.executable, '-c', {spin!r}])",
                                      "print('done')"], tmp_path, monkeypatch)
     assert message == "" and not idle and running == [0, 1, 2], message
 
