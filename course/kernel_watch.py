@@ -18,10 +18,10 @@ more (course.maintain.execute_notebook).
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
+
+from course.grade import _kill
 
 IDLE_S = 120.0  # s a running cell may leave the kernel's process tree without CPU (reference machine)
 POLL_S = 5.0
@@ -98,15 +98,7 @@ class KernelWatch:
                 self.idle = True
                 self.reason = (f"the kernel and every process under it sat idle for {quiet:.0f} s in the middle of a "
                                f"cell (more than {self.idle_s:.0f} s): the kernel stopped answering")
-            if self.reason:
-                _kill_session(process)
+            if self.reason:  # the kernel's whole session: jupyter_client starts each kernel in its own,
+                _kill(process)  # so no child of a cell (a server, a subprocess) outlives it
                 return
 
-
-def _kill_session(process) -> None:  # noqa: ANN001 - a subprocess.Popen
-    """SIGKILL the kernel and every process of its session (jupyter_client starts a kernel in a
-    session of its own), so that no child of a cell (a server, a subprocess) outlives it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (OSError, AttributeError):  # not a group leader, or no process groups (Windows)
-        process.kill()
