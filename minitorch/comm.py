@@ -87,6 +87,11 @@ SIM_TIME_LIMIT = 10.0
 MPI_TIME_LIMIT = 120.0
 
 
+def _ranks(n: int) -> str:
+    """'1 rank', '4 ranks': a run's size in a message."""
+    return f"{n} rank{'s' * (n != 1)}"
+
+
 class DeadlockError(RuntimeError):
     """Every rank still running waits for something that no rank will ever do."""
 
@@ -567,7 +572,7 @@ def plot_timeline(result: RunResult, ax: Any = None, title: str | None = None) -
     used = {e.kind for e in result.timeline}
     ax.legend(handles=[Patch(color=c, label=k) for k, c in KIND_COLORS.items() if k in used],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.set_title(title or f"{result.engine}: {result.nranks} rank{'s' * (result.nranks > 1)}")
+    ax.set_title(title or f"{result.engine}: {_ranks(result.nranks)}")
     return ax
 
 
@@ -654,12 +659,12 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
         report, alive, busy = late
         busy = busy or alive
         who = f"rank {busy[0]}" if len(busy) == 1 else "ranks " + ", ".join(map(str, busy))
-        raise RunTimeoutError(f"{who} of a simulated run with {nranks} rank{'s' * (nranks > 1)} did not finish within {timeout:g} s "
+        raise RunTimeoutError(f"{who} of a simulated run with {_ranks(nranks)} did not finish within {timeout:g} s "
                               f"(an infinite loop?):\n{report}" + _stuck_note(stuck), timeout, alive)
     if world.failure is not None:
         rank, exc = world.failure
         if not isinstance(exc, DeadlockError):
-            exc.add_note(f"(raised on rank {rank} of a simulated run with {nranks} rank{'s' * (nranks > 1)})" + _stuck_note(stuck))
+            exc.add_note(f"(raised on rank {rank} of a simulated run with {_ranks(nranks)})" + _stuck_note(stuck))
         raise exc
     pending = world.pending_report()
     if pending:
@@ -1315,7 +1320,7 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
                         where = _mpi_where(job / f"stack{r}.txt")
                     lines.append(f"  rank {r} had not returned" + (f"; near the limit it was at {where}" if where else ""))
             who = f"rank {late[0]}" if len(late) == 1 else "ranks " + ", ".join(map(str, late))
-            raise RunTimeoutError(f"{who} of an MPI run with {nranks} rank{'s' * (nranks > 1)} did not finish within {timeout:g} s "
+            raise RunTimeoutError(f"{who} of an MPI run with {_ranks(nranks)} did not finish within {timeout:g} s "
                                   "(an infinite loop?):\n" + "\n".join(lines) + f"\n{exc}", timeout, late) from None
         wall = time.perf_counter() - t0
         records = {}
@@ -1329,7 +1334,7 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
     if failed:
         rank = failed[0]
         exc = records[rank]["error"]
-        exc.add_note(f"(raised on rank {rank} of an MPI run with {nranks} rank{'s' * (nranks > 1)})\n"
+        exc.add_note(f"(raised on rank {rank} of an MPI run with {_ranks(nranks)})\n"
                      f"rank {rank}'s traceback:\n{records[rank]['traceback']}")
         raise exc
     if rc != 0 or len(records) != nranks:
@@ -1441,7 +1446,7 @@ class _DeadlockWatch:
                    if (k := st[src]["sent"][dst] - s["received"][src]) > 0]
         hint = ("\n  sent but not received (wrong peer or tag?):\n" + "\n".join(pending)) if pending else ""
         what = "a rank waits for a rank that has returned" if orphans else "every running rank is blocked"
-        return (f"deadlock in an MPI run with {n} rank{'s' * (n > 1)}: {what} (seen by the launcher in the ranks' status "
+        return (f"deadlock in an MPI run with {_ranks(n)}: {what} (seen by the launcher in the ranks' status "
                 "files; the job was killed)\n" + "\n".join(lines) + cycle + hint, bool(in_flight))
 
 
