@@ -1,15 +1,17 @@
 """A watchdog for a notebook run by nbclient: it kills a kernel that has stopped answering.
 
-nbclient times each cell, but it waits for a kernel message, and a kernel that never sends one
-leaves it waiting with the kernel idle until the cell limit, which is minutes (seen twice in
-make check here; such hangs are reported for ipykernel 7: ipython/ipykernel#1471, #1554). Two
-rules, checked every POLL_S seconds:
+nbclient times each cell, but it waits for a kernel message, and when the reply never reaches it
+it waits with the kernel idle until the cell limit, which is minutes. Seen here three times, the
+last in a cell that opens ipywidgets (lesson 01's first live control), a known nbclient fault
+(jupyter/nbclient#312); ipykernel 7 has similar reports (ipython/ipykernel#1471). Two rules,
+checked every POLL_S seconds:
 
 - stalled: no cell has started or finished for the cell limit plus a minute;
 - idle: a cell is running, yet the kernel and every process under it have used no more than 1%
-  of a core for IDLE_S seconds (scaled by the machine's speed). No lesson cell waits that long
-  doing nothing: every wait in the course (an MPI launch, a server, a grader's time limit) is
-  shorter or burns CPU somewhere under the kernel.
+  of a core for IDLE_S seconds. Not scaled by the machine's speed: a slower machine takes
+  longer to compute, not longer to sit still. No lesson cell waits that long doing nothing:
+  every wait in the course (an MPI launch, a server, a grader's time limit) is shorter or burns
+  CPU somewhere under the kernel.
 
 Either way the kernel and its session are killed, nbclient reports the kernel dead, and `reason` says
 which rule fired (`idle`: the second). make check runs a notebook whose kernel went idle once
@@ -23,7 +25,7 @@ import time
 
 from course.grade import _kill
 
-IDLE_S = 120.0  # s a running cell may leave the kernel's process tree without CPU (reference machine)
+IDLE_S = 120.0  # s a running cell may leave the kernel's process tree without CPU
 POLL_S = 5.0
 
 

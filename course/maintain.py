@@ -161,7 +161,7 @@ def _run_client(nb, env: dict, limit: int, running: list[int], lesson: Lesson, o
     client = NotebookClient(nb, timeout=limit, kernel_name="python3", record_timing=True,
                             extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warning
                             resources={"metadata": {"path": str(lesson.notebook.parent)}})
-    watch = KernelWatch(client, limit, IDLE_S * time_scale())
+    watch = KernelWatch(client, limit, IDLE_S)
 
     def started(cell_index, **kw):  # noqa: ANN001, ANN003, ANN202 - nbclient's hook signature
         running.append(cell_index)
