@@ -488,6 +488,109 @@ def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
     return found
 
 
+from minitorch.simd import vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
+from minitorch.simd_matmul import BLIS_KC, BLIS_MC, BLIS_MR, BLIS_NR  # noqa: E402
+
+
+@njit(cache=False, inline="always")
+def int8_pairs_kernel(ap, bp, c, co, ldc):
+    """c[co + r*ldc + j] += sum over pairs k2 of a[r, 2k2] b[2k2, j] + a[r, 2k2+1] b[2k2+1, j], r < 6, j < 16.
+
+    ap (6 K2,) int32 pair words (ap[6 k2 + r] holds a[r, 2k2], a[r, 2k2+1] as int16); bp (32 K2,) int16
+    (bp[32 k2 + 2j + t] = b[2k2 + t, j]); c 1-D int32, the block at co with rows ldc apart.
+    """
+    c0, c1, c2 = vzero_i32(), vzero_i32(), vzero_i32()
+    c3, c4, c5 = vzero_i32(), vzero_i32(), vzero_i32()
+    for k2 in range(bp.size // 32):
+        o, a = 32 * k2, 6 * k2
+        c0 = vmadd_pairs(c0, ap[a], bp, o)
+        c1 = vmadd_pairs(c1, ap[a + 1], bp, o)
+        c2 = vmadd_pairs(c2, ap[a + 2], bp, o)
+        c3 = vmadd_pairs(c3, ap[a + 3], bp, o)
+        c4 = vmadd_pairs(c4, ap[a + 4], bp, o)
+        c5 = vmadd_pairs(c5, ap[a + 5], bp, o)
+    vstore_add_i32(c0, c, co)
+    vstore_add_i32(c1, c, co + ldc)
+    vstore_add_i32(c2, c, co + 2 * ldc)
+    vstore_add_i32(c3, c, co + 3 * ldc)
+    vstore_add_i32(c4, c, co + 4 * ldc)
+    vstore_add_i32(c5, c, co + 5 * ldc)
+
+
+@njit(cache=False)
+def pack_a_pairs(a, i0, mc, p2, kc2, ap):
+    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words:
+    ap[(ir * kc2 + k2) * 6 + r] = a[i, 2q] & 0xFFFF | a[i, 2q+1] << 16 (i = i0 + 6 ir + r, q = p2 + k2);
+    zero past M and past K."""
+    m, k = a.shape
+    for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+        base = ir * kc2 * BLIS_MR
+        for r in range(BLIS_MR):
+            i = i0 + ir * BLIS_MR + r
+            for k2 in range(kc2):
+                q = 2 * (p2 + k2)
+                lo = np.int32(a[i, q]) if i < m else np.int32(0)
+                hi = np.int32(a[i, q + 1]) if i < m and q + 1 < k else np.int32(0)
+                ap[base + k2 * BLIS_MR + r] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
+
+
+@njit(parallel=True, cache=False)
+def pack_b_pairs(b, p2, kc2, bp):
+    """k-pairs p2..p2+kc2 of int8 b (K, N) as 16-column panels of int16 pairs, on all threads:
+    bp[(jp * kc2 + k2) * 32 + 2j + t] = b[2(p2 + k2) + t, 16 jp + j]; zero past K and past N."""
+    k, n = b.shape
+    for jp in prange((n + BLIS_NR - 1) // BLIS_NR):
+        base = jp * kc2 * 2 * BLIS_NR
+        for k2 in range(kc2):
+            for j in range(BLIS_NR):
+                col = jp * BLIS_NR + j
+                for t in range(2):
+                    row = 2 * (p2 + k2) + t
+                    bp[base + k2 * 2 * BLIS_NR + 2 * j + t] = b[row, col] if row < k and col < n else np.int16(0)
+
+
+@njit(cache=False)
+def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
+    """One thread's work for one A block: every B panel against every 6-row panel of A."""
+    for jp in range(bp.size // (kc2 * 2 * BLIS_NR)):
+        bo = jp * kc2 * 2 * BLIS_NR
+        for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+            ao = ir * kc2 * BLIS_MR
+            int8_pairs_kernel(ap[ao:ao + kc2 * BLIS_MR], bp[bo:bo + kc2 * 2 * BLIS_NR], cf,
+                              (i0 + ir * BLIS_MR) * ldc + jp * BLIS_NR, ldc)
+
+
+@njit(parallel=True, cache=False)
+def gemm_int8_pairs(a, b, c, mc, kc2):
+    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous, M' >= M
+    rounded up to a multiple of 6, N' = N rounded up to a multiple of 16. kc2: pairs of k per block."""
+    m, k = a.shape
+    ldc = c.shape[1]
+    k2 = (k + 1) // 2
+    cf = c.reshape(-1)
+    bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)
+    for p2 in range(0, k2, kc2):
+        kcur = min(kc2, k2 - p2)
+        pack_b_pairs(b, p2, kcur, bp[:ldc * 2 * kcur])
+        for ic in prange((m + mc - 1) // mc):
+            i0 = ic * mc
+            mcur = min(mc, m - i0)
+            ap = np.empty(((mcur + BLIS_MR - 1) // BLIS_MR) * BLIS_MR * kcur, np.int32)
+            pack_a_pairs(a, i0, mcur, p2, kcur, ap)
+            int8_macro_kernel(ap, bp[:ldc * 2 * kcur], cf, i0, mcur, kcur, ldc)
+
+
+def matmul_int8_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact: the explicit-pairs kernel (`vpmaddwd`)
+    in lesson 06's packed, blocked loops on all Numba threads. K <= MAX_K_INT32."""
+    a, b = check_int8_operands(a, b)
+    m, n = a.shape[0], b.shape[1]
+    c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.int32)
+    if m and n and a.shape[1]:
+        gemm_int8_pairs(a, b, c, BLIS_MC, BLIS_KC)
+    return c if c.shape == (m, n) else np.ascontiguousarray(c[:m, :n])
+
+
 def int8_gemm_dp4a_source() -> str:
     """CUDA C source of int8_gemm_dp4a(A4, B4t, C, M, N, K4): C (M, N) int32 = A @ B for int8 A, B
     packed four per int32 word along K (B transposed); 16x16 shared-memory tiles, __dp4a inner loop."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import platform
 import re
+import time
 from typing import Callable
 
 import numba
 import numpy as np
 from numba import njit, prange
 
-from minitorch.cpu_matmul import check_matmul_args
+from minitorch.cpu_matmul import FALLBACK_CACHES, check_matmul_args, machine_cache_sizes
 
 from minitorch.tensor import Backend
 
@@ -254,3 +255,144 @@ class NumbaBackend(Backend):
         if b.ndim == 1:
             out = out[..., 0]
         return out
+
+
+from minitorch.simd import vfma_bcast, vload_f32, vstore_add_f32, vzero_f32  # noqa: E402
+
+
+@njit(cache=False, inline="always")
+def blis_kernel(ap, bp, c, co, ldc):
+    """c[co + r*ldc + j] += sum_k ap[6k + r] * bp[16k + j] for r < 6, j < 16, k < bp.size // 16.
+
+    ap (6 kc,), bp (16 kc,), c (any,): 1-D C-contiguous float32; six f32x16 accumulators.
+    """
+    c0, c1, c2 = vzero_f32(), vzero_f32(), vzero_f32()
+    c3, c4, c5 = vzero_f32(), vzero_f32(), vzero_f32()
+    for k in range(bp.size // 16):
+        b = vload_f32(bp, 16 * k)
+        a = 6 * k
+        c0 = vfma_bcast(c0, b, ap[a])
+        c1 = vfma_bcast(c1, b, ap[a + 1])
+        c2 = vfma_bcast(c2, b, ap[a + 2])
+        c3 = vfma_bcast(c3, b, ap[a + 3])
+        c4 = vfma_bcast(c4, b, ap[a + 4])
+        c5 = vfma_bcast(c5, b, ap[a + 5])
+    vstore_add_f32(c0, c, co)
+    vstore_add_f32(c1, c, co + ldc)
+    vstore_add_f32(c2, c, co + 2 * ldc)
+    vstore_add_f32(c3, c, co + 3 * ldc)
+    vstore_add_f32(c4, c, co + 4 * ldc)
+    vstore_add_f32(c5, c, co + 5 * ldc)
+
+
+BLIS_MR, BLIS_NR = 6, 16  # the kernel's block of C: rows, and float32 lanes of one f32x16
+
+
+def blis_blocking(l2_bytes: int, mc: int = 48, itemsize: int = 4) -> tuple[int, int]:
+    """(MC, KC): MC rows of A per thread task (a multiple of 6) and the longest KC (a power of two,
+    64..1024) for which the A block and one B panel, (MC + 16) x KC items, fill at most half of an
+    L2 cache of `l2_bytes`."""
+    if int(l2_bytes) != l2_bytes or l2_bytes <= 0 or mc <= 0 or mc % BLIS_MR:
+        raise ValueError(f"blis_blocking: need l2_bytes > 0 and mc a positive multiple of {BLIS_MR}, "
+                         f"got l2_bytes={l2_bytes!r}, mc={mc!r}")
+    kc = 1024
+    while kc > 64 and (mc + BLIS_NR) * kc * itemsize > l2_bytes // 2:
+        kc //= 2
+    return mc, kc
+
+
+BLIS_MC, BLIS_KC = blis_blocking(machine_cache_sizes().get("L2", FALLBACK_CACHES["L2"]))
+
+
+@njit(cache=False)
+def pack_a_block(a, i0, mc, pc, kc, ap):
+    """Rows i0..i0+mc of a (M, K), columns pc..pc+kc, as 6-row panels, k-major, into ap (float32):
+    ap[(ir * kc + k) * 6 + r] = a[i0 + 6 ir + r, pc + k]; rows past M are zeros."""
+    m = a.shape[0]
+    for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+        base = ir * kc * BLIS_MR
+        for r in range(BLIS_MR):
+            i = i0 + ir * BLIS_MR + r
+            for k in range(kc):
+                ap[base + k * BLIS_MR + r] = a[i, pc + k] if i < m else np.float32(0)
+
+
+@njit(parallel=True, cache=False)
+def pack_b_block(b, pc, kc, bp):
+    """Rows pc..pc+kc of b (K, N) as 16-column panels, k-major, on all threads:
+    bp[(jp * kc + k) * 16 + j] = b[pc + k, 16 jp + j]; columns past N are zeros."""
+    n = b.shape[1]
+    for jp in prange((n + BLIS_NR - 1) // BLIS_NR):
+        base = jp * kc * BLIS_NR
+        for k in range(kc):
+            for j in range(BLIS_NR):
+                col = jp * BLIS_NR + j
+                bp[base + k * BLIS_NR + j] = b[pc + k, col] if col < n else np.float32(0)
+
+
+@njit(cache=False)
+def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
+    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap."""
+    for jp in range(bp.size // (kc * BLIS_NR)):
+        bo = jp * kc * BLIS_NR
+        for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+            ao = ir * kc * BLIS_MR
+            blis_kernel(ap[ao:ao + kc * BLIS_MR], bp[bo:bo + kc * BLIS_NR], cf, (i0 + ir * BLIS_MR) * ldc + jp * BLIS_NR,
+                        ldc)
+
+
+@njit(parallel=True, cache=False)
+def gemm_blis(a, b, c, mc, kc):
+    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with M' >= M
+    rounded up to a multiple of 6 and N' = N rounded up to a multiple of 16 (the padding gets zeros)."""
+    m, k = a.shape
+    ldc = c.shape[1]
+    cf = c.reshape(-1)
+    bp = np.empty(ldc * min(kc, k), np.float32)
+    for pc in range(0, k, kc):
+        kcur = min(kc, k - pc)
+        pack_b_block(b, pc, kcur, bp[:ldc * kcur])
+        for ic in prange((m + mc - 1) // mc):
+            i0 = ic * mc
+            mcur = min(mc, m - i0)
+            ap = np.empty(((mcur + BLIS_MR - 1) // BLIS_MR) * BLIS_MR * kcur, np.float32)
+            pack_a_block(a, i0, mcur, pc, kcur, ap)
+            macro_kernel(ap, bp[:ldc * kcur], cf, i0, mcur, kcur, ldc)
+
+
+def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C = a @ b for float32 a (m, k) and b (k, n), any strides: packed panels, Goto's loops on all
+    Numba threads, the 6 x 16 outer-product kernel. Returns a new C-contiguous (m, n) float32 array."""
+    dtype = check_matmul_args(a, b)
+    if dtype != np.float32:
+        raise TypeError(f"matmul_blis: float32 operands only (its kernel is f32x16), got {np.asarray(a).dtype} and "
+                        f"{np.asarray(b).dtype}; matmul_simd takes float64")
+    m, n = a.shape[0], b.shape[1]
+    c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.float32)
+    if m and n and a.shape[1]:
+        # once from Python on a small block: a kernel's error (an unfinished exercise, an index outside
+        # its panels) shows here as itself; raised inside gemm_blis's threads it would be a SystemError
+        blis_kernel(np.zeros(2 * BLIS_MR, np.float32), np.zeros(2 * BLIS_NR, np.float32),
+                    np.zeros(BLIS_MR * BLIS_NR, np.float32), 0, BLIS_NR)
+        gemm_blis(a, b, c, BLIS_MC, BLIS_KC)
+    return c if c.shape == (m, n) else np.ascontiguousarray(c[:m, :n])
+
+
+POOL_PAUSE = 0.3  # seconds: OpenBLAS's threads spin for about 0.1 s after a call, OpenMP's a few ms
+
+
+def best_apart(kernels: dict, *args, rounds: int = 3, repeat: int = 3, pause: float = POOL_PAUSE) -> dict:
+    """{name: best seconds per call of fn(*args)} for kernels {name: fn}, taking turns for `rounds`
+    rounds. Each turn sleeps `pause` seconds and makes one untimed call first: two thread pools
+    (Numba's OpenMP threads, OpenBLAS's) share the cores, and a pool's threads keep spinning after
+    its call returns, taking the next kernel's cores if it starts at once."""
+    best = {name: float("inf") for name in kernels}
+    for _ in range(rounds):
+        for name, fn in kernels.items():
+            time.sleep(pause)
+            fn(*args)
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                fn(*args)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best

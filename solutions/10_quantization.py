@@ -15,7 +15,8 @@
 #    loss scaler (Micikevicius et al. 2018).
 # 3. **Integer quantization.** Symmetric (absmax) and asymmetric (zero-point) int8, per
 #    tensor, per channel and per group; int4 packed two per byte.
-# 4. **An int8 GEMM** in Numba with int32 accumulation, read in the machine code; a
+# 4. **An int8 GEMM** in Numba with int32 accumulation, read in the machine code, then with
+#    explicit int16 pairs (`vpmaddwd`) in lesson 06's packed loops, faster than float32; a
 #    cycle-by-cycle systolic array doing the same product the way a TPU does.
 # 5. **A quantized Linear** (W8A8 and weight-only W4/W8) and the outlier fixes: LLM.int8
 #    (Dettmers et al. 2022), SmoothQuant (Xiao et al. 2023), AWQ (Lin et al. 2024).
@@ -1015,20 +1016,249 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
     print(f"{label:<26} n={n}: {2 * n**3 / t.min / 1e9:7.1f} GOPS")
 
 # %% [markdown]
-# On the dev machine (Zen 4, 2 cores, n = 1024) the int8 GEMM ran at about the speed of lesson
-# 06's float32 kernel (0.9x to 1.2x over several runs of `make bench L=quant`) and at half to two
-# thirds of NumPy's BLAS. A `vpmaddwd` does 32 multiply-adds, twice a float32 FMA's 16, but each
-# output here is one dot product that reloads and re-widens both of its rows, while lesson 06's
-# micro-kernel keeps a block of outputs in registers and reuses every load. Blocking the int8
-# loop the same way (4 rows of A by 2 rows of B^T, eight int32 sums per pass over k) gave 1.2x
-# lesson 06's kernel in a quick experiment, but LLVM then vectorised it with 32-bit multiplies
-# (`vpmulld`), not `vpmaddwd`. The reason is in LLVM's x86 back end (its `X86PartialReduction`
-# pass): it turns widened multiplies feeding a sum into `vpmaddwd` only if each widened operand
-# is used once, and in a blocked loop every loaded row feeds several sums. Fast int8 on a CPU
-# needs both, which is why libraries write these kernels with intrinsics or assembly (oneDNN,
-# FBGEMM), or choose a data layout that makes the pairs explicit: B packed as int16 pairs
-# `(b[2k, j], b[2k+1, j])` side by side, multiplied by matching pairs of A and added, which LLVM
-# matches to `vpmaddwd` (and VNNI's `vpdpwssd`) in a loop over columns.
+# `matmul_int8` above reaches about the speed of lesson 06's inner-product float32 kernel, not
+# more (the cell prints it): each output is one dot product that reloads and re-widens both of
+# its rows, while a fast kernel keeps a block of outputs in registers and reuses every load.
+# Blocking the int8 loop the same way (4 rows of A by 2 rows of B^T, eight int32 sums per pass
+# over k) loses the instruction: LLVM then multiplies in 32 bits (`vpmulld`, 16 multiply-adds
+# per instruction, not `vpmaddwd`'s 32). The reason is in LLVM's x86 back end (its
+# `X86PartialReduction` pass): it turns widened multiplies feeding a sum into `vpmaddwd` only if
+# each widened operand is used once, and in a blocked loop every loaded row feeds several sums.
+# Writing the pairs out (B packed as int16 pairs `(b[2k, j], b[2k+1, j])` side by side, each
+# multiplied by the matching pair of A and added, in a loop over columns) does not help either:
+# LLVM vectorises that loop with `vpmulld` too (we tried), because the A side is a pair of
+# broadcast scalars, not the even and odd lanes of one vector.
+#
+# ### Explicit pairs: the int8 kernel at the roof
+#
+# Libraries write these kernels with intrinsics (oneDNN, FBGEMM). Lesson 06's `minitorch.simd`
+# is the same tool: `vmadd_pairs(acc, w, p, i)` is one `vpmaddwd` on x86 (and VNNI's
+# `vpdpwssd` once LLVM fuses the add, where the CPU has it). Its A operand is a 32-bit word `w`
+# holding a pair of int16 (`a[r, 2k]`, `a[r, 2k+1]`), broadcast to every lane; its B operand is
+# 16 such pairs (`b[2k, j]`, `b[2k+1, j]` for 16 columns j) loaded from a packed panel. Each
+# int32 lane j gets `a[r, 2k] * b[2k, j] + a[r, 2k+1] * b[2k+1, j]`: 32 multiply-adds per
+# instruction. That is lesson 06's outer-product kernel with a pair of k in place of one k:
+#
+# - `pack_a_pairs`: MC rows of A as 6-row panels of pair words, k-pair-major (int8 widened to
+#   int16 while packing, two to a word; an odd K gets a zero);
+# - `pack_b_pairs`: a block of B as 16-column panels of int16 pairs, k-pair-major;
+# - `int8_pairs_kernel`: six `i32x16` accumulators (the 6 x 16 block of C), one panel load of
+#   B and six `vmadd_pairs` per pair of k, six `vstore_add_i32` at the end;
+# - the loops and blocking of lesson 06's `gemm_blis` (KC counts pairs of k here; a pair word
+#   and a B pair take 4 bytes, as a float32 does), threads over the row blocks of A.
+#
+# The operands stay 8-bit until packing, so the matrices in memory (and the weights a model
+# loads) keep their 4x saving; the packed panels are int16, half of float32, and are built once
+# per block, as lesson 06's are. Results are exact: a pair sum is at most 2 x 128 x 128 = 32768
+# and the int32 sums are safe up to K = 131071 (`MAX_K_INT32`). (Intel's *Software Developer's
+# Manual*, vol. 2: PMADDWD and VPDPWSSD; Numba's "High-level extension API" for `@intrinsic`.)
+
+# %%
+#| export
+from minitorch.simd import vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
+from minitorch.simd_matmul import BLIS_KC, BLIS_MC, BLIS_MR, BLIS_NR  # noqa: E402
+
+
+@njit(cache=False, inline="always")
+def int8_pairs_kernel(ap, bp, c, co, ldc):
+    """c[co + r*ldc + j] += sum over pairs k2 of a[r, 2k2] b[2k2, j] + a[r, 2k2+1] b[2k2+1, j], r < 6, j < 16.
+
+    ap (6 K2,) int32 pair words (ap[6 k2 + r] holds a[r, 2k2], a[r, 2k2+1] as int16); bp (32 K2,) int16
+    (bp[32 k2 + 2j + t] = b[2k2 + t, j]); c 1-D int32, the block at co with rows ldc apart.
+    """
+    c0, c1, c2 = vzero_i32(), vzero_i32(), vzero_i32()
+    c3, c4, c5 = vzero_i32(), vzero_i32(), vzero_i32()
+    for k2 in range(bp.size // 32):
+        o, a = 32 * k2, 6 * k2
+        c0 = vmadd_pairs(c0, ap[a], bp, o)
+        c1 = vmadd_pairs(c1, ap[a + 1], bp, o)
+        c2 = vmadd_pairs(c2, ap[a + 2], bp, o)
+        c3 = vmadd_pairs(c3, ap[a + 3], bp, o)
+        c4 = vmadd_pairs(c4, ap[a + 4], bp, o)
+        c5 = vmadd_pairs(c5, ap[a + 5], bp, o)
+    vstore_add_i32(c0, c, co)
+    vstore_add_i32(c1, c, co + ldc)
+    vstore_add_i32(c2, c, co + 2 * ldc)
+    vstore_add_i32(c3, c, co + 3 * ldc)
+    vstore_add_i32(c4, c, co + 4 * ldc)
+    vstore_add_i32(c5, c, co + 5 * ldc)
+
+
+@njit(cache=False)
+def pack_a_pairs(a, i0, mc, p2, kc2, ap):
+    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words:
+    ap[(ir * kc2 + k2) * 6 + r] = a[i, 2q] & 0xFFFF | a[i, 2q+1] << 16 (i = i0 + 6 ir + r, q = p2 + k2);
+    zero past M and past K."""
+    m, k = a.shape
+    for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+        base = ir * kc2 * BLIS_MR
+        for r in range(BLIS_MR):
+            i = i0 + ir * BLIS_MR + r
+            for k2 in range(kc2):
+                q = 2 * (p2 + k2)
+                lo = np.int32(a[i, q]) if i < m else np.int32(0)
+                hi = np.int32(a[i, q + 1]) if i < m and q + 1 < k else np.int32(0)
+                ap[base + k2 * BLIS_MR + r] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
+
+
+@njit(parallel=True, cache=False)
+def pack_b_pairs(b, p2, kc2, bp):
+    """k-pairs p2..p2+kc2 of int8 b (K, N) as 16-column panels of int16 pairs, on all threads:
+    bp[(jp * kc2 + k2) * 32 + 2j + t] = b[2(p2 + k2) + t, 16 jp + j]; zero past K and past N."""
+    k, n = b.shape
+    for jp in prange((n + BLIS_NR - 1) // BLIS_NR):
+        base = jp * kc2 * 2 * BLIS_NR
+        for k2 in range(kc2):
+            for j in range(BLIS_NR):
+                col = jp * BLIS_NR + j
+                for t in range(2):
+                    row = 2 * (p2 + k2) + t
+                    bp[base + k2 * 2 * BLIS_NR + 2 * j + t] = b[row, col] if row < k and col < n else np.int16(0)
+
+
+@njit(cache=False)
+def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
+    """One thread's work for one A block: every B panel against every 6-row panel of A."""
+    for jp in range(bp.size // (kc2 * 2 * BLIS_NR)):
+        bo = jp * kc2 * 2 * BLIS_NR
+        for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
+            ao = ir * kc2 * BLIS_MR
+            int8_pairs_kernel(ap[ao:ao + kc2 * BLIS_MR], bp[bo:bo + kc2 * 2 * BLIS_NR], cf,
+                              (i0 + ir * BLIS_MR) * ldc + jp * BLIS_NR, ldc)
+
+
+@njit(parallel=True, cache=False)
+def gemm_int8_pairs(a, b, c, mc, kc2):
+    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous, M' >= M
+    rounded up to a multiple of 6, N' = N rounded up to a multiple of 16. kc2: pairs of k per block."""
+    m, k = a.shape
+    ldc = c.shape[1]
+    k2 = (k + 1) // 2
+    cf = c.reshape(-1)
+    bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)
+    for p2 in range(0, k2, kc2):
+        kcur = min(kc2, k2 - p2)
+        pack_b_pairs(b, p2, kcur, bp[:ldc * 2 * kcur])
+        for ic in prange((m + mc - 1) // mc):
+            i0 = ic * mc
+            mcur = min(mc, m - i0)
+            ap = np.empty(((mcur + BLIS_MR - 1) // BLIS_MR) * BLIS_MR * kcur, np.int32)
+            pack_a_pairs(a, i0, mcur, p2, kcur, ap)
+            int8_macro_kernel(ap, bp[:ldc * 2 * kcur], cf, i0, mcur, kcur, ldc)
+
+
+def matmul_int8_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact: the explicit-pairs kernel (`vpmaddwd`)
+    in lesson 06's packed, blocked loops on all Numba threads. K <= MAX_K_INT32."""
+    a, b = check_int8_operands(a, b)
+    m, n = a.shape[0], b.shape[1]
+    c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.int32)
+    if m and n and a.shape[1]:
+        gemm_int8_pairs(a, b, c, BLIS_MC, BLIS_KC)
+    return c if c.shape == (m, n) else np.ascontiguousarray(c[:m, :n])
+
+# %% [markdown]
+# Exact on odd shapes and at the extremes, the instructions in its machine code, then GOPS at
+# n = 1024 against lesson 06's two float32 kernels and NumPy's float32 BLAS, on all threads, in
+# one run (the kernels take turns, `best_apart` from lesson 06), and the same against n with the
+# int8 kernel's own peak (from L1, every thread) drawn.
+
+# %% tags=["demo"]
+import matplotlib.pyplot as plt
+import numba
+
+from minitorch.bench import benchmark, blas_limit, load_report
+from minitorch.simd import madd_flavour
+from minitorch.simd_matmul import best_apart, matmul_blis, matmul_simd
+
+for (m, k, n) in [(1, 1, 1), (7, 3, 5), (37, 1031, 53), (130, 17, 7), (64, 4096, 48)]:
+    A8 = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    B8 = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    assert np.array_equal(matmul_int8_pairs(A8, B8), A8.astype(np.int64) @ B8.astype(np.int64))
+A8 = np.full((6, 131071), -128, np.int8)
+assert np.array_equal(matmul_int8_pairs(A8, A8.T.copy()), A8.astype(np.int64) @ A8.T.astype(np.int64))
+print("matmul_int8_pairs is exact on odd shapes and at K = 131071 with every input -128")
+print(f"vmadd_pairs compiled as: {madd_flavour()};", "GEMM machine code:",
+      find_int8_madd(gemm_int8_pairs.inspect_asm(gemm_int8_pairs.signatures[0])))
+
+threads = numba.get_num_threads()
+n = 512 if SMALL else 1024
+A8 = rng.integers(-128, 128, (n, n)).astype(np.int8)
+B8 = rng.integers(-128, 128, (n, n)).astype(np.int8)
+Af, Bf = A8.astype(np.float32), B8.astype(np.float32)
+int8_kernels = {"int8 pairs (this section)": lambda: matmul_int8_pairs(A8, B8),
+                "int8 dot products (10.6)": lambda: matmul_int8(A8, B8),
+                "float32 lesson 06 BLIS kernel": lambda: matmul_blis(Af, Bf),
+                "float32 lesson 06 simd kernel": lambda: matmul_simd(Af, Bf),
+                "float32 NumPy BLAS": lambda: np.matmul(Af, Bf)}
+with blas_limit(threads):
+    gops = {name: 2 * n**3 / t / 1e9 for name, t in best_apart(int8_kernels, rounds=2 if SMALL else 3).items()}
+print(load_report())
+pairs = gops["int8 pairs (this section)"]
+for name, g in gops.items():
+    print(f"{name:<30} n={n}, {threads} threads: {g:7.1f} GOPS   int8 pairs / this = {pairs / g:5.2f}")
+
+# %% tags=["demo"]
+
+
+@njit
+def int8_kernel_calls(ap, bp, c, calls):
+    for _ in range(calls):
+        int8_pairs_kernel(ap, bp, c, 0, 16)
+
+
+@njit(parallel=True)
+def int8_kernel_everywhere(ap, bp, c, calls):
+    """Each thread runs int8_pairs_kernel `calls` times on its own L1-resident panels (through a
+    function of its own: the kernel's index checks would keep prange from running in parallel)."""
+    for t in prange(c.shape[0]):
+        int8_kernel_calls(ap[t], bp[t], c[t], calls)
+
+
+def int8_peak(threads_used, kc2=256, calls=300 if SMALL else 3000):
+    ap = rng.integers(-2**15, 2**15, (threads_used, 6 * kc2)).astype(np.int32)
+    bp = rng.integers(-128, 128, (threads_used, 32 * kc2)).astype(np.int16)
+    c = np.zeros((threads_used, 6 * 16 * 4), np.int32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads_used)
+    try:
+        t = benchmark(int8_kernel_everywhere, ap, bp, c, calls, warmup=1, repeat=5).min
+    finally:
+        numba.set_num_threads(before)
+    return 2 * 6 * 16 * 2 * kc2 * calls * threads_used / t / 1e9
+
+
+sizes = (128, 256, 512) if SMALL else (256, 512, 1024, 2048)
+curves = {}
+for n_ in sizes:
+    A8 = rng.integers(-128, 128, (n_, n_)).astype(np.int8)
+    Af = A8.astype(np.float32)
+    with blas_limit(threads):
+        t = best_apart({"int8 pairs": lambda: matmul_int8_pairs(A8, A8), "float32 BLIS (06)": lambda: matmul_blis(Af, Af),
+                        "float32 NumPy BLAS": lambda: np.matmul(Af, Af)}, rounds=2)
+    curves[n_] = {name: 2 * n_**3 / s / 1e9 for name, s in t.items()}
+peak = int8_peak(threads)
+fig, ax = plt.subplots(figsize=(7, 4))
+for name in curves[sizes[0]]:
+    ax.plot(sizes, [curves[n_][name] for n_ in sizes], marker="o", label=f"{name}, {threads} threads")
+ax.axhline(peak, color="k", ls="--", lw=1, label="peak: int8_pairs_kernel from L1, all threads")
+ax.set(xscale="log", xlabel="n (square)", ylabel="GOPS (2 per multiply-add)", title="int8 pairs against n")
+ax.set_xticks(sizes, [str(x) for x in sizes])
+ax.grid(True, alpha=0.3)
+ax.legend(fontsize=8)
+plt.show()
+for n_, g in curves.items():
+    print(f"n={n_:5d}: " + "  ".join(f"{k} {v:6.1f}" for k, v in g.items()) + " GOPS")
+print(f"peak (int8_pairs_kernel from L1, {threads} threads): {peak:.0f} GOPS")
+
+# %% [markdown]
+# On the dev machine (Zen 4 VM, 2 cores, AVX-512 with VNNI), one `make bench L=quant` run on a
+# quiet machine (load average 0.8), n = 1024: the pairs kernel ran at 305 GOPS on 2 threads,
+# 1.70x lesson 06's BLIS kernel, 2.14x its inner-product kernel and 1.78x NumPy's float32 BLAS;
+# on 1 thread 186 GOPS (1.89x, 2.36x, 1.84x). Exercise 10.6's dot products: 102 and 54 GOPS.
+# LLVM fused each `vpmaddwd` with its add into VNNI's `vpdpwssd` (42 of them in the GEMM's
+# machine code). The 8-bit arithmetic wins once the kernel is written the way the instruction
+# wants its operands.
 
 # %% [markdown]
 # ### The same GEMM on a GPU: `__dp4a`

@@ -486,3 +486,114 @@ def test_backend_runs_tensor_matmul_forward_and_backward(lesson):
                             f"call the kernel 3 times, got {spy.calls}")
     np.testing.assert_allclose(a.grad.numpy(), np.ones((5, 3)) @ b64.T, rtol=1e-10)
     np.testing.assert_allclose(b.grad.numpy(), a64.T @ np.ones((5, 3)), rtol=1e-10)
+
+
+# ---------------------------------------------------------------- 6.6 the BLIS micro-kernel
+
+def blis_case(rng, kc, ldc=40, rows=9, co=None):
+    ap = rng.standard_normal(6 * kc).astype(np.float32)
+    bp = rng.standard_normal(16 * kc).astype(np.float32)
+    c = rng.standard_normal(rows * ldc).astype(np.float32)  # not zero: the kernel adds into C
+    co = ldc + 3 if co is None else co
+    return ap, bp, c, co, ldc
+
+
+@pytest.mark.exercise("6.6")
+@pytest.mark.parametrize("kc", [0, 1, 5, 64, 301])
+def test_blis_kernel_values(lesson, kc):
+    rng = np.random.default_rng(kc)
+    for ldc, co in ((40, 43), (16, 0), (23, 7)):
+        ap, bp, c, co, ldc = blis_case(rng, kc, ldc=ldc, co=co)
+        before = c.copy()
+        lesson.blis_kernel(ap, bp, c, co, ldc)
+        block = ap.reshape(kc, 6).T.astype(np.float64) @ bp.reshape(kc, 16).astype(np.float64)
+        want = before.astype(np.float64)
+        absprod = np.zeros_like(want)
+        for r in range(6):
+            want[co + r * ldc: co + r * ldc + 16] += block[r]
+            absprod[co + r * ldc: co + r * ldc + 16] = (np.abs(ap.reshape(kc, 6).T[r]).astype(np.float64)
+                                                        @ np.abs(bp.reshape(kc, 16)))
+        absprod += np.abs(before)
+        assert_close(c, want, absprod, np.float32, kc + 1,
+                     f"blis_kernel (kc = {kc}, ldc = {ldc}, co = {co}): C after the call (it must add the 6 x 16 block "
+                     f"ap-panel @ bp-panel into c[co + r*ldc + j], leaving the rest of c alone)")
+
+
+X86_BROADCAST = re.compile(r"\{1to(?:8|16)\}|\bvbroadcastss\b")
+X86_VECTOR_STORE = re.compile(r"\bvmov\w*\s+%[xyz]mm\d+,\s*[-\w]*\(")
+X86_HORIZONTAL = re.compile(r"\b(?:vhaddps|vpermilps|vshufps|vextractf(?:128|32x4|32x8|64x2|64x4))\b")
+ARM_BROADCAST = re.compile(r"\bfmla\b.*\.s\[\d\]|\bld1r\b|\bdup\b")
+ARM_VECTOR_STORE = re.compile(r"\b(?:str|stp|stur)\s+q\d+|\bst1\b")
+ARM_HORIZONTAL = re.compile(r"\b(?:faddp|ext)\b")
+
+
+def fma_loop_blocks(asm: str, fmas: set[str]) -> list[list[str]]:
+    """The basic blocks of `asm` (split at labels) that contain packed FMA lines, as lists of lines."""
+    blocks, current = [], []
+    for ln in asm.splitlines():
+        s = ln.strip()
+        if s.endswith(":"):
+            blocks.append(current)
+            current = []
+        elif s and not s.startswith((".", "#", "//")):
+            current.append(s)
+    blocks.append(current)
+    return [b for b in blocks if any(s in fmas for s in b)]
+
+
+@pytest.mark.exercise("6.6")
+def test_blis_kernel_is_an_outer_product_in_registers(lesson):
+    rng = np.random.default_rng(1)
+    ap, bp, c, co, ldc = blis_case(rng, 8)
+    lesson.blis_kernel(ap, bp, c, co, ldc)
+    asm = asm_for(lesson.blis_kernel, ap, bp, c, co, ldc)
+    fmas = set(float32_fma_lines(asm))
+    assert fmas, ("blis_kernel's machine code has no packed float32 FMA: use the f32x16 operations of minitorch.simd "
+                  "(vload_f32, vfma_bcast), not scalar loops")
+    arch = machine_isa()
+    broadcast, store, horizontal = ((X86_BROADCAST, X86_VECTOR_STORE, X86_HORIZONTAL) if arch == "x86_64"
+                                    else (ARM_BROADCAST, ARM_VECTOR_STORE, ARM_HORIZONTAL))
+    loops = fma_loop_blocks(asm, fmas)
+    best = max(loops, key=lambda b: len(packed_fma_dests([s for s in b if s in fmas])))
+    dests = packed_fma_dests([s for s in best if s in fmas])
+    assert len(dests) >= 6, (f"blis_kernel's loop accumulates into {len(dests)} vector registers; the 6 x 16 block "
+                             f"needs six f32x16 accumulators (one per row of the block) updated every k")
+    assert any(broadcast.search(s) for s in best), (
+        "blis_kernel's loop does not broadcast a scalar of A into a vector (no broadcast operand or instruction next "
+        "to its FMAs): the outer-product form multiplies one vector of B by one element of A per row (vfma_bcast)")
+    stores = [s for s in best if store.search(s)]
+    assert not stores, (f"blis_kernel stores vectors inside its loop over k ({stores[0]}): keep the block of C in "
+                        f"the six accumulators and add them to c once, after the loop (vstore_add_f32)")
+    shuffles = [s for s in best if horizontal.search(s)]
+    assert not shuffles, (f"blis_kernel's loop shuffles lanes ({shuffles[0]}): an outer-product kernel has nothing "
+                          f"to reduce across lanes")
+
+
+@pytest.mark.exercise("6.6")
+def test_matmul_blis_matches_numpy(lesson):
+    rng = np.random.default_rng(2)
+    for (m, k, n) in [(1, 1, 1), (6, 16, 16), (37, 1031, 53), (130, 17, 7), (5, 600, 211), (13, 2100, 33)]:
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((n, k)).astype(np.float32).T  # a non-contiguous view
+        got = lesson.matmul_blis(a, b)
+        assert got.shape == (m, n) and got.dtype == np.float32 and got.flags.c_contiguous
+        assert_close(got, a.astype(np.float64) @ b, np.abs(a).astype(np.float64) @ np.abs(b), np.float32, k,
+                     f"matmul_blis on ({m}, {k}) @ ({k}, {n})")
+    # several k-blocks and row blocks, with their last ones short: small MC and KC
+    a = rng.standard_normal((50, 150)).astype(np.float32)
+    b = rng.standard_normal((150, 40)).astype(np.float32)
+    c = np.zeros((54, 48), np.float32)
+    lesson.gemm_blis(a, b, c, 12, 64)
+    assert_close(c[:50, :40], a.astype(np.float64) @ b, np.abs(a).astype(np.float64) @ np.abs(b), np.float32, 150,
+                 "gemm_blis with MC = 12, KC = 64")
+    assert not c[50:].any() and not c[:, 40:].any(), "gemm_blis wrote non-zeros into C's padding"
+
+
+@pytest.mark.exercise("6.6")
+def test_matmul_blis_errors(lesson):
+    a = np.ones((4, 5), np.float32)
+    lesson.matmul_blis(a, np.ones((5, 3), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        lesson.matmul_blis(a.astype(np.float64), np.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"\(4, 5\).*\(6, 3\)|\(6, 3\).*\(4, 5\)"):
+        lesson.matmul_blis(a, np.ones((6, 3), np.float32))
