@@ -70,8 +70,7 @@ def _blis_calls(ap, bp, c, calls):
 
 @njit(parallel=True)
 def _blis_peak_kernel(ap, bp, c, calls):
-    """Each thread runs the 6 x 16 BLIS kernel `calls` times on its own L1-resident panels (through a
-    function of its own: the kernel's index checks, inlined here, would keep prange from running in parallel)."""
+    """Each thread runs the 6 x 16 BLIS kernel `calls` times on its own L1-resident panels."""
     for t in prange(c.shape[0]):
         _blis_calls(ap[t], bp[t], c[t], calls)
 

@@ -499,6 +499,8 @@ def int8_pairs_kernel(ap, bp, c, co, ldc):
     ap (6 K2,) int32 pair words (ap[6 k2 + r] holds a[r, 2k2], a[r, 2k2+1] as int16); bp (32 K2,) int16
     (bp[32 k2 + 2j + t] = b[2k2 + t, j]); c 1-D int32, the block at co with rows ldc apart.
     """
+    if ap.size != 6 * (bp.size // 32):  # ap's scalar reads are not bounds-checked: check the panel once
+        raise ValueError("int8_pairs_kernel: ap must hold 6 pair words per 32 int16 of bp")
     c0, c1, c2 = vzero_i32(), vzero_i32(), vzero_i32()
     c3, c4, c5 = vzero_i32(), vzero_i32(), vzero_i32()
     for k2 in range(bp.size // 32):
@@ -519,9 +521,9 @@ def int8_pairs_kernel(ap, bp, c, co, ldc):
 
 @njit(cache=False)
 def pack_a_pairs(a, i0, mc, p2, kc2, ap):
-    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words:
-    ap[(ir * kc2 + k2) * 6 + r] = a[i, 2q] & 0xFFFF | a[i, 2q+1] << 16 (i = i0 + 6 ir + r, q = p2 + k2);
-    zero past M and past K."""
+    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words (int32 ap):
+    ap[(ir * kc2 + k2) * 6 + r] = a[i, q] & 0xFFFF | a[i, q + 1] << 16, with i = i0 + 6 ir + r and
+    q = 2 (p2 + k2); zero past M and past K."""
     m, k = a.shape
     for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
         base = ir * kc2 * BLIS_MR
@@ -551,7 +553,11 @@ def pack_b_pairs(b, p2, kc2, bp):
 
 @njit(cache=False)
 def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
-    """One thread's work for one A block: every B panel against every 6-row panel of A."""
+    """One thread's work for one A block: every B panel against every 6-row panel of A.
+
+    ap (6 ceil(mc/6) kc2,) int32: pack_a_pairs's panels of rows i0..i0+mc; bp (2 N' kc2,) int16:
+    pack_b_pairs's panels; cf: C (M', N') flattened, int32, ldc = N'.
+    """
     for jp in range(bp.size // (kc2 * 2 * BLIS_NR)):
         bo = jp * kc2 * 2 * BLIS_NR
         for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
@@ -562,10 +568,15 @@ def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
 
 @njit(parallel=True, cache=False)
 def gemm_int8_pairs(a, b, c, mc, kc2):
-    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous, M' >= M
-    rounded up to a multiple of 6, N' = N rounded up to a multiple of 16. kc2: pairs of k per block."""
+    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous with
+    M' >= 6 ceil(M/6) and N' = 16 ceil(N/16). mc: rows of A per thread task, a positive multiple of 6;
+    kc2: pairs of k per block, >= 1."""
     m, k = a.shape
     ldc = c.shape[1]
+    if mc <= 0 or mc % BLIS_MR or kc2 <= 0:
+        raise ValueError("gemm_int8_pairs: mc must be a positive multiple of 6 and kc2 positive")
+    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
+        raise ValueError("gemm_int8_pairs: need a (M, K), b (K, N), c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     k2 = (k + 1) // 2
     cf = c.reshape(-1)
     bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)

@@ -126,7 +126,8 @@ def _vload_f32(typingctx, x, i):
 
 @intrinsic
 def vfma_bcast(typingctx, acc, b, s):
-    """acc + b * s, lane by lane, with one rounding (a fused multiply-add); s a float32 scalar."""
+    """acc + b * s, lane by lane, with one rounding (a fused multiply-add); s a float scalar (a float64
+    is rounded to float32 first)."""
     if acc != f32x16 or b != f32x16 or not isinstance(s, types.Float):
         raise TypingError(f"vfma_bcast(acc, b, s): acc and b f32x16, s a float, got {acc}, {b}, {s}")
 
@@ -181,7 +182,10 @@ def _vmadd_pairs(typingctx, acc, w, p, i):
 
     def codegen(context, builder, sig, args):
         acc_v, w_v, p_v, i_v = args
-        w_v = builder.trunc(w_v, _I32) if w_v.type.width > 32 else w_v
+        if w_v.type.width > 32:
+            w_v = builder.trunc(w_v, _I32)
+        elif w_v.type.width < 32:
+            w_v = builder.sext(w_v, _I32)
         a16 = builder.bitcast(_splat(builder, w_v, _VI32), _VI16)  # the pair (lo, hi) in every lane
         b16 = builder.load(_address(context, builder, sig.args[2], p_v, i_v, _VI16), align=2)
         return builder.add(acc_v, _pair_products(builder, a16, b16))
@@ -226,7 +230,7 @@ def vstore_add_f32(acc, y, i):
 def vmadd_pairs(acc, w, p, i):
     """acc[l] + a0*p[i+2l] + a1*p[i+2l+1] for l < 16, in int32: w is an int32 word holding two int16
     (a0 in its low half, a1 in its high half: int16 array [a0, a1] viewed as int32), p a 1-D
-    C-contiguous int16 array holding 16 pairs from index i. One `vpmaddwd` on x86."""
+    C-contiguous int16 array holding 16 pairs from index i. One `vpmaddwd` on AVX-512, two on AVX2."""
     if i < 0 or i > p.size - 2 * LANES:
         if VALUES_IN_ERRORS:
             raise IndexError("vmadd_pairs: vector lanes outside the array (first index, lanes, array size):", i,

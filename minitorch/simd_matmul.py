@@ -332,7 +332,11 @@ def pack_b_block(b, pc, kc, bp):
 
 @njit(cache=False)
 def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
-    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap."""
+    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap.
+
+    ap (6 ceil(mc/6) kc,) float32: pack_a_block's panels of rows i0..i0+mc; bp (N' kc,) float32:
+    pack_b_block's panels; cf: C (M', N') flattened, float32, ldc = N'.
+    """
     for jp in range(bp.size // (kc * BLIS_NR)):
         bo = jp * kc * BLIS_NR
         for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
@@ -343,10 +347,15 @@ def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
 
 @njit(parallel=True, cache=False)
 def gemm_blis(a, b, c, mc, kc):
-    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with M' >= M
-    rounded up to a multiple of 6 and N' = N rounded up to a multiple of 16 (the padding gets zeros)."""
+    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with
+    M' >= 6 ceil(M/6) and N' = 16 ceil(N/16) (the padding gets zeros). mc: rows of A per thread
+    task, a positive multiple of 6; kc: k per block, >= 1."""
     m, k = a.shape
     ldc = c.shape[1]
+    if mc <= 0 or mc % BLIS_MR or kc <= 0:
+        raise ValueError("gemm_blis: mc must be a positive multiple of 6 and kc positive")
+    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
+        raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     cf = c.reshape(-1)
     bp = np.empty(ldc * min(kc, k), np.float32)
     for pc in range(0, k, kc):
@@ -366,7 +375,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     dtype = check_matmul_args(a, b)
     if dtype != np.float32:
         raise TypeError(f"matmul_blis: float32 operands only (its kernel is f32x16), got {np.asarray(a).dtype} and "
-                        f"{np.asarray(b).dtype}; matmul_simd takes float64")
+                        f"{np.asarray(b).dtype}; for float64 use matmul_simd")
     m, n = a.shape[0], b.shape[1]
     c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.float32)
     if m and n and a.shape[1]:

@@ -903,7 +903,7 @@ if HAVE_NN:
 # ## 8. The BLIS micro-kernel: explicit vectors
 #
 # Section 3's kernel is an *inner-product* kernel: each of its 12 sums is a dot product whose
-# lanes are added together (a horizontal reduction, 16 lanes to 1) after every call, and it
+# lanes are added together (a horizontal reduction, 8 lanes to 1, 16 on AVX-512) after every call, and it
 # loads 4 + 3 vectors for 12 FMAs. BLAS libraries use the *outer-product* form instead
 # (Goto and van de Geijn 2008; BLIS, Van Zee and van de Geijn 2015). Keep an MR x NR block of C
 # in vector registers, one vector per row of the block, and for every k:
@@ -916,17 +916,22 @@ if HAVE_NN:
 #
 # Nothing is reduced: the accumulators *are* the block of C, and are added to it once, at the
 # end. With MR = 6 and NR = 16 float32 (BLIS's Haswell shape) the block is 6 accumulators plus
-# one B vector: 6 `zmm` registers on AVX-512, 12 `ymm` on AVX2 (of 16), 24 `q` registers on
-# NEON (of 32).
+# one B vector: 7 `zmm` registers of 32 on AVX-512 (the broadcast is an operand of the FMA
+# there), 12 + 2 `ymm` and one for the broadcast on AVX2 (15 of 16), 24 + 4 `q` registers on
+# NEON (of 32). The shape is chosen for AVX2 and for Zen 4, whose 512-bit FMAs issue one per
+# cycle: 6 independent FMA chains cover the FMA latency there. Intel cores with two 512-bit FMA
+# units need at least 8 chains, and BLIS's Skylake-X kernel uses a larger block for that reason.
 #
 # Numba cannot express that kernel: it has no vector type, and whether a loop uses vector
-# registers is up to LLVM's auto-vectoriser, which sees 6 scalar sums here. `minitorch.simd`
-# (given, 150 lines; read it) adds one: `f32x16` is a value of 16 float32 lanes that Numba keeps
-# in registers (LLVM's `<16 x float>`), with `vzero_f32()`, `vload_f32(x, i)` (16 lanes from
-# `x[i:]`), `vfma_bcast(acc, b, s)` (`acc + b * s` with the scalar `s` in every lane, one fused
-# multiply-add) and `vstore_add_f32(acc, y, i)` (`y[i:i+16] += acc`). Each is one LLVM
-# instruction, as `_mm512_fmadd_ps` is in C; every index is checked against the array's size,
-# and LLVM removes the checks it can prove.
+# registers is up to LLVM's auto-vectoriser, which sees 96 scalar sums here. `minitorch.simd`
+# (given, about 250 lines; read it) adds one: `f32x16` is a value of 16 float32 lanes that Numba
+# keeps in registers (LLVM's `<16 x float>`), with `vzero_f32()`, `vload_f32(x, i)` (16 lanes
+# from `x[i:]`), `vfma_bcast(acc, b, s)` (`acc + b * s` with the scalar `s` in every lane, one
+# fused multiply-add) and `vstore_add_f32(acc, y, i)` (`y[i:i+16] += acc`). Each is a few LLVM
+# instructions (a splat and `llvm.fma`; a load, an add and a store), as `_mm512_fmadd_ps` is a
+# C intrinsic; every vector access is checked against its array's size, and LLVM removes the
+# checks it can prove. (The scalar reads `ap[6 * k + r]` are ordinary Numba indexing, which does
+# not check bounds.)
 #
 # **Packing and blocking** (given, `gemm_blis`): before the kernel runs, each operand is copied
 # into the order the kernel reads it. `pack_b_block` lays a KC-row block of B out as
@@ -937,16 +942,21 @@ if HAVE_NN:
 # ```
 # for pc in range(0, K, KC):                 # pack_b_block: B[pc:pc+KC, :] into 16-column panels (all threads)
 #     for ic in prange(0, M, MC):            # each thread: pack_a_block(A[ic:ic+MC, pc:pc+KC]) into 6-row panels
-#         for jp in range(N // 16):          #   a KC x 16 panel of B, reused by the MC / 6 panels of A
+#         for jp in range(N // 16):          #   a KC x 16 panel of B, read by each of the MC / 6 panels of A
 #             for ir in range(MC // 6):
 #                 blis_kernel(A panel ir, B panel jp, C, offset of C[ic + 6 ir, 16 jp], ldc)
 # ```
 #
-# The sizes come from this machine's caches (`blis_blocking`, from lesson 05's
-# `machine_cache_sizes`): MC = 48 rows (8 panels of A) and the longest KC (up to 1024) for
-# which the A block and one B panel, (MC + 16) x KC float32, fill at most half of L2; the
-# packed block of B (KC x N) lives in L3. A long KC means C is read and written once per KC
-# multiply-adds, and each kernel call runs long enough to hide the load of its C block. Threads
+# The blocking (`blis_blocking`, from lesson 05's `machine_cache_sizes`): MC = 48 rows (8 panels
+# of A), and KC from the L2 size, the longest (up to 1024) for which the A block and one B panel,
+# (MC + 16) x KC float32, fill at most half of L2 (1024 on both dev machines, whose L2 is 512 KiB
+# and 1 MiB). Goto's recipe keeps the B panel in L1 (BLIS's Haswell kernel uses KC = 256: 16 KiB);
+# here the 64 KiB panel does not fit the 32 KiB L1 and both panels stream from L2. That is fast
+# enough because the kernel needs one 64-byte B load and 24 bytes of A per 6 FMAs, a few bytes per
+# cycle where L2 delivers tens, and a long KC pays twice: C is read and written once per KC
+# multiply-adds, and each kernel call runs long enough to hide the load of its C block. The demo
+# below measures KC from 128 to 1024. The packed block of B (KC x N) lives in L3; there is no
+# NC loop, so it stops fitting there from N of about 8000 (32 MiB of L3 at KC = 1024). Threads
 # split the row blocks of A (section 5's reasoning: each writes its own rows of C).
 #
 # **Exercise 6.6.** Write `blis_kernel(ap, bp, c, co, ldc)`: `ap` is one packed panel of A
@@ -956,8 +966,9 @@ if HAVE_NN:
 # the length of C's rows. Add the 6 x 16 block `ap-panel @ bp-panel` into `c[co + r * ldc + j]`
 # (r < 6, j < 16), with six `f32x16` accumulators, a `vload_f32` of B and six `vfma_bcast` per
 # k, and six `vstore_add_f32` at the end. The tests check the values (into a C that is not
-# zero, with `kc` from 0 up) and read the machine code of the loop: packed FMAs, with their A
-# operand broadcast, no vector store (the block stays in registers) and no horizontal shuffles.
+# zero, with `kc` from 0 up) and read the machine code of the loop: packed FMAs into six
+# `f32x16` accumulators (6 `zmm`, 12 `ymm` or 24 NEON registers), with their A operand broadcast,
+# and no vector store (the block stays in registers).
 
 # %%
 #| export simd
@@ -1089,7 +1100,8 @@ def _vload_f32(typingctx, x, i):
 
 @intrinsic
 def vfma_bcast(typingctx, acc, b, s):
-    """acc + b * s, lane by lane, with one rounding (a fused multiply-add); s a float32 scalar."""
+    """acc + b * s, lane by lane, with one rounding (a fused multiply-add); s a float scalar (a float64
+    is rounded to float32 first)."""
     if acc != f32x16 or b != f32x16 or not isinstance(s, types.Float):
         raise TypingError(f"vfma_bcast(acc, b, s): acc and b f32x16, s a float, got {acc}, {b}, {s}")
 
@@ -1144,7 +1156,10 @@ def _vmadd_pairs(typingctx, acc, w, p, i):
 
     def codegen(context, builder, sig, args):
         acc_v, w_v, p_v, i_v = args
-        w_v = builder.trunc(w_v, _I32) if w_v.type.width > 32 else w_v
+        if w_v.type.width > 32:
+            w_v = builder.trunc(w_v, _I32)
+        elif w_v.type.width < 32:
+            w_v = builder.sext(w_v, _I32)
         a16 = builder.bitcast(_splat(builder, w_v, _VI32), _VI16)  # the pair (lo, hi) in every lane
         b16 = builder.load(_address(context, builder, sig.args[2], p_v, i_v, _VI16), align=2)
         return builder.add(acc_v, _pair_products(builder, a16, b16))
@@ -1189,7 +1204,7 @@ def vstore_add_f32(acc, y, i):
 def vmadd_pairs(acc, w, p, i):
     """acc[l] + a0*p[i+2l] + a1*p[i+2l+1] for l < 16, in int32: w is an int32 word holding two int16
     (a0 in its low half, a1 in its high half: int16 array [a0, a1] viewed as int32), p a 1-D
-    C-contiguous int16 array holding 16 pairs from index i. One `vpmaddwd` on x86."""
+    C-contiguous int16 array holding 16 pairs from index i. One `vpmaddwd` on AVX-512, two on AVX2."""
     if i < 0 or i > p.size - 2 * LANES:
         if VALUES_IN_ERRORS:
             raise IndexError("vmadd_pairs: vector lanes outside the array (first index, lanes, array size):", i,
@@ -1289,7 +1304,11 @@ def pack_b_block(b, pc, kc, bp):
 
 @njit(cache=False)
 def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
-    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap."""
+    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap.
+
+    ap (6 ceil(mc/6) kc,) float32: pack_a_block's panels of rows i0..i0+mc; bp (N' kc,) float32:
+    pack_b_block's panels; cf: C (M', N') flattened, float32, ldc = N'.
+    """
     for jp in range(bp.size // (kc * BLIS_NR)):
         bo = jp * kc * BLIS_NR
         for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
@@ -1300,10 +1319,15 @@ def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
 
 @njit(parallel=True, cache=False)
 def gemm_blis(a, b, c, mc, kc):
-    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with M' >= M
-    rounded up to a multiple of 6 and N' = N rounded up to a multiple of 16 (the padding gets zeros)."""
+    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with
+    M' >= 6 ceil(M/6) and N' = 16 ceil(N/16) (the padding gets zeros). mc: rows of A per thread
+    task, a positive multiple of 6; kc: k per block, >= 1."""
     m, k = a.shape
     ldc = c.shape[1]
+    if mc <= 0 or mc % BLIS_MR or kc <= 0:
+        raise ValueError("gemm_blis: mc must be a positive multiple of 6 and kc positive")
+    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
+        raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     cf = c.reshape(-1)
     bp = np.empty(ldc * min(kc, k), np.float32)
     for pc in range(0, k, kc):
@@ -1323,7 +1347,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     dtype = check_matmul_args(a, b)
     if dtype != np.float32:
         raise TypeError(f"matmul_blis: float32 operands only (its kernel is f32x16), got {np.asarray(a).dtype} and "
-                        f"{np.asarray(b).dtype}; matmul_simd takes float64")
+                        f"{np.asarray(b).dtype}; for float64 use matmul_simd")
     m, n = a.shape[0], b.shape[1]
     c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.float32)
     if m and n and a.shape[1]:
@@ -1388,6 +1412,20 @@ print(load_report())
 print(f"blis_kernel (6 x 16, outer product) {2 * 6 * 16 * 256 * calls / t / 1e9:6.1f} GFLOP/s   "
       f"micro_kernel (4 x 3, inner product) {micro_gflops(micro_kernel, np.float32):6.1f} GFLOP/s (one core, L1)")
 
+# KC, the length of each kernel call: the whole product at one n, all threads, MC = BLIS_MC
+n_kc = 256 if SMALL else 1024
+a_kc = rng.standard_normal((n_kc, n_kc)).astype(np.float32)
+b_kc = rng.standard_normal((n_kc, n_kc)).astype(np.float32)
+
+
+def blis_with_kc(kc):
+    gemm_blis(a_kc, b_kc, np.zeros((-(-n_kc // 6) * 6, n_kc), np.float32), BLIS_MC, kc)
+
+
+for kc in (64, 128, 256) if SMALL else (128, 256, 512, 1024):
+    t = benchmark(blis_with_kc, kc, warmup=1, repeat=3).min
+    print(f"n = {n_kc}, KC = {kc:4d}: {2 * n_kc**3 / t / 1e9:6.1f} GFLOP/s ({threads} threads)")
+
 # %% [markdown]
 # The whole product against NumPy's BLAS and section 5's `matmul_simd`, on all threads, the
 # ratio to BLAS measured in the same run, and GFLOP/s against n with the peak drawn:
@@ -1407,9 +1445,7 @@ print("matmul_blis matches NumPy on odd shapes;", load_report())
 
 @njit(parallel=True)
 def blis_kernel_everywhere(ap, bp, c, calls):
-    """Each thread runs blis_kernel `calls` times on its own L1-resident panels (through
-    blis_kernel_calls: the kernel's index checks, inlined into a prange body, would make Numba run
-    the loop on one thread, as gemm_blis's macro_kernel avoids too)."""
+    """Each thread runs blis_kernel `calls` times on its own L1-resident panels."""
     for t in prange(c.shape[0]):
         blis_kernel_calls(ap[t], bp[t], c[t], calls)
 
@@ -1458,8 +1494,8 @@ plt.show()
 # and the whole product keeps most of it because packing made both operand streams consecutive
 # and blocking kept them in L2; what remains between it and BLAS is packing time (paid by
 # every call, a larger share at small n), the fork and join, and BLAS's own prefetching of C.
-# `make bench` (benchmarks/bench_cpu_matmul.py) measures the same ratios at n = 256, 1024 and
-# 2048; the figures on the dev machine are in the table below.
+# `make bench` (benchmarks/bench_cpu_matmul.py) measures the same ratios at n = 256 to 2048,
+# with targets at n = 256, 1024 and 2048; the figures on the dev machine are in the table below.
 
 # %% [markdown]
 # ## What you measured / what to remember
@@ -1516,9 +1552,10 @@ plt.show()
 # | `matmul_blis`, n = 256 / 512 / 1024 / 2048 | 156 / 179 / 192 / 195 GFLOP/s |
 # | NumPy (OpenBLAS), the same n, same run | 188 / 204 / 201 / 207 GFLOP/s: `matmul_blis` at 83 / 88 / 95 / 94 % of it |
 # | `matmul_simd`, the same n, same run | 111 / 146 / 158 / 133 GFLOP/s (59 / 71 / 78 / 65 %) |
+# | NumPy (OpenBLAS) on 1 thread, the same n, same run | 103 / 104 / 101 / 103 GFLOP/s |
 #
-# The BLIS kernel from L1 is faster per core than OpenBLAS's whole product (118 against about
-# 103 GFLOP/s on one thread), and the whole product keeps 94-95 % of BLAS from n = 1024 on;
+# The BLIS kernel from L1 is faster per core than OpenBLAS's whole product (118 against
+# 101-104 GFLOP/s on one thread), and the whole product keeps 94-95 % of BLAS from n = 1024 on;
 # at n = 256 the packing and the fork and join are a larger share of a 0.2 ms product.
 #
 # The one-thread figures behave like the Zen 3 ones (the kernel near its L1 speed from
@@ -1540,8 +1577,9 @@ plt.show()
 #   needs MR + NR loads per MR * NR FMAs. The register file (16 `ymm` on AVX2, 32 `zmm` on
 #   AVX-512, 32 NEON registers) sets MR and NR. In Numba, scalar locals are what ends up in
 #   registers; a small NumPy array stays in memory.
-# - **Packing and blocking** put each operand in the cache level its reuse needs: the micro
-#   panel of A in L1, the block of B in L2. The packing copy must itself be cache-friendly: a
+# - **Packing and blocking** put each operand in the cache level its reuse needs: in section 5
+#   the micro panel of A in L1 and the block of B in L2; in section 8 both panels stream from L2,
+#   which a long KC makes pay. The packing copy must itself be cache-friendly: a
 #   naive transposed copy cost a quarter of the whole product.
 # - **Explicit vectors** let you write the kernel BLAS libraries write: an outer product with
 #   the block of C in vector registers, one broadcast of A per FMA, nothing to reduce. Where the

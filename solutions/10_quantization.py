@@ -1020,8 +1020,8 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 # more (the cell prints it): each output is one dot product that reloads and re-widens both of
 # its rows, while a fast kernel keeps a block of outputs in registers and reuses every load.
 # Blocking the int8 loop the same way (4 rows of A by 2 rows of B^T, eight int32 sums per pass
-# over k) loses the instruction: LLVM then multiplies in 32 bits (`vpmulld`, 16 multiply-adds
-# per instruction, not `vpmaddwd`'s 32). The reason is in LLVM's x86 back end (its
+# over k) loses the instruction: LLVM then multiplies in 32 bits (`vpmulld`: 16 multiplies per
+# 512-bit instruction and a separate `vpaddd`, against `vpmaddwd`'s 32 multiplies and 16 adds). The reason is in LLVM's x86 back end (its
 # `X86PartialReduction` pass): it turns widened multiplies feeding a sum into `vpmaddwd` only if
 # each widened operand is used once, and in a blocked loop every loaded row feeds several sums.
 # Writing the pairs out (B packed as int16 pairs `(b[2k, j], b[2k+1, j])` side by side, each
@@ -1029,11 +1029,12 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 # LLVM vectorises that loop with `vpmulld` too (we tried), because the A side is a pair of
 # broadcast scalars, not the even and odd lanes of one vector.
 #
-# ### Explicit pairs: the int8 kernel at the roof
+# ### Explicit pairs: an int8 kernel faster than float32
 #
-# Libraries write these kernels with intrinsics (oneDNN, FBGEMM). Lesson 06's `minitorch.simd`
-# is the same tool: `vmadd_pairs(acc, w, p, i)` is one `vpmaddwd` on x86 (and VNNI's
-# `vpdpwssd` once LLVM fuses the add, where the CPU has it). Its A operand is a 32-bit word `w`
+# Libraries do not leave these kernels to a compiler's pattern matching: FBGEMM writes them with
+# intrinsics, oneDNN generates them at run time (a JIT assembler, Xbyak). Lesson 06's
+# `minitorch.simd` is our equivalent: `vmadd_pairs(acc, w, p, i)` is one `vpmaddwd` on AVX-512
+# (two on AVX2), and VNNI's `vpdpwssd` once LLVM fuses the add, where the CPU has it. Its A operand is a 32-bit word `w`
 # holding a pair of int16 (`a[r, 2k]`, `a[r, 2k+1]`), broadcast to every lane; its B operand is
 # 16 such pairs (`b[2k, j]`, `b[2k+1, j]` for 16 columns j) loaded from a packed panel. Each
 # int32 lane j gets `a[r, 2k] * b[2k, j] + a[r, 2k+1] * b[2k+1, j]`: 32 multiply-adds per
@@ -1049,7 +1050,10 @@ for label, fn, args in [("int8 GEMM (this lesson)", matmul_int8, (A8, B8)),
 #
 # The operands stay 8-bit until packing, so the matrices in memory (and the weights a model
 # loads) keep their 4x saving; the packed panels are int16, half of float32, and are built once
-# per block, as lesson 06's are. Results are exact: a pair sum is at most 2 x 128 x 128 = 32768
+# per block, as lesson 06's are. This is the int16-pair roof, not the int8 one: VNNI's `vpdpbusd`
+# multiplies four uint8 x int8 pairs per int32 lane (64 multiply-adds per instruction, twice
+# `vpdpwssd`'s 32) and needs the +128 trick of the note above, which is what oneDNN and FBGEMM use
+# where it exists. Results are exact: a pair sum is at most 2 x 128 x 128 = 32768
 # and the int32 sums are safe up to K = 131071 (`MAX_K_INT32`). (Intel's *Software Developer's
 # Manual*, vol. 2: PMADDWD and VPDPWSSD; Numba's "High-level extension API" for `@intrinsic`.)
 
@@ -1066,6 +1070,8 @@ def int8_pairs_kernel(ap, bp, c, co, ldc):
     ap (6 K2,) int32 pair words (ap[6 k2 + r] holds a[r, 2k2], a[r, 2k2+1] as int16); bp (32 K2,) int16
     (bp[32 k2 + 2j + t] = b[2k2 + t, j]); c 1-D int32, the block at co with rows ldc apart.
     """
+    if ap.size != 6 * (bp.size // 32):  # ap's scalar reads are not bounds-checked: check the panel once
+        raise ValueError("int8_pairs_kernel: ap must hold 6 pair words per 32 int16 of bp")
     c0, c1, c2 = vzero_i32(), vzero_i32(), vzero_i32()
     c3, c4, c5 = vzero_i32(), vzero_i32(), vzero_i32()
     for k2 in range(bp.size // 32):
@@ -1086,9 +1092,9 @@ def int8_pairs_kernel(ap, bp, c, co, ldc):
 
 @njit(cache=False)
 def pack_a_pairs(a, i0, mc, p2, kc2, ap):
-    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words:
-    ap[(ir * kc2 + k2) * 6 + r] = a[i, 2q] & 0xFFFF | a[i, 2q+1] << 16 (i = i0 + 6 ir + r, q = p2 + k2);
-    zero past M and past K."""
+    """Rows i0..i0+mc of int8 a (M, K), k-pairs p2..p2+kc2, as 6-row panels of pair words (int32 ap):
+    ap[(ir * kc2 + k2) * 6 + r] = a[i, q] & 0xFFFF | a[i, q + 1] << 16, with i = i0 + 6 ir + r and
+    q = 2 (p2 + k2); zero past M and past K."""
     m, k = a.shape
     for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
         base = ir * kc2 * BLIS_MR
@@ -1118,7 +1124,11 @@ def pack_b_pairs(b, p2, kc2, bp):
 
 @njit(cache=False)
 def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
-    """One thread's work for one A block: every B panel against every 6-row panel of A."""
+    """One thread's work for one A block: every B panel against every 6-row panel of A.
+
+    ap (6 ceil(mc/6) kc2,) int32: pack_a_pairs's panels of rows i0..i0+mc; bp (2 N' kc2,) int16:
+    pack_b_pairs's panels; cf: C (M', N') flattened, int32, ldc = N'.
+    """
     for jp in range(bp.size // (kc2 * 2 * BLIS_NR)):
         bo = jp * kc2 * 2 * BLIS_NR
         for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
@@ -1129,10 +1139,15 @@ def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
 
 @njit(parallel=True, cache=False)
 def gemm_int8_pairs(a, b, c, mc, kc2):
-    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous, M' >= M
-    rounded up to a multiple of 6, N' = N rounded up to a multiple of 16. kc2: pairs of k per block."""
+    """c += a @ b in int32. a (M, K), b (K, N) int8, any strides; c (M', N') int32 C-contiguous with
+    M' >= 6 ceil(M/6) and N' = 16 ceil(N/16). mc: rows of A per thread task, a positive multiple of 6;
+    kc2: pairs of k per block, >= 1."""
     m, k = a.shape
     ldc = c.shape[1]
+    if mc <= 0 or mc % BLIS_MR or kc2 <= 0:
+        raise ValueError("gemm_int8_pairs: mc must be a positive multiple of 6 and kc2 positive")
+    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
+        raise ValueError("gemm_int8_pairs: need a (M, K), b (K, N), c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     k2 = (k + 1) // 2
     cf = c.reshape(-1)
     bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)
@@ -1209,8 +1224,7 @@ def int8_kernel_calls(ap, bp, c, calls):
 
 @njit(parallel=True)
 def int8_kernel_everywhere(ap, bp, c, calls):
-    """Each thread runs int8_pairs_kernel `calls` times on its own L1-resident panels (through a
-    function of its own: the kernel's index checks would keep prange from running in parallel)."""
+    """Each thread runs int8_pairs_kernel `calls` times on its own L1-resident panels."""
     for t in prange(c.shape[0]):
         int8_kernel_calls(ap[t], bp[t], c[t], calls)
 
@@ -1255,7 +1269,8 @@ print(f"peak (int8_pairs_kernel from L1, {threads} threads): {peak:.0f} GOPS")
 # On the dev machine (Zen 4 VM, 2 cores, AVX-512 with VNNI), one `make bench L=quant` run on a
 # quiet machine (load average 0.8), n = 1024: the pairs kernel ran at 305 GOPS on 2 threads,
 # 1.70x lesson 06's BLIS kernel, 2.14x its inner-product kernel and 1.78x NumPy's float32 BLAS;
-# on 1 thread 186 GOPS (1.89x, 2.36x, 1.84x). Exercise 10.6's dot products: 102 and 54 GOPS.
+# on 1 thread 186 GOPS (1.89x, 2.36x, 1.84x). Exercise 10.6's dot products: 102 GOPS on 2 threads,
+# 54 on 1.
 # LLVM fused each `vpmaddwd` with its add into VNNI's `vpdpwssd` (42 of them in the GEMM's
 # machine code). The 8-bit arithmetic wins once the kernel is written the way the instruction
 # wants its operands.

@@ -73,7 +73,8 @@ def test_a_wrong_flavour_name_is_refused():
 
 
 def test_vector_indices_are_checked():
-    from minitorch.simd import VALUES_IN_ERRORS, vload_f32, vmadd_pairs, vstore_add_f32, vzero_i32
+    from minitorch.simd import (VALUES_IN_ERRORS, vload_f32, vmadd_pairs, vstore_add_f32, vstore_add_i32, vzero_f32,
+                                vzero_i32)
 
     @njit
     def load_sum(x, i):
@@ -97,6 +98,30 @@ def test_vector_indices_are_checked():
         madd(np.zeros(32, np.int16), 2)
     if VALUES_IN_ERRORS:
         assert err.value.args[1:] == (2, 32, 32), err.value.args
+
+    @njit
+    def stores(y32, yi, i):
+        vstore_add_f32(vzero_f32(), y32, i)
+        vstore_add_i32(vzero_i32(), yi, i)
+
+    stores(np.zeros(16, np.float32), np.zeros(16, np.int32), 0)
+    with pytest.raises(IndexError, match="vstore_add_f32: vector lanes outside the array"):
+        stores(np.zeros(17, np.float32), np.zeros(17, np.int32), 2)
+    with pytest.raises(IndexError, match="vstore_add_i32: vector lanes outside the array"):
+        stores(np.zeros(18, np.float32), np.zeros(17, np.int32), 2)
+
+    @njit
+    def madd16(p):  # a narrower word is sign-extended: (-1, -1) as int16 pairs is the int32 -1
+        return vmadd_pairs(vzero_i32(), np.int16(-1), p, 0)
+
+    y = np.zeros(16, np.int32)
+
+    @njit
+    def keep(p, y):
+        vstore_add_i32(madd16(p), y, 0)
+
+    keep(np.ones(32, np.int16), y)
+    assert np.array_equal(y, np.full(16, -2, np.int32))
 
 
 def test_vector_operands_have_their_dtype():
@@ -166,6 +191,16 @@ def test_blocking_follows_the_l2_cache():
     for bad in (0, -5, 1.5):
         with pytest.raises(ValueError, match="blis_blocking"):
             blis_blocking(bad)
+    from minitorch.quant import gemm_int8_pairs
+    from minitorch.simd_matmul import gemm_blis
+
+    a, b = np.ones((10, 7), np.float32), np.ones((7, 20), np.float32)
+    for mc, kc, c in ((10, 8, np.zeros((12, 32), np.float32)), (12, 0, np.zeros((12, 32), np.float32)),
+                      (12, 8, np.zeros((6, 32), np.float32)), (12, 8, np.zeros((12, 20), np.float32))):
+        with pytest.raises(ValueError, match="gemm_blis"):
+            gemm_blis(a, b, c, mc, kc)
+    with pytest.raises(ValueError, match="gemm_int8_pairs: mc must be a positive multiple of 6"):
+        gemm_int8_pairs(a.astype(np.int8), b.astype(np.int8), np.zeros((12, 32), np.int32), 10, 8)
     with pytest.raises(ValueError, match="mc a positive multiple of 6"):
         blis_blocking(1024**2, mc=10)
 
