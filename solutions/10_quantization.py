@@ -1214,8 +1214,6 @@ for name, g in gops.items():
     print(f"{name:<30} n={n}, {threads} threads: {g:7.1f} GOPS   int8 pairs / this = {pairs / g:5.2f}")
 
 # %% tags=["demo"]
-
-
 @njit
 def int8_kernel_calls(ap, bp, c, calls):
     for _ in range(calls):
