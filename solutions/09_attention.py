@@ -1669,19 +1669,24 @@ for n_ in (256, 512, 1024) if SMALL else (512, 1024, 2048, 4096):
 # exponentials; naive attention does all of them with BLAS and vectorised NumPy but moves N^2
 # floats several times. Naive attention loses least where N^2 floats still fit in the caches
 # (N = 256: 256 KiB of scores); on the dev machine (Zen 4, 2 threads, quiet) the tiled kernel was
-# faster at every N from 256 to 4096 all the same, 1.4x to 2.4x in three runs of
+# faster at every N from 256 to 4096 all the same, 1.35x to 2.6x in three runs of
 # `make bench L=attention`. The cell prints the load and the threads, then the ratio for each N:
-# it depends on both. One detail decides a
+# it depends on both. The two take turns after a pause (`best_apart`, lesson 06): naive
+# attention's BLAS threads keep spinning for about 0.1 s after a call and would slow a kernel
+# started at once. One detail decides a
 # factor of about 1.5: the kernel's sums start from `q.dtype.type(0)`, not `0.0`, because Numba
 # types `0.0` as float64 and would then widen every float32 product to float64, half as many
 # per SIMD instruction.
 
 # %% tags=["demo"]
+from minitorch.simd_matmul import best_apart
+
 print(load_report())
 for n_ in (256, 1024) if SMALL else (256, 512, 1024, 2048, 4096):
     q, k, v = (rng.standard_normal((1, n_, 64)).astype(np.float32) for _ in range(3))
-    t_naive = benchmark(naive_causal, q, k, v, repeat=3).min
-    t_flash = benchmark(flash_attention_forward, q, k, v, True, repeat=3).min
+    best = best_apart({"naive": lambda: naive_causal(q, k, v), "tiled": lambda: flash_attention_forward(q, k, v, True)},
+                      rounds=2)
+    t_naive, t_flash = best["naive"], best["tiled"]
     print(f"N = {n_:>4}: naive {t_naive * 1e3:7.1f} ms, tiled {t_flash * 1e3:7.1f} ms, naive / tiled = {t_naive / t_flash:4.1f}")
 
 # %% [markdown]
