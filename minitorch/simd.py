@@ -12,11 +12,12 @@ This module adds two, each a value Numba keeps in registers (an LLVM `<16 x floa
 
 Arrays are 1-D, C-contiguous, of the stated dtype; `i` is an element index, checked against the
 array's size (an IndexError with the index, the lanes and the size, never a read or write outside
-the array; LLVM drops the checks it can prove, as in a loop over a panel). Each
-operation is one LLVM instruction or intrinsic: `llvm.fma` for the float multiply-add, and for
-`vmadd_pairs` `vpmaddwd` on x86 (AVX-512BW or AVX2, chosen from this CPU's features; LLVM fuses it
-with the add into VNNI's `vpdpwssd` where the CPU has it), else portable LLVM IR (sign-extend,
-multiply, add the pairs), which is correct on every CPU and fast where LLVM matches it.
+the array; LLVM drops the checks it can prove, as in a loop over a panel). Each operation is a
+few LLVM instructions: a splat and `llvm.fma` for the float multiply-add; a load, an add and a
+store for `vstore_add_*`; for `vmadd_pairs`, `vpmaddwd` on x86 (one on AVX-512BW, two on AVX2,
+chosen from this CPU's features; LLVM fuses it with the add into VNNI's `vpdpwssd` where the CPU
+has it), else portable LLVM IR (sign-extend, multiply, add the pairs), which is correct on every
+CPU and fast where LLVM matches it.
 MINITORCH_SIMD=avx512|avx2|generic forces a flavour (the tests run all three).
 """
 import os

@@ -405,3 +405,42 @@ def best_apart(kernels: dict, *args, rounds: int = 3, repeat: int = 3, pause: fl
                 fn(*args)
                 best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+@njit(cache=False)
+def blis_kernel_calls(ap, bp, c, calls):
+    """blis_kernel(ap, bp, c, 0, 16) `calls` times: one 6 x 16 block, its panels in L1."""
+    for _ in range(calls):
+        blis_kernel(ap, bp, c, 0, 16)
+
+
+@njit(parallel=True, cache=False)
+def run_everywhere(calls_fn, ap, bp, c, calls):
+    """Thread t runs calls_fn(ap[t], bp[t], c[t], calls): each thread its own L1-resident operands."""
+    for t in prange(c.shape[0]):
+        calls_fn(ap[t], bp[t], c[t], calls)
+
+
+def peak_rate(calls_fn, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: int, work_per_call: float) -> float:
+    """Work per second (e.g. FLOP/s) of `run_everywhere(calls_fn, ...)` on ap.shape[0] Numba threads at
+    once, work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up."""
+    from minitorch.bench import benchmark
+
+    threads_used = ap.shape[0]
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads_used)
+    try:
+        t = benchmark(run_everywhere, calls_fn, ap, bp, c, calls, warmup=1, repeat=5).min
+    finally:
+        numba.set_num_threads(before)
+    return work_per_call * calls * threads_used / t
+
+
+def blis_peak(threads_used: int, kc: int = 256, calls: int = 3000, seed: int = 0) -> float:
+    """GFLOP/s of blis_kernel with its panels (kc long) in L1, on `threads_used` threads at once: the
+    peak no matmul built on it can beat."""
+    rng_ = np.random.default_rng(seed)
+    ap = rng_.standard_normal((threads_used, 6 * kc)).astype(np.float32)
+    bp = rng_.standard_normal((threads_used, 16 * kc)).astype(np.float32)
+    c = np.zeros((threads_used, 6 * 16 * 4), np.float32)  # rows 1.5 KiB apart: no false sharing
+    return peak_rate(blis_kernel_calls, ap, bp, c, calls, 2 * 6 * 16 * kc) / 1e9

@@ -986,11 +986,12 @@ This module adds two, each a value Numba keeps in registers (an LLVM `<16 x floa
 
 Arrays are 1-D, C-contiguous, of the stated dtype; `i` is an element index, checked against the
 array's size (an IndexError with the index, the lanes and the size, never a read or write outside
-the array; LLVM drops the checks it can prove, as in a loop over a panel). Each
-operation is one LLVM instruction or intrinsic: `llvm.fma` for the float multiply-add, and for
-`vmadd_pairs` `vpmaddwd` on x86 (AVX-512BW or AVX2, chosen from this CPU's features; LLVM fuses it
-with the add into VNNI's `vpdpwssd` where the CPU has it), else portable LLVM IR (sign-extend,
-multiply, add the pairs), which is correct on every CPU and fast where LLVM matches it.
+the array; LLVM drops the checks it can prove, as in a loop over a panel). Each operation is a
+few LLVM instructions: a splat and `llvm.fma` for the float multiply-add; a load, an add and a
+store for `vstore_add_*`; for `vmadd_pairs`, `vpmaddwd` on x86 (one on AVX-512BW, two on AVX2,
+chosen from this CPU's features; LLVM fuses it with the add into VNNI's `vpdpwssd` where the CPU
+has it), else portable LLVM IR (sign-extend, multiply, add the pairs), which is correct on every
+CPU and fast where LLVM matches it.
 MINITORCH_SIMD=avx512|avx2|generic forces a flavour (the tests run all three).
 """
 import os
@@ -1378,6 +1379,45 @@ def best_apart(kernels: dict, *args, rounds: int = 3, repeat: int = 3, pause: fl
                 best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
+
+@njit(cache=False)
+def blis_kernel_calls(ap, bp, c, calls):
+    """blis_kernel(ap, bp, c, 0, 16) `calls` times: one 6 x 16 block, its panels in L1."""
+    for _ in range(calls):
+        blis_kernel(ap, bp, c, 0, 16)
+
+
+@njit(parallel=True, cache=False)
+def run_everywhere(calls_fn, ap, bp, c, calls):
+    """Thread t runs calls_fn(ap[t], bp[t], c[t], calls): each thread its own L1-resident operands."""
+    for t in prange(c.shape[0]):
+        calls_fn(ap[t], bp[t], c[t], calls)
+
+
+def peak_rate(calls_fn, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: int, work_per_call: float) -> float:
+    """Work per second (e.g. FLOP/s) of `run_everywhere(calls_fn, ...)` on ap.shape[0] Numba threads at
+    once, work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up."""
+    from minitorch.bench import benchmark
+
+    threads_used = ap.shape[0]
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads_used)
+    try:
+        t = benchmark(run_everywhere, calls_fn, ap, bp, c, calls, warmup=1, repeat=5).min
+    finally:
+        numba.set_num_threads(before)
+    return work_per_call * calls * threads_used / t
+
+
+def blis_peak(threads_used: int, kc: int = 256, calls: int = 3000, seed: int = 0) -> float:
+    """GFLOP/s of blis_kernel with its panels (kc long) in L1, on `threads_used` threads at once: the
+    peak no matmul built on it can beat."""
+    rng_ = np.random.default_rng(seed)
+    ap = rng_.standard_normal((threads_used, 6 * kc)).astype(np.float32)
+    bp = rng_.standard_normal((threads_used, 16 * kc)).astype(np.float32)
+    c = np.zeros((threads_used, 6 * 16 * 4), np.float32)  # rows 1.5 KiB apart: no false sharing
+    return peak_rate(blis_kernel_calls, ap, bp, c, calls, 2 * 6 * 16 * kc) / 1e9
+
 # %% tags=["check"]
 check("6.6")
 
@@ -1388,14 +1428,6 @@ check("6.6")
 
 # %%
 blis_panels = (rng.standard_normal(6 * 256).astype(np.float32), rng.standard_normal(16 * 256).astype(np.float32))
-
-
-@njit(cache=False)
-def blis_kernel_calls(ap, bp, c, calls):
-    for _ in range(calls):
-        blis_kernel(ap, bp, c, 0, 16)
-
-
 c_block = np.zeros(6 * 16, np.float32)
 blis_kernel_calls(*blis_panels, c_block, 1)
 want = blis_panels[0].reshape(-1, 6).T.astype(np.float64) @ blis_panels[1].reshape(-1, 16)
@@ -1443,26 +1475,6 @@ for (m, k, n) in [(1, 1, 1), (37, 1031, 53), (130, 17, 7), (5, 600, 211), (7, 21
 print("matmul_blis matches NumPy on odd shapes;", load_report())
 
 
-@njit(parallel=True)
-def blis_kernel_everywhere(ap, bp, c, calls):
-    """Each thread runs blis_kernel `calls` times on its own L1-resident panels."""
-    for t in prange(c.shape[0]):
-        blis_kernel_calls(ap[t], bp[t], c[t], calls)
-
-
-def blis_peak(threads_used, kc=256, calls=300 if SMALL else 3000):
-    ap = rng.standard_normal((threads_used, 6 * kc)).astype(np.float32)
-    bp = rng.standard_normal((threads_used, 16 * kc)).astype(np.float32)
-    c = np.zeros((threads_used, 6 * 16 * 4), np.float32)  # rows 1.5 KiB apart: no false sharing
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads_used)
-    try:
-        t = benchmark(blis_kernel_everywhere, ap, bp, c, calls, warmup=1, repeat=5).min
-    finally:
-        numba.set_num_threads(before)
-    return 2 * 6 * 16 * kc * calls * threads_used / t / 1e9
-
-
 def gflops_apart(kernels: dict, n: int, rounds: int) -> dict:
     """GFLOP/s of each kernel on (n, n) @ (n, n) float32 (best_apart's protocol)."""
     a = rng.standard_normal((n, n)).astype(np.float32)
@@ -1474,7 +1486,7 @@ kernels = {"blis": matmul_blis, "simd": matmul_simd, "numpy": np.matmul}
 sizes = (64, 128, 256) if SMALL else (128, 256, 512, 1024, 2048)
 with blas_limit(threads):
     curves = {n_: gflops_apart(kernels, n_, rounds=2 if SMALL or n_ >= 2048 else 3) for n_ in sizes}
-peak = blis_peak(threads)
+peak = blis_peak(threads, calls=300 if SMALL else 3000)
 print(f"{threads} threads (Numba and BLAS); peak (blis_kernel from L1 on every thread): {peak:.0f} GFLOP/s")
 for n_, g in curves.items():
     print(f"n={n_:5d}: blis {g['blis']:6.1f}  simd {g['simd']:6.1f}  numpy {g['numpy']:6.1f} GFLOP/s   "

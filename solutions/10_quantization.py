@@ -1182,9 +1182,9 @@ def matmul_int8_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 import matplotlib.pyplot as plt
 import numba
 
-from minitorch.bench import benchmark, blas_limit, load_report
+from minitorch.bench import blas_limit, load_report
 from minitorch.simd import madd_flavour
-from minitorch.simd_matmul import best_apart, matmul_blis, matmul_simd
+from minitorch.simd_matmul import best_apart, matmul_blis, matmul_simd, peak_rate
 
 for (m, k, n) in [(1, 1, 1), (7, 3, 5), (37, 1031, 53), (130, 17, 7), (64, 4096, 48)]:
     A8 = rng.integers(-128, 128, (m, k)).astype(np.int8)
@@ -1220,24 +1220,12 @@ def int8_kernel_calls(ap, bp, c, calls):
         int8_pairs_kernel(ap, bp, c, 0, 16)
 
 
-@njit(parallel=True)
-def int8_kernel_everywhere(ap, bp, c, calls):
-    """Each thread runs int8_pairs_kernel `calls` times on its own L1-resident panels."""
-    for t in prange(c.shape[0]):
-        int8_kernel_calls(ap[t], bp[t], c[t], calls)
-
-
 def int8_peak(threads_used, kc2=256, calls=300 if SMALL else 3000):
+    """GOPS of int8_pairs_kernel with its panels in L1 on `threads_used` threads (lesson 06's peak_rate)."""
     ap = rng.integers(-2**15, 2**15, (threads_used, 6 * kc2)).astype(np.int32)
     bp = rng.integers(-128, 128, (threads_used, 32 * kc2)).astype(np.int16)
     c = np.zeros((threads_used, 6 * 16 * 4), np.int32)
-    before = numba.get_num_threads()
-    numba.set_num_threads(threads_used)
-    try:
-        t = benchmark(int8_kernel_everywhere, ap, bp, c, calls, warmup=1, repeat=5).min
-    finally:
-        numba.set_num_threads(before)
-    return 2 * 6 * 16 * 2 * kc2 * calls * threads_used / t / 1e9
+    return peak_rate(int8_kernel_calls, ap, bp, c, calls, 2 * 6 * 16 * 2 * kc2) / 1e9
 
 
 sizes = (128, 256, 512) if SMALL else (256, 512, 1024, 2048)
