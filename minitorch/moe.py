@@ -1,6 +1,6 @@
 # Generated from solutions/16_moe.py by `make build`. Do not edit.
 """minitorch.moe: top-k routing and balancing losses, capacity and dropless dispatch with a grouped
-GEMM, an MoE MLP layer with autograd, all-to-all from send/recv, expert parallelism (EP and EP x
+GEMM, an MoE MLP layer with autograd, all-to-all from isend/irecv, expert parallelism (EP and EP x
 DP) on lesson 12's communicator, and EP in the planner.
 
 Runs on any `minitorch.comm` communicator (simulated or MPI).
@@ -400,17 +400,12 @@ def mlp_costs(model: GPT) -> dict[str, float]:
             "param_bytes": 4.0 * sum(p.size for p in model.parameters())}
 
 
-# Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
-# up to 64 KiB in one message with its header, so the copy a send makes is the message itself).
-SMALL_BLOCK = 65536
-
-
 def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, tag: int = 0) -> np.ndarray:
     """Rows x (n, ...) split by send_counts (comm.size counts, sum n): block j goes to rank j.
     Returns the blocks received, recv_counts[s] rows from rank s, concatenated in rank order, shape
-    (sum(recv_counts), ...), x's dtype. Pairwise exchange: step s sends to (rank + s) % size and
-    receives from (rank - s) % size (every send posted first when no block is over SMALL_BLOCK bytes,
-    else sendrecv); the own block is copied into the result. Blocks are sent even when empty."""
+    (sum(recv_counts), ...), x's dtype. Pairwise order: step s sends to (rank + s) % size and
+    receives from (rank - s) % size; every receive is posted (into its rows of the result) before
+    the sends; the own block is copied. Blocks are sent even when empty."""
     what = "all_to_all"
     x = np.asarray(x)
     n, r = comm.size, comm.rank
@@ -418,22 +413,18 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
     if len(send) != n or len(recv) != n or x.ndim < 1 or sum(send) != x.shape[0]:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
-    offsets = [0, *itertools.accumulate(send)]  # Python ints: a small all-to-all is bound by Python
-    blocks = [x[offsets[j]:offsets[j + 1]] for j in range(n)]
-    parts: list = [None] * n
-    parts[r] = blocks[r]  # only read: concatenate makes the new array
-    pairwise = max(b.nbytes for b in blocks) > SMALL_BLOCK  # large blocks: sendrecv, no copies
-    if not pairwise:
-        for s in range(1, n):  # small blocks: post every send (their copies cost nothing), then receive
-            comm.send(blocks[(r + s) % n], (r + s) % n, tag=tag)
-    for s in range(1, n):
-        dst, src = (r + s) % n, (r - s) % n
-        got = comm.sendrecv(blocks[dst], dst, src, tag=tag) if pairwise else comm.recv(src, tag=tag)
-        if got.shape[1:] != x.shape[1:] or got.shape[0] != recv[src] or got.dtype != x.dtype:
-            raise ValueError(f"{what}: rank {r} expected {recv[src]} rows of shape {x.shape[1:]} and dtype {x.dtype} "
-                             f"from rank {src}, got shape {got.shape}, dtype {got.dtype}")
-        parts[src] = got
-    return np.concatenate(parts, axis=0)
+    if send[r] != recv[r]:
+        raise ValueError(f"{what}: rank {r} sends rank {r} (itself) send_counts[{r}] = {send[r]} rows but expects "
+                         f"recv_counts[{r}] = {recv[r]}")
+    so = [0, *itertools.accumulate(send)]  # Python ints: a small all-to-all is bound by its Python
+    ro = [0, *itertools.accumulate(recv)]
+    out = np.empty((ro[-1], *x.shape[1:]), x.dtype)
+    steps = range(1, n)
+    requests = [comm.irecv(out[ro[src]:ro[src + 1]], src, tag) for src in [(r - s) % n for s in steps]]
+    requests += [comm.isend(x[so[dst]:so[dst + 1]], dst, tag) for dst in [(r + s) % n for s in steps]]
+    out[ro[r]:ro[r + 1]] = x[so[r]:so[r + 1]]
+    comm.waitall(requests)
+    return out
 
 
 def exchange_counts(comm: Communicator, send_counts: Any, tag: int = 0) -> np.ndarray:

@@ -113,6 +113,8 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
 # | `comm.send(array, dst, tag=0)` | send a copy of `array` to rank `dst`; returns at once (the copy is buffered) |
 # | `comm.recv(src, tag=0)` | wait for the oldest message from rank `src` with this tag; returns the array |
 # | `comm.sendrecv(array, dst, src)` | `send` then `recv`, and may wait until `dst` has the message: one step of a ring |
+# | `comm.isend(array, dst)`, `comm.irecv(out, src)` | start a send from `array` itself, a receive into `out` (you allocate it: dtype and size must match); each returns a request (lesson 16's all-to-all) |
+# | `comm.waitall(requests)` | wait until every request has completed (`request.wait()` for one); only then may `array` change and `out` be read |
 # | `comm.barrier()` | wait until every rank gets here |
 # | `comm.compute(seconds=..., flops=..., kind="F")` | account for local work (simulator: advances this rank's clock) |
 # | `comm.launch(fn, *args)` | run `fn(comm, *args)` on the communication stream; `.wait()` gives its result (section 5) |
@@ -179,6 +181,9 @@ The communicator (`Communicator`, what `fn` receives):
     comm.send(array, dst, tag=0)        buffered: copies `array` and returns at once
     comm.recv(src, tag=0) -> ndarray    blocks until the oldest message from src with this tag
     comm.sendrecv(array, dst, src, tag=0, recvtag=None) -> ndarray
+    comm.isend(array, dst, tag=0) -> Request    sends from `array` itself (leave it alone until done)
+    comm.irecv(out, src, tag=0) -> Request      receives into `out` (same dtype and size as the message)
+    comm.waitall(requests)              completes isend/irecv requests (request.wait(): one of them)
     comm.barrier()
     comm.compute(seconds=None, *, flops=None, kind="compute", label="")
                                         simulated: advance this rank's clock; MPI: nothing
@@ -189,7 +194,10 @@ The communicator (`Communicator`, what `fn` receives):
     comm.group(ranks) -> SubComm        the ranks `ranks` as a communicator of their own
 
 Messages are matched by (source, tag) in the order they were sent (MPI's non-overtaking rule);
-there is no wildcard source, so every run is deterministic.
+there is no wildcard source, so every run is deterministic. isend/irecv messages carry no header
+(the receiver names dtype and size, as in MPI and NCCL): they travel apart from send/recv's, so an
+isend is received by an irecv only, a send by a recv only. Every request must be completed before
+the rank returns.
 
 Engine "sim": every rank is a thread of this process. Time is simulated with the alpha-beta
 (Hockney) model: a message of n bytes occupies the sender's and the receiver's port for
@@ -207,9 +215,11 @@ code get an exception raised in them.
 
 Engine "mpi": `mpiexec -n N` (the mpich wheel's launcher in this virtual environment) starts N
 Python processes running mpi4py; `fn` and its arguments travel by cloudpickle, so functions
-written in a notebook run there too. A message is a 64-byte header (dtype, shape) and the array's
-bytes: one MPI message up to 64 KiB, else the header then the data, received straight into the
-returned array. Waiting ranks yield their core. The launcher reads the ranks' status files: a
+written in a notebook run there too. A send/recv message is a 64-byte header (dtype, shape) and
+the array's bytes: one MPI message up to 64 KiB, else the header then the data, received straight
+into the returned array. isend/irecv are MPI_Isend/MPI_Irecv of the arrays' bytes on tags
+tag + 2**20 (a receive checks the size it got; MPI carries no dtype, so only the simulator checks
+that). Waiting ranks yield their core. The launcher reads the ranks' status files: a
 deadlock (every running rank waits, nothing in flight to them; or a wait for a rank that has
 returned) kills the job and raises DeadlockError naming each rank's wait and line. Every launch
 has a time limit, after which mpiexec and every process under it are killed, and RunTimeoutError
@@ -249,6 +259,7 @@ DEFAULT_FLOP_RATE = 1e11   # flop/s of one simulated rank
 # about 10 s, against about 2 s for the passing exercise 12.2).
 SIM_TIME_LIMIT = 10.0
 MPI_TIME_LIMIT = 120.0
+_TYPED = 2**20  # isend/irecv messages travel on tags tag + _TYPED: apart from send/recv's (tags < 2**20)
 
 
 def _ranks(n: int) -> str:
@@ -340,6 +351,71 @@ class Work:
         return self.result
 
 
+class Request:
+    """Handle of `comm.isend(...)` / `comm.irecv(...)`. `wait()` completes it (as
+    `comm.waitall([request])`); `done` says whether it has. An irecv's data is in `out` once done.
+    kind: "isend" or "irecv"; peer: the other rank (of the engine's communicator); tag: the tag."""
+
+    __slots__ = ("comm", "kind", "peer", "tag", "out", "_req", "_t", "_msg", "_n")
+
+    def __init__(self, comm: Communicator, kind: str, peer: int, tag: int, out: Any, req: Any = True, t: float = 0.0):
+        self.comm, self.kind, self.peer, self.tag, self.out, self._req, self._t = comm, kind, peer, tag, out, req, t
+
+    @property
+    def done(self) -> bool:
+        return self._req is None
+
+    def wait(self) -> None:
+        """Until this request completes."""
+        self.comm.waitall([self])
+
+    def __repr__(self) -> str:
+        what = "dst" if self.kind == "isend" else "src"
+        return f"<Request {self.kind}({what}={self.peer}, tag={self.tag}){' done' if self.done else ''}>"
+
+
+_new_request = object.__new__
+
+
+def _irecv_buffer(out: Any, rank: int) -> np.ndarray:
+    """`out` if it can take an irecv's data (a writable C-contiguous numeric ndarray), else a clear
+    TypeError or ValueError naming what it is."""
+    if type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc":  # noqa: E721
+        return out
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"rank {rank}: irecv() receives into a NumPy array (allocate it with np.empty), "
+                        f"got a {type(out).__name__}")
+    if out.dtype.kind not in "biufc":
+        raise TypeError(f"rank {rank}: irecv() receives numeric arrays, got dtype {out.dtype}")
+    if not out.flags.writeable:
+        raise ValueError(f"rank {rank}: irecv() needs a writable array, got a read-only one of shape {out.shape}")
+    raise ValueError(f"rank {rank}: irecv() receives into a C-contiguous array (a block of rows, a[i:j]), got a "
+                     f"non-contiguous one of shape {out.shape}, strides {out.strides}")
+
+
+def _requests(comm: Communicator, requests: Any) -> list[Request]:
+    """`requests` as a list of this engine's Requests, or a clear TypeError / ValueError."""
+    if isinstance(requests, Request):
+        raise TypeError(f"rank {comm.rank}: waitall() takes a list of requests; for one, call request.wait()")
+    try:
+        reqs = list(requests)
+    except TypeError:
+        raise TypeError(f"rank {comm.rank}: waitall() takes a list of requests (from isend/irecv), got a "
+                        f"{type(requests).__name__}") from None
+    for q in reqs:
+        if type(q) is not Request:  # noqa: E721
+            raise TypeError(f"rank {comm.rank}: waitall() takes requests returned by isend/irecv, got {q!r:.80} "
+                            f"(of type {type(q).__name__})")
+        if q.comm is not comm:
+            raise ValueError(f"rank {comm.rank}: {q!r} belongs to another rank's communicator")
+    return reqs
+
+
+def _open_requests_error(rank: int, n: int) -> RuntimeError:
+    return RuntimeError(f"rank {rank} returned with {n} isend/irecv request(s) not completed: pass every "
+                        "request to comm.waitall (or call request.wait()) before returning")
+
+
 class Communicator:
     """The interface every engine implements. See the module docstring for the contract."""
 
@@ -360,6 +436,20 @@ class Communicator:
         return only once rank dst has received the message (the simulator always waits for that)."""
         self.send(array, dst, tag)
         return self.recv(src, tag if recvtag is None else recvtag)
+
+    def isend(self, array: np.ndarray, dst: int, tag: int = 0) -> Request:
+        """Start sending `array` (any shape, numeric) to rank `dst`, from where it is: leave `array`
+        unchanged until the request completes. Received by an irecv only."""
+        raise NotImplementedError
+
+    def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
+        """Start receiving the next isend message from rank `src` with `tag` into `out` (a writable
+        C-contiguous array of the message's dtype and size; its shape may differ)."""
+        raise NotImplementedError
+
+    def waitall(self, requests: list[Request]) -> None:
+        """Until every request in `requests` has completed (receives first, in the order given)."""
+        raise NotImplementedError
 
     def barrier(self) -> None:
         raise NotImplementedError
@@ -432,6 +522,15 @@ class SubComm(Communicator):
         return self.parent.sendrecv(array, self.ranks[self._check_rank(dst, "dst")],
                                     self.ranks[self._check_rank(src, "src")], tag, recvtag)
 
+    def isend(self, array: np.ndarray, dst: int, tag: int = 0) -> Request:
+        return self.parent.isend(array, self.ranks[self._check_rank(dst, "dst")], tag)
+
+    def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
+        return self.parent.irecv(out, self.ranks[self._check_rank(src, "src")], tag)
+
+    def waitall(self, requests: list[Request]) -> None:
+        self.parent.waitall(requests)
+
     def barrier(self) -> None:
         """Every member sends an empty message to member 0, which answers each of them."""
         token = np.zeros(0, np.uint8)
@@ -465,6 +564,7 @@ class _Message:
     src: int
     tag: int
     taken: bool = False  # received (a sendrecv waits for it)
+    seq: int = 0         # its place among the messages src sent dst with this tag (irecv matching)
 
 
 class _Aborted(BaseException):
@@ -479,6 +579,8 @@ class _SimWorld:
         self.size, self.alpha, self.beta, self.flop_rate = size, alpha, beta, flop_rate
         self.cond = threading.Condition()
         self.mail: dict[tuple[int, int, int], deque[_Message]] = defaultdict(deque)  # (src, dst, tag)
+        self.sent: dict[tuple[int, int, int], int] = defaultdict(int)    # messages ever sent, per (src, dst, tag)
+        self.posted: dict[tuple[int, int, int], int] = defaultdict(int)  # irecvs ever posted, per (src, dst, tag)
         self.waiting: dict[int, tuple[str, Callable[[], bool], Callable[[], set[int]]]] = {}
         self.finished: set[int] = set()
         self.failure: tuple[int, BaseException] | None = None
@@ -491,7 +593,8 @@ class _SimWorld:
         for (src, dst, tag), q in sorted(self.mail.items()):
             if q:
                 nbytes = sum(m.data.nbytes for m in q)
-                lines.append(f"rank {src} -> rank {dst}, tag {tag}: {len(q)} message(s), {nbytes} bytes")
+                how = f"tag {tag - _TYPED} (isend: receive it with irecv)" if tag >= _TYPED else f"tag {tag}"
+                lines.append(f"rank {src} -> rank {dst}, {how}: {len(q)} message(s), {nbytes} bytes")
         return lines
 
 
@@ -509,6 +612,8 @@ class SimComm(Communicator):
         self._in_free = 0.0    # when its incoming port is free again
         self.stats = _new_stats()
         self.events: list[Event] = []
+        self._posted: dict[tuple[int, int], deque[Request]] = defaultdict(deque)  # irecvs not done, per (src, tag)
+        self._open = 0  # isend/irecv requests not completed
 
     # -- clock and timeline
     @property
@@ -542,8 +647,9 @@ class SimComm(Communicator):
     def send(self, array: np.ndarray, dst: int, tag: int = 0) -> None:
         self._post(array, dst, tag)
 
-    def _post(self, array: np.ndarray, dst: int, tag: int) -> _Message:
-        """send's work; returns the message, so that sendrecv can wait until it is received."""
+    def _post(self, array: np.ndarray, dst: int, tag: int, typed: bool = False) -> _Message:
+        """send's work (isend's: typed=True); returns the message, so that sendrecv can wait until it is
+        received."""
         dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
         data = _message_array(array, self.rank)
         cost = self.alpha + data.nbytes * self.beta
@@ -556,10 +662,12 @@ class SimComm(Communicator):
         st["msgs_sent"] += 1
         st["sent_to"][dst] += data.nbytes
         w = self._w
+        key = (self.rank, dst, tag + _TYPED if typed else tag)
         with w.cond:
             self._check_abort()
-            msg = _Message(data, start + cost, self.rank, tag)
-            w.mail[(self.rank, dst, tag)].append(msg)
+            msg = _Message(data, start + cost, self.rank, tag, seq=w.sent[key])
+            w.sent[key] += 1
+            w.mail[key].append(msg)
             w.cond.notify_all()
         return msg
 
@@ -576,14 +684,22 @@ class SimComm(Communicator):
 
     def recv(self, src: int, tag: int = 0) -> np.ndarray:
         src, tag = self._check_rank(src, "src"), self._check_tag(tag)
+        return self._arrive(self._take((src, self.rank, tag), f"recv(src={src}, tag={tag})"), src, tag)
+
+    def _take(self, key: tuple[int, int, int], what: str) -> _Message:
+        """The oldest message in mailbox `key` (src, dst, tag), once there is one; marks it taken."""
         w = self._w
         with w.cond:
-            box = w.mail[(src, self.rank, tag)]
-        self._block(f"recv(src={src}, tag={tag})", lambda: bool(box), lambda: {src})
+            box = w.mail[key]
+        self._block(what, lambda: bool(box), lambda: {key[0]})
         with w.cond:
             msg = box.popleft()
             msg.taken = True
-            w.cond.notify_all()  # a sendrecv may wait for this
+            w.cond.notify_all()  # a sendrecv or an isend's wait may wait for this
+        return msg
+
+    def _arrive(self, msg: _Message, src: int, tag: int) -> np.ndarray:
+        """Receive `msg` on the clock (the port model), record it; returns its data."""
         n = msg.data.nbytes
         cost = self.alpha + n * self.beta
         arrived = max(msg.ready, self._in_free + cost)  # the receiving port serves one message at a time
@@ -598,6 +714,61 @@ class SimComm(Communicator):
         st["msgs_recv"] += 1
         st["recv_from"][src] += n
         return msg.data
+
+    def isend(self, array: np.ndarray, dst: int, tag: int = 0) -> Request:
+        """As send (the simulator copies the array and charges the sender's port at once); the request
+        completes when rank dst has posted the irecv that matches it."""
+        msg = self._post(array, dst, tag, typed=True)
+        req = Request(self, "isend", int(dst), int(tag), None)
+        req._msg = msg  # (its _req: True until it completes, then None)
+        self._open += 1
+        return req
+
+    def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
+        src, tag = self._check_rank(src, "src"), self._check_tag(tag)
+        out = _irecv_buffer(out, self.rank)
+        req = Request(self, "irecv", src, tag, out)
+        self._posted[(src, tag)].append(req)
+        self._open += 1
+        w = self._w
+        with w.cond:
+            w.posted[(src, self.rank, tag + _TYPED)] += 1
+            w.cond.notify_all()  # an isend's wait may wait for this
+        return req
+
+    def waitall(self, requests: list[Request]) -> None:
+        """Receives first, in the order given (each after the irecvs posted before it on the same source
+        and tag: messages match receives in the order both were posted), then sends: an isend completes
+        once its receiver has posted the matching irecv. Receive times follow the port model."""
+        reqs = _requests(self, requests)
+        for req in reqs:
+            if req.kind == "irecv" and not req.done:
+                self._complete_irecvs(req)
+        w = self._w
+        for req in reqs:
+            if req.kind == "isend" and not req.done:
+                msg, dst, key = req._msg, req.peer, (self.rank, req.peer, req.tag + _TYPED)
+                self._block(f"waitall: isend(dst={dst}, tag={req.tag}) until rank {dst} posts its irecv",
+                            lambda: msg.taken or w.posted[key] > msg.seq, lambda: {dst})
+                req._req = req._msg = None
+                self._open -= 1
+
+    def _complete_irecvs(self, req: Request) -> None:
+        """Complete the irecvs posted on req's (source, tag), oldest first, up to req."""
+        src, tag = req.peer, req.tag
+        posted = self._posted[(src, tag)]
+        while not req.done:
+            head = posted[0]
+            msg = self._take((src, self.rank, tag + _TYPED), f"waitall: irecv(src={src}, tag={tag})")
+            data, out = msg.data, head.out
+            if data.dtype != out.dtype or data.nbytes != out.nbytes:
+                raise ValueError(f"rank {self.rank}: irecv(src={src}, tag={tag}) into shape {out.shape}, dtype "
+                                 f"{out.dtype} ({out.nbytes} bytes), but rank {src} sent shape {data.shape}, dtype "
+                                 f"{data.dtype} ({data.nbytes} bytes) with isend: the dtype and size must agree")
+            out.reshape(-1)[:] = self._arrive(msg, src, tag).reshape(-1)
+            posted.popleft()
+            head._req = None
+            self._open -= 1
 
     def barrier(self) -> None:
         """All ranks leave at the latest arrival plus a dissemination barrier's ceil(log2 N) latencies."""
@@ -795,6 +966,8 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
         try:
             try:
                 results[r] = fn(comms[r], *args, **kwargs)
+                if comms[r]._open:
+                    raise _open_requests_error(r, comms[r]._open)
             except _Aborted:
                 pass
             except BaseException as exc:  # noqa: BLE001 - a rank's error is re-raised by the runner
@@ -1105,6 +1278,8 @@ class MPIComm(Communicator):
         self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
         self._episode = 0    # waits that wrote a status file
+        self._open = 0       # isend/irecv requests not completed
+        self._statuses: list = []  # MPI.Status objects for waitall, reused
         # More ranks on this machine than cores: a waiting rank yields at once, since the rank it
         # waits for may be the one it keeps off the core (testing 20 times first made small
         # all-reduces slower there); otherwise a few tests first save a system call.
@@ -1186,8 +1361,105 @@ class MPIComm(Communicator):
         out = self._send(array, dst, tag, True)  # checks dst and tag
         got = self.recv(src, recvtag)
         if out is not None:  # until the send completes: then the caller may change `array`
-            self._wait(out, "send", int(dst), int(tag))
+            self._wait(out.Test, ("send", int(dst), int(tag)))
         return got
+
+    def isend(self, array: np.ndarray, dst: int, tag: int = 0) -> Request:
+        """MPI_Isend of the array's bytes, from where it is (a non-contiguous array: from a C-ordered
+        copy), on tag + _TYPED."""
+        if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
+            dst = self._check_rank(dst, "dst")
+        if not (type(tag) is int and 0 <= tag < _TYPED):  # noqa: E721
+            tag = self._check_tag(tag)
+        if not (type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc"):  # noqa: E721
+            array = _message_array(array, self.rank, copy=False)
+        t = time.perf_counter() - self._t0
+        req = _new_request(Request)  # (the fields set one by one: half the cost of a call to __init__)
+        req.comm, req.kind, req.peer, req.tag, req.out, req._t = self, "isend", dst, tag, array, t
+        req._req = self._c.Isend([array, self._BYTE], dst, tag + _TYPED)
+        n = array.nbytes
+        self._raw.append(("send", t, t, "main", dst, n, tag))
+        self._bytes_to[dst] += n
+        self._msgs_to[dst] += 1
+        self._open += 1
+        return req
+
+    def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
+        """MPI_Irecv into `out`'s bytes, on tag + _TYPED; waitall checks the size that came."""
+        if not (type(src) is int and 0 <= src < self.size):  # noqa: E721 - the fast path of the checks
+            src = self._check_rank(src, "src")
+        if not (type(tag) is int and 0 <= tag < _TYPED):  # noqa: E721
+            tag = self._check_tag(tag)
+        if not (type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable  # noqa: E721
+                and out.dtype.kind in "biufc"):
+            out = _irecv_buffer(out, self.rank)
+        req = _new_request(Request)
+        req.comm, req.kind, req.peer, req.tag, req.out = self, "irecv", src, tag, out
+        req._req, req._t = self._c.Irecv([out, self._BYTE], src, tag + _TYPED), time.perf_counter() - self._t0
+        self._open += 1
+        return req
+
+    def waitall(self, requests: list[Request]) -> None:
+        """MPI_Testall over the requests, waiting as `_wait` does; then every receive's byte count is
+        checked against its array, and receives are recorded on the timeline (from when each was
+        posted, or this call began, to when the last completed)."""
+        t = time.perf_counter() - self._t0
+        if type(requests) is not list:  # noqa: E721
+            requests = _requests(self, requests)
+        reqs, mpi_reqs = [], []
+        for q in requests:
+            if type(q) is not Request or q.comm is not self:  # noqa: E721
+                _requests(self, requests)  # raises, naming the bad one
+            if q._req is not None:  # (a request may be waited for twice)
+                reqs.append(q)
+                mpi_reqs.append(q._req)
+        if not reqs:
+            return
+        statuses = self._statuses
+        while len(statuses) < len(mpi_reqs):
+            statuses.append(self._MPI.Status())
+        testall = self._MPI.Request.Testall
+        try:
+            if not testall(mpi_reqs, statuses):
+                self._wait(lambda: testall(mpi_reqs, statuses), lambda: self._waiting_for(reqs))
+        except self._MPI.Exception as exc:  # a message longer than its irecv's array
+            raise self._truncated(reqs, statuses, exc) from None
+        end = time.perf_counter() - self._t0
+        raw, byte, bytes_from, msgs_from = self._raw, self._BYTE, self._bytes_from, self._msgs_from
+        for q, st in zip(reqs, statuses):
+            q._req = None
+            if q.kind == "irecv":
+                n, src = q.out.nbytes, q.peer
+                if st.Get_count(byte) != n:
+                    raise self._size_error(q, st.Get_count(byte))
+                raw.append(("recv", q._t if q._t > t else t, end, "main", src, n, q.tag))
+                bytes_from[src] += n
+                msgs_from[src] += 1
+            else:
+                q.out = None  # the array is the caller's again
+        self._open -= len(reqs)
+
+    def _waiting_for(self, reqs: list[Request]) -> tuple[str, int, int, str]:
+        """(op, peer, tag, call) of the first request of `reqs` not complete, for the status file:
+        a receive's, else a send's (which waits for its receiver, as a sendrecv's send does)."""
+        left = [q for q in reqs if not q._req.Get_status()] or reqs
+        q = next((q for q in left if q.kind == "irecv"), left[0])
+        return ("recv" if q.kind == "irecv" else "send", q.peer, q.tag, "waitall")
+
+    def _size_error(self, q: Request, got: int) -> ValueError:
+        out = q.out
+        return ValueError(f"rank {self.rank}: irecv(src={q.peer}, tag={q.tag}) into shape {out.shape}, dtype "
+                          f"{out.dtype} ({out.nbytes} bytes), but rank {q.peer} sent {got} bytes with isend: the "
+                          "size must agree (MPI carries no dtype: the simulator checks that as well)")
+
+    def _truncated(self, reqs: list[Request], statuses: list, exc: Exception) -> Exception:
+        """The error for a waitall that MPI failed: a message longer than its array (MPI_ERR_TRUNCATE)."""
+        for q, st in zip(reqs, statuses):
+            if q.kind == "irecv" and st.Get_error() and self._MPI.Get_error_class(st.Get_error()) == self._MPI.ERR_TRUNCATE:
+                return ValueError(f"rank {self.rank}: irecv(src={q.peer}, tag={q.tag}) into shape {q.out.shape}, "
+                                  f"dtype {q.out.dtype} ({q.out.nbytes} bytes), but rank {q.peer} sent more bytes "
+                                  "with isend: the size must agree")
+        return exc
 
     def _reap(self) -> None:
         """Forget completed sends, keeping large buffers for reuse: one MPI_Testsome over all the
@@ -1231,7 +1503,7 @@ class MPIComm(Communicator):
                 self._recvs[src, tag] = req
         req.Start()
         if not req.Test():
-            self._wait(req, "recv", src, tag)
+            self._wait(req.Test, ("recv", src, tag))
         key = bytes(self._head_view)
         dtype, shape, n, count = _LAYOUTS.get(key) or _layout(key)
         if n <= _INLINE:
@@ -1241,7 +1513,7 @@ class MPIComm(Communicator):
         else:
             data = np.empty(shape, dtype)
             # the data follows its header at once: no naps while it streams in
-            self._wait(self._c.Irecv([data.reshape(-1).view(np.uint8), self._BYTE], src, tag), "recv", src, tag,
+            self._wait(self._c.Irecv([data.reshape(-1).view(np.uint8), self._BYTE], src, tag).Test, ("recv", src, tag),
                        False)
         self._raw.append(("recv", t, clock() - t0, "main", src, n, tag))
         self._bytes_from[src] += n
@@ -1250,18 +1522,18 @@ class MPIComm(Communicator):
 
     def barrier(self) -> None:
         t = self.time
-        self._wait(self._c.Ibarrier(), "barrier")
+        self._wait(self._c.Ibarrier().Test, ("barrier", -1, -1))
         self.events.append(Event(self.rank, "barrier", t, self.time))
 
     def launch(self, fn: Callable, *args: Any, **kwargs: Any) -> Work:
         return Work(self, fn(self, *args, **kwargs), self.time)
 
-    def _wait(self, req: Any, op: str, src: int = -1, tag: int = -1, nap: bool = True) -> None:
-        """Until `req` completes: test it, yielding the core between tests (other ranks may need
-        it: more ranks than cores), then napping once the wait is long. A wait for a message
+    def _wait(self, test: Callable[[], bool], what: tuple | Callable[[], tuple], nap: bool = True) -> None:
+        """Until test() (a request's Test) is true, yielding the core between tests (other ranks may
+        need it: more ranks than cores), then napping once the wait is long. A wait for a message
         (nap=True; not for the data that follows a header) longer than _STATUS_AFTER writes this
-        rank's status file for the launcher's deadlock check."""
-        test = req.Test
+        rank's status file for the launcher's deadlock check, saying what it waits for: `what`,
+        (op, peer, tag) or (op, peer, tag, call), or a function returning that."""
         for _ in range(self._spins):
             if test():
                 return
@@ -1279,7 +1551,7 @@ class MPIComm(Communicator):
                 else:
                     sleep(_NAP)
                 if now > report and nap and self._job is not None:  # (data streaming in is progress)
-                    self._status(op, src, tag)
+                    self._status(*(what() if callable(what) else what))
                     written, report = True, math.inf
         finally:
             if written:
@@ -1288,13 +1560,14 @@ class MPIComm(Communicator):
                 except OSError:
                     pass
 
-    def _status(self, op: str, src: int, tag: int) -> None:
-        """Write what this rank waits for, where, and its message counts (atomically)."""
+    def _status(self, op: str, src: int, tag: int, call: str = "") -> None:
+        """Write what this rank waits for (op, peer, tag; call: the communicator call, when it is not
+        op's own), where, and its message counts (atomically)."""
         import json
 
         self._episode += 1
         where = _user_line(sys._getframe(2))
-        status = {"op": op, "src": src, "tag": tag, "episode": self._episode, "where": where,
+        status = {"op": op, "src": src, "tag": tag, "call": call, "episode": self._episode, "where": where,
                   "sent": self._msgs_to, "received": self._msgs_from}
         path = self._job / f"status{self.rank}.json"
         tmp = path.with_suffix(".tmp")
@@ -1311,11 +1584,19 @@ class MPIComm(Communicator):
         for src in range(self.size):
             for _ in range(int(expected[src]) - self._msgs_from[src]):
                 status = MPI.Status()
-                self._c.Recv([self._head, MPI.BYTE], src, MPI.ANY_TAG, status)
-                n = _layout(self._head[:_HEADER].tobytes())[2]
-                if n > _INLINE:
-                    self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, status.Get_tag())
-                lines.append(f"rank {src} -> rank {self.rank}, tag {status.Get_tag()}: 1 message(s), {n} bytes")
+                self._c.Probe(src, MPI.ANY_TAG, status)
+                tag = status.Get_tag()
+                if tag >= _TYPED:  # an isend's: the bytes alone
+                    n = status.Get_count(MPI.BYTE)
+                    self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, tag)
+                    how = f"tag {tag - _TYPED} (isend: receive it with irecv)"
+                else:
+                    self._c.Recv([self._head, MPI.BYTE], src, tag)
+                    n = _layout(self._head[:_HEADER].tobytes())[2]
+                    if n > _INLINE:
+                        self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, tag)
+                    how = f"tag {tag}"
+                lines.append(f"rank {src} -> rank {self.rank}, {how}: 1 message(s), {n} bytes")
         MPI.Request.Waitall([r for r, _ in self._pending])
         self._pending.clear()
         everyone = self._c.allgather(lines)
@@ -1668,6 +1949,10 @@ class _DeadlockWatch:
 
 
 def _what(status: dict) -> str:
+    if status.get("call") == "waitall":
+        if status["op"] == "recv":
+            return f"waitall: irecv(src={status['src']}, tag={status['tag']})"
+        return f"waitall: isend(dst={status['src']}, tag={status['tag']}) until rank {status['src']} receives it"
     if status["op"] == "recv":
         return f"recv(src={status['src']}, tag={status['tag']})"
     if status["op"] == "send":  # a sendrecv, after its receive: its message must reach rank src
@@ -1760,6 +2045,8 @@ def _mpi_worker(job_dir: str) -> None:
         comm = MPIComm(world, job)
         record["result"] = fn(comm, *args, **kwargs)
         record["time"] = comm.time  # when fn returned (before the end-of-run checks)
+        if comm._open:
+            raise _open_requests_error(rank, comm._open)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, then the run is aborted
         record["error"], record["traceback"] = exc, traceback.format_exc()
     finally:

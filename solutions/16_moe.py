@@ -20,7 +20,7 @@
 # 3. **Expert parallelism.** When the experts do not fit on one device, each rank holds E/N of
 #    them, and tokens travel to the rank that holds their expert and back: two *all-to-all*
 #    exchanges per layer in the forward pass and two in the backward. You build the all-to-all
-#    from `send`/`recv` on lesson 12's communicator, run it simulated and under `mpiexec`, and
+#    from `isend`/`irecv` on lesson 12's communicator, run it simulated and under `mpiexec`, and
 #    combine expert parallelism with data parallelism.
 #
 # Exercises: 16.1 the router and its losses; 16.2 dispatch, capacity and the grouped GEMM in
@@ -50,7 +50,7 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 #| default_exp moe
 #| export
 """minitorch.moe: top-k routing and balancing losses, capacity and dropless dispatch with a grouped
-GEMM, an MoE MLP layer with autograd, all-to-all from send/recv, expert parallelism (EP and EP x
+GEMM, an MoE MLP layer with autograd, all-to-all from isend/irecv, expert parallelism (EP and EP x
 DP) on lesson 12's communicator, and EP in the planner.
 
 Runs on any `minitorch.comm` communicator (simulated or MPI).
@@ -773,26 +773,26 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 # next `send_counts[1]` to rank 1, and so on; it receives `recv_counts[s]` rows from each rank s
 # and returns them concatenated in rank order. Its own block stays local.
 #
-# Build it from `send`/`recv` and `sendrecv` as a **pairwise exchange**: in step s = 1 .. N-1,
-# rank r sends its block for rank `(r + s) % N` and receives the block from rank `(r - s) % N`.
-# Every rank sends and receives one message per step, so every port is busy at every step. How
-# to post the messages depends on their size, as in MPICH's `Alltoall` (Thakur, Rabenseifner and
-# Gropp 2005: every message posted at once for medium sizes, one pair at a time for long ones):
+# Build it from lesson 12's non-blocking calls, `comm.irecv(out, src)` and
+# `comm.isend(array, dst)`, finished by `comm.waitall(requests)`: the way MPICH's `Alltoallv`,
+# NCCL's all-to-all (grouped `ncclSend`/`ncclRecv`) and PyTorch's `batch_isend_irecv` do it.
 #
-# - **Small blocks** (the largest up to `SMALL_BLOCK` bytes, given): since `send` never blocks,
-#   post all N-1 sends first and then the N-1 receives, in the same order. No rank waits for a
-#   receive before it has handed all its data over, and the latencies overlap (under MPI this
-#   matters when there are more ranks than cores).
-# - **Large blocks**: `send` would copy each block so that it can return at once, and a copy of a
-#   large block costs about what sending it does. `comm.sendrecv(block, dst, src)` sends from
-#   where the block is (it returns once the block has left), one pair at a time.
+# 1. Allocate the result, `(sum(recv_counts), ...)`, once: every block received lands in its own
+#    rows of it, so nothing is copied or concatenated afterwards.
+# 2. **Post every receive first**, into its rows: `comm.irecv(out[lo:hi], src)`. A message that
+#    arrives for a posted receive goes straight into place; one that arrives before its receive
+#    is posted is buffered and copied once more (MPI's "unexpected message" queue).
+# 3. Post every send, `comm.isend(x[lo:hi], dst)`: from where the block is, without a copy (the
+#    block must not change until `waitall` returns).
+# 4. Copy the own block into place, then `comm.waitall` on all the requests.
 #
-# Each rank decides from its own blocks, so ranks may choose differently. That is safe: both ways
-# receive in the same step order, and a rank's sendrecv at step s is matched by the receive of
-# step s on the other side, whichever way that rank posts it.
+# Order the messages as a **pairwise exchange**: step s = 1 .. N-1 sends to rank `(r + s) % N`
+# and receives from rank `(r - s) % N`. At every step each rank sends to a different rank, so no
+# rank is the first target of everyone (with "rank 0 first" every rank sends to rank 0 at once,
+# and rank 0's incoming link serialises them); it is the order of MPICH's `Alltoall` for long
+# messages (Thakur, Rabenseifner and Gropp 2005).
 #
-# The schedule is the same either way. In the alpha-beta model of lesson 12, with m bytes per
-# block, that is
+# In the alpha-beta model of lesson 12, with m bytes per block, that is
 #
 # `T = (N - 1) (alpha + m beta)`, and each rank sends `(N - 1) m` bytes,
 #
@@ -803,16 +803,10 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 # are (NVLink inside a node; DeepSeek-V3 limits each token to 4 nodes).
 #
 # `recv_counts` must be known in advance (the receiver allocates its buffer), so the counts go
-# first: `exchange_counts` is an all-to-all of one integer per pair. Check every block you receive
-# against `recv_counts`: a mismatch is a ValueError naming both ranks and both counts.
+# first: `exchange_counts` is an all-to-all of one integer per pair. A block whose size differs
+# from what `recv_counts` says is caught by `waitall`, which names both ranks and both sizes.
 #
 # **Exercise 16.4.** Write `all_to_all` and `exchange_counts`.
-
-# %%
-#| export
-# Blocks up to this many bytes: all_to_all posts every send, then receives (the MPI engine sends
-# up to 64 KiB in one message with its header, so the copy a send makes is the message itself).
-SMALL_BLOCK = 65536
 
 # %%
 #| export
@@ -820,9 +814,9 @@ SMALL_BLOCK = 65536
 def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, tag: int = 0) -> np.ndarray:
     """Rows x (n, ...) split by send_counts (comm.size counts, sum n): block j goes to rank j.
     Returns the blocks received, recv_counts[s] rows from rank s, concatenated in rank order, shape
-    (sum(recv_counts), ...), x's dtype. Pairwise exchange: step s sends to (rank + s) % size and
-    receives from (rank - s) % size (every send posted first when no block is over SMALL_BLOCK bytes,
-    else sendrecv); the own block is copied into the result. Blocks are sent even when empty."""
+    (sum(recv_counts), ...), x's dtype. Pairwise order: step s sends to (rank + s) % size and
+    receives from (rank - s) % size; every receive is posted (into its rows of the result) before
+    the sends; the own block is copied. Blocks are sent even when empty."""
     ### BEGIN SOLUTION
     what = "all_to_all"
     x = np.asarray(x)
@@ -831,22 +825,18 @@ def all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts:
     if len(send) != n or len(recv) != n or x.ndim < 1 or sum(send) != x.shape[0]:
         raise ValueError(f"{what}: rank {r}: need {n} send and {n} receive counts, the send counts summing to the "
                          f"{x.shape[0] if x.ndim else 0} rows of x; got send_counts {send}, recv_counts {recv}")
-    offsets = [0, *itertools.accumulate(send)]  # Python ints: a small all-to-all is bound by Python
-    blocks = [x[offsets[j]:offsets[j + 1]] for j in range(n)]
-    parts: list = [None] * n
-    parts[r] = blocks[r]  # only read: concatenate makes the new array
-    pairwise = max(b.nbytes for b in blocks) > SMALL_BLOCK  # large blocks: sendrecv, no copies
-    if not pairwise:
-        for s in range(1, n):  # small blocks: post every send (their copies cost nothing), then receive
-            comm.send(blocks[(r + s) % n], (r + s) % n, tag=tag)
-    for s in range(1, n):
-        dst, src = (r + s) % n, (r - s) % n
-        got = comm.sendrecv(blocks[dst], dst, src, tag=tag) if pairwise else comm.recv(src, tag=tag)
-        if got.shape[1:] != x.shape[1:] or got.shape[0] != recv[src] or got.dtype != x.dtype:
-            raise ValueError(f"{what}: rank {r} expected {recv[src]} rows of shape {x.shape[1:]} and dtype {x.dtype} "
-                             f"from rank {src}, got shape {got.shape}, dtype {got.dtype}")
-        parts[src] = got
-    return np.concatenate(parts, axis=0)
+    if send[r] != recv[r]:
+        raise ValueError(f"{what}: rank {r} sends rank {r} (itself) send_counts[{r}] = {send[r]} rows but expects "
+                         f"recv_counts[{r}] = {recv[r]}")
+    so = [0, *itertools.accumulate(send)]  # Python ints: a small all-to-all is bound by its Python
+    ro = [0, *itertools.accumulate(recv)]
+    out = np.empty((ro[-1], *x.shape[1:]), x.dtype)
+    steps = range(1, n)
+    requests = [comm.irecv(out[ro[src]:ro[src + 1]], src, tag) for src in [(r - s) % n for s in steps]]
+    requests += [comm.isend(x[so[dst]:so[dst + 1]], dst, tag) for dst in [(r + s) % n for s in steps]]
+    out[ro[r]:ro[r + 1]] = x[so[r]:so[r + 1]]
+    comm.waitall(requests)
+    return out
     ### END SOLUTION
 
 
@@ -887,6 +877,50 @@ if mpi_status()[0]:
     print(f"MPI: bit-identical to the simulator: {same}; bytes sent {a2a_mpi.bytes_sent()}")
 else:
     print("MPI cannot start here:", mpi_status()[1])
+
+# %% [markdown]
+# How close does it come to MPI's own `MPI_Alltoallv` (C, in the same processes)? Two ranks,
+# uneven splits, the best of several trials of each, taking turns. A third column: the same
+# exchange written with mpi4py's `Irecv`/`Isend`/`Waitall` called straight from Python, the least
+# a Python all-to-all can cost. At a few KiB per rank a message costs its per-call overhead, not
+# its bytes (alpha, not beta): C's is a few microseconds, Python's with the communicator's checks,
+# counters and timeline several more. From tens of KiB up the bytes dominate and the three
+# converge. (`make bench L=moe` runs the same comparison on 2 and 4 ranks.)
+
+# %% tags=["demo"]
+def a2a_vs_alltoallv(comm, sizes):
+    from mpi4py import MPI
+
+    from minitorch.parallel import mpi_best_seconds
+
+    world, n, r, rows = MPI.COMM_WORLD, comm.size, comm.rank, []
+    for nbytes in sizes:
+        rng = np.random.default_rng(r)
+        send = np.floor(rng.dirichlet(np.ones(n) * 2) * nbytes / 64).astype(np.int64)
+        recv = exchange_counts(comm, send)
+        x, y = rng.standard_normal((int(send.sum()), 8)), np.empty((int(recv.sum()), 8))
+        so, ro = [0, *np.cumsum(send).tolist()], [0, *np.cumsum(recv).tolist()]
+        spec = lambda a, c, o: [a, [int(v) * 8 for v in c], [int(v) * 8 for v in o[:-1]], MPI.DOUBLE]  # noqa: E731
+
+        def from_python():
+            out = np.empty((ro[-1], 8))
+            reqs = [world.Irecv([out[ro[s]:ro[s + 1]], MPI.DOUBLE], s, 9) for s in [(r - i) % n for i in range(1, n)]]
+            reqs += [world.Isend([x[so[d]:so[d + 1]], MPI.DOUBLE], d, 9) for d in [(r + i) % n for i in range(1, n)]]
+            out[ro[r]:ro[r + 1]] = x[so[r]:so[r + 1]]
+            MPI.Request.Waitall(reqs)
+        times = mpi_best_seconds([lambda: all_to_all(comm, x, send, recv),
+                                  lambda: world.Alltoallv(spec(x, send, so), spec(y, recv, ro)), from_python])
+        rows.append((int(send.sum()) * 64, *times))
+    return rows
+
+
+if mpi_status()[0]:
+    from minitorch.parallel import machine_load
+
+    print(f"2 MPI ranks; {machine_load()}")
+    print(f"{'bytes/rank':>10} {'all_to_all':>11} {'Alltoallv':>10} {'ratio':>6} {'mpi4py from Python':>19}")
+    for nb, ours, theirs, floor in run(a2a_vs_alltoallv, 2, [2**12, 2**16, 2**20], engine="mpi").results[0]:
+        print(f"{nb:>10} {ours * 1e6:>9.1f}us {theirs * 1e6:>8.1f}us {ours / theirs:>5.2f}x {floor * 1e6:>17.1f}us")
 
 # %% [markdown]
 # ## 5. Expert parallelism

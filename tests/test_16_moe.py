@@ -663,6 +663,54 @@ def test_all_to_all_time_is_pairwise_exchange(lesson, n):
         f"step s sends to (rank + s) % N; sends per rank went to {peers}"
 
 
+class CallLog:
+    """Forwards every call to the communicator and logs (name, peer, the array) of the point-to-point
+    ones, so a test can see how an all-to-all posts its messages."""
+
+    def __init__(self, comm):
+        self._comm, self.calls = comm, []
+        self.rank, self.size, self.engine = comm.rank, comm.size, comm.engine
+
+    def __getattr__(self, name):
+        attr = getattr(self._comm, name)
+        if name not in ("send", "recv", "sendrecv", "isend", "irecv", "waitall", "barrier"):
+            return attr
+
+        def logged(*args, **kwargs):
+            self.calls.append((name, args))
+            return attr(*args, **kwargs)
+        return logged
+
+
+def logged_a2a_job(comm, a2a, counts, xs):
+    log = CallLog(comm)
+    out = a2a(log, xs[comm.rank], counts[comm.rank], counts[:, comm.rank])
+    return out, [(name, args[1] if name in ("isend", "irecv") else None,
+                  (args[0].size == 0 or np.shares_memory(args[0], out)) if name == "irecv" else None)
+                 for name, args in log.calls]
+
+
+@pytest.mark.exercise("16.4")
+@pytest.mark.parametrize("n", [2, 3, 6])
+def test_all_to_all_posts_receives_into_the_result_then_sends(lesson, n):
+    counts, xs = a2a_case(n, seed=30 + n)
+    res = sim(lesson, logged_a2a_job, n, lesson.all_to_all, counts, xs)
+    for r, (out, calls) in enumerate(res.results):
+        names = [c[0] for c in calls]
+        want = ["irecv"] * (n - 1) + ["isend"] * (n - 1) + ["waitall"]
+        assert names == want, \
+            f"{n} ranks, rank {r}: post every irecv (into the result), then every isend, then one waitall; the " \
+            f"calls were {names}"
+        srcs = [c[1] for c in calls if c[0] == "irecv"]
+        dsts = [c[1] for c in calls if c[0] == "isend"]
+        assert srcs == [(r - s) % n for s in range(1, n)] and dsts == [(r + s) % n for s in range(1, n)], \
+            f"{n} ranks, rank {r}: step s receives from (rank - s) % N and sends to (rank + s) % N; receives from " \
+            f"{srcs}, sends to {dsts}"
+        assert all(c[2] for c in calls if c[0] == "irecv"), \
+            f"{n} ranks, rank {r}: every irecv must receive into its rows of the array all_to_all returns (no " \
+            "buffer per block, no concatenation afterwards)"
+
+
 def counts_job(comm, fn, counts):
     return fn(comm, counts[comm.rank])
 

@@ -118,6 +118,99 @@ def test_messages_match_the_simulator_bit_for_bit(job_dir):
         assert all(isinstance(e, mc.Event) and e.end >= e.start for e in real.events(r))
 
 
+def typed_semantics(comm):
+    """isend/irecv: rank 0 isends every case with its own tag (then waits), then 200 small messages on
+    one tag; rank 1 posts the cases' irecvs in reverse tag order into arrays it allocates, and the
+    200 in order, waits for them in reverse, then two irecvs on one tag waited for in reverse order."""
+    if comm.rank == 0:
+        reqs = [comm.isend(sent(i, np.array(array)), 1, tag=i) for i, (array, _) in enumerate(CASES)]
+        reqs += [comm.isend(np.full(3, k), 1, tag=99) for k in range(200)]
+        comm.waitall(reqs)
+        a, b = comm.isend(np.array([1.0]), 1, tag=5), comm.isend(np.array([2.0]), 1, tag=5)
+        comm.waitall([b, a])
+        return None
+    outs, reqs = {}, []
+    for i in reversed(range(len(CASES))):
+        like = sent(i, np.asarray(CASES[i][0]))
+        outs[i] = np.empty(like.shape, like.dtype)
+        reqs.append(comm.irecv(outs[i], 0, tag=i))
+    stream = np.empty((200, 3), np.int64)
+    reqs += [comm.irecv(stream[k], 0, tag=99) for k in range(200)]
+    comm.waitall(reqs[::-1])
+    first, second = np.empty(1), np.empty(1)
+    p, q = comm.irecv(first, 0, tag=5), comm.irecv(second, 0, tag=5)
+    q.wait()
+    p.wait()
+    return [outs[i] for i in range(len(CASES))], stream[:, 0].tolist(), (first[0], second[0]), p.done and q.done
+
+
+def test_isend_irecv_match_the_simulator_bit_for_bit(job_dir):
+    sim = mc.run(typed_semantics, 2)
+    real = mc.run(typed_semantics, 2, engine="mpi", timeout=60)
+    for res in (sim, real):
+        arrays, stream, pair, done = res.results[1]
+        assert stream == list(range(200)), f"{res.engine}: irecvs on one tag match isends in order, got {stream}"
+        assert pair == (1.0, 2.0) and done, f"{res.engine}: irecvs match in the order posted, got {pair}"
+        for i, got in enumerate(arrays):
+            want = sent(i, np.asarray(CASES[i][0]))
+            assert got.dtype == want.dtype and np.array_equal(got, want), f"{res.engine}, case {i}: {got!r} != {want!r}"
+    for key in ("msgs_sent", "bytes_sent", "sent_to"):
+        assert real.stats[0][key] == sim.stats[0][key], key
+    for key in ("msgs_recv", "bytes_recv", "recv_from"):
+        assert real.stats[1][key] == sim.stats[1][key], key
+
+    def messages(res, r):
+        return sorted((e.kind, e.peer, e.nbytes, e.tag) for e in res.events(r) if e.kind in ("send", "recv"))
+    assert all(messages(real, r) == messages(sim, r) for r in range(2)), "the timelines' messages differ"
+
+
+def typed_short(comm):
+    if comm.rank == 0:
+        comm.isend(np.ones(3), 1, tag=4).wait()
+    else:
+        comm.irecv(np.empty((2, 2)), 0, tag=4).wait()
+
+
+def typed_long(comm):
+    if comm.rank == 0:
+        comm.isend(np.ones(5), 1).wait()
+    else:
+        comm.irecv(np.empty(4), 0).wait()
+
+
+def typed_unwaited(comm):
+    if comm.rank == 0:
+        comm.isend(np.ones(5), 1)
+    else:
+        comm.irecv(np.empty(5), 0).wait()
+
+
+def typed_to_recv(comm):
+    if comm.rank == 0:
+        comm.isend(np.ones(5), 1).wait()
+    else:
+        comm.recv(0)
+
+
+@pytest.mark.parametrize("engine", ["sim", "mpi"])
+def test_isend_irecv_errors_name_the_ranks_and_sizes(job_dir, engine):
+    kw = {"timeout": 60} if engine == "mpi" else {}
+    with pytest.raises(ValueError, match=r"rank 1: irecv\(src=0, tag=4\) into shape \(2, 2\), dtype float64 "
+                       r"\(32 bytes\), but rank 0 sent .*24 bytes"):
+        mc.run(typed_short, 2, engine=engine, **kw)
+    with pytest.raises(ValueError, match=r"rank 1: irecv\(src=0, tag=0\) into shape \(4,\).*\(32 bytes\), but rank 0 "
+                       r"sent (more bytes|.*40 bytes)"):
+        mc.run(typed_long, 2, engine=engine, **kw)
+    with pytest.raises(RuntimeError, match=r"rank 0 returned with 1 isend/irecv request\(s\) not completed"):
+        mc.run(typed_unwaited, 2, engine=engine, **kw)
+    with pytest.raises(mc.DeadlockError, match=r"rank 1 waits in recv\(src=0, tag=0\)"):
+        mc.run(typed_to_recv, 2, engine=engine, **kw)
+    with pytest.raises(ValueError, match=r"rank 0: irecv\(\) receives into a C-contiguous array"):
+        mc.run(lambda comm: comm.irecv(np.empty((4, 4))[:, 1], 0), 1, engine=engine, **kw)
+    with pytest.raises(TypeError, match=r"rank 0: waitall\(\) takes requests returned by isend/irecv, got 3"):
+        mc.run(lambda comm: comm.waitall([3]), 1, engine=engine, **kw)
+
+
 def test_the_mpi_timeline_is_one_list_in_time_order(job_dir):
     """MPIComm records messages as tuples and makes Events when `events` is read: code that appends
     its own Events (lesson 13's compute intervals) keeps them, in order."""
