@@ -375,6 +375,8 @@ class Request:
 
 
 _new_request = object.__new__
+_ndarray = np.ndarray
+_clock = time.perf_counter
 
 
 def _irecv_buffer(out: Any, rank: int) -> np.ndarray:
@@ -1223,6 +1225,7 @@ class _LiveStats(Mapping):
 
     def __getitem__(self, key: str) -> Any:
         c = self._comm
+        c._fold()
         if key == "bytes_sent":
             return sum(c._bytes_to)
         if key == "bytes_recv":
@@ -1275,8 +1278,10 @@ class MPIComm(Communicator):
         self._head = np.empty(_HEADER + _INLINE, np.uint8)  # where every header lands
         self._head_view = memoryview(self._head)[:_HEADER]  # bytes() of it: the header, a dict key
         self._recvs: dict[tuple[int, int], Any] = {}  # persistent receives into _head, by (source, tag)
+        # per-peer counters, brought up to date from the timeline by _fold when read (not per message)
         self._msgs_to, self._bytes_to = [0] * self.size, [0] * self.size
         self._msgs_from, self._bytes_from = [0] * self.size, [0] * self.size
+        self._folded = 0  # entries of _raw counted so far
         self._episode = 0    # waits that wrote a status file
         self._open = 0       # isend/irecv requests not completed
         self._statuses: list = []  # MPI.Status objects for waitall, reused
@@ -1298,10 +1303,26 @@ class MPIComm(Communicator):
         """This rank's timeline so far (the same list each time: code may append to it). A message
         is recorded as a tuple, a tenth of an Event's cost, and becomes an Event here."""
         if self._raw:
+            self._fold()
             rank = self.rank
             self._events.extend(Event(rank, *r) for r in self._raw)
             self._raw.clear()
+            self._folded = 0
         return self._events
+
+    def _fold(self) -> None:
+        """Count the messages recorded in _raw since the last fold into the per-peer counters."""
+        raw, i = self._raw, self._folded
+        if i < len(raw):
+            bytes_to, msgs_to, bytes_from, msgs_from = self._bytes_to, self._msgs_to, self._bytes_from, self._msgs_from
+            for kind, _, _, _, peer, n, _ in raw[i:]:
+                if kind == "send":
+                    bytes_to[peer] += n
+                    msgs_to[peer] += 1
+                else:
+                    bytes_from[peer] += n
+                    msgs_from[peer] += 1
+            self._folded = len(raw)
 
     @property
     def stats(self) -> _LiveStats:
@@ -1344,9 +1365,7 @@ class MPIComm(Communicator):
             self._pending.append((self._c.Isend([buf, self._BYTE], dst, tag), buf))
         if len(self._pending) > 16:
             self._reap()
-        self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))
-        self._bytes_to[dst] += n
-        self._msgs_to[dst] += 1
+        self._raw.append(("send", t, clock() - t0, "main", dst, n, tag))  # (counted by _fold)
         return out
 
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
@@ -1367,35 +1386,38 @@ class MPIComm(Communicator):
     def isend(self, array: np.ndarray, dst: int, tag: int = 0) -> Request:
         """MPI_Isend of the array's bytes, from where it is (a non-contiguous array: from a C-ordered
         copy), on tag + _TYPED."""
-        if not (type(dst) is int and 0 <= dst < self.size):  # noqa: E721 - the fast path of the checks
-            dst = self._check_rank(dst, "dst")
-        if not (type(tag) is int and 0 <= tag < _TYPED):  # noqa: E721
-            tag = self._check_tag(tag)
-        if not (type(array) is np.ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc"):  # noqa: E721
+        # (the fast path of the checks, then the slow one naming what is wrong; a small all-to-all is
+        # bound by what each message costs in Python)
+        if not (type(dst) is int and type(tag) is int and 0 <= dst < self.size and 0 <= tag < _TYPED):  # noqa: E721
+            dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
+        if not (type(array) is _ndarray and array.flags.c_contiguous and array.dtype.kind in "biufc"):
             array = _message_array(array, self.rank, copy=False)
-        t = time.perf_counter() - self._t0
-        req = _new_request(Request)  # (the fields set one by one: half the cost of a call to __init__)
-        req.comm, req.kind, req.peer, req.tag, req.out, req._t = self, "isend", dst, tag, array, t
+        t = _clock() - self._t0
+        req = _new_request(Request)  # the fields set one by one: half the cost of a call to __init__
+        req.comm = self
+        req.kind = "isend"
+        req.peer = dst
+        req.tag = tag
+        req.out = array
         req._req = self._c.Isend([array, self._BYTE], dst, tag + _TYPED)
-        n = array.nbytes
-        self._raw.append(("send", t, t, "main", dst, n, tag))
-        self._bytes_to[dst] += n
-        self._msgs_to[dst] += 1
+        self._raw.append(("send", t, t, "main", dst, array.nbytes, tag))
         self._open += 1
         return req
 
     def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
         """MPI_Irecv into `out`'s bytes, on tag + _TYPED; waitall checks the size that came."""
-        if not (type(src) is int and 0 <= src < self.size):  # noqa: E721 - the fast path of the checks
-            src = self._check_rank(src, "src")
-        if not (type(tag) is int and 0 <= tag < _TYPED):  # noqa: E721
-            tag = self._check_tag(tag)
-        if not (type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable  # noqa: E721
-                and out.dtype.kind in "biufc"):
+        if not (type(src) is int and type(tag) is int and 0 <= src < self.size and 0 <= tag < _TYPED):  # noqa: E721
+            src, tag = self._check_rank(src, "src"), self._check_tag(tag)
+        if not (type(out) is _ndarray and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc"):
             out = _irecv_buffer(out, self.rank)
         req = _new_request(Request)
-        req.comm, req.kind, req.peer, req.tag, req.out = self, "irecv", src, tag, out
-        req._req, req._t = self._c.Irecv([out, self._BYTE], src, tag + _TYPED), time.perf_counter() - self._t0
+        req.comm = self
+        req.kind = "irecv"
+        req.peer = src
+        req.tag = tag
+        req.out = out
+        req._req = self._c.Irecv([out, self._BYTE], src, tag + _TYPED)
+        req._t = _clock() - self._t0
         self._open += 1
         return req
 
@@ -1403,18 +1425,17 @@ class MPIComm(Communicator):
         """MPI_Testall over the requests, waiting as `_wait` does; then every receive's byte count is
         checked against its array, and receives are recorded on the timeline (from when each was
         posted, or this call began, to when the last completed)."""
-        t = time.perf_counter() - self._t0
-        if type(requests) is not list:  # noqa: E721
-            requests = _requests(self, requests)
-        reqs, mpi_reqs = [], []
-        for q in requests:
-            if type(q) is not Request or q.comm is not self:  # noqa: E721
-                _requests(self, requests)  # raises, naming the bad one
-            if q._req is not None:  # (a request may be waited for twice)
-                reqs.append(q)
-                mpi_reqs.append(q._req)
-        if not reqs:
-            return
+        t = _clock() - self._t0
+        try:  # the fast path of the checks: every request is one of ours, not yet complete
+            reqs, mpi_reqs = requests, [q._req for q in requests]
+            fast = type(requests) is list and mpi_reqs.count(None) == 0  # noqa: E721
+        except (AttributeError, TypeError):
+            fast = False
+        if not fast:  # a clear error for anything that is not a list of requests; drop completed ones
+            reqs = [q for q in _requests(self, requests) if q._req is not None]
+            mpi_reqs = [q._req for q in reqs]
+            if not reqs:
+                return
         statuses = self._statuses
         while len(statuses) < len(mpi_reqs):
             statuses.append(self._MPI.Status())
@@ -1424,17 +1445,15 @@ class MPIComm(Communicator):
                 self._wait(lambda: testall(mpi_reqs, statuses), lambda: self._waiting_for(reqs))
         except self._MPI.Exception as exc:  # a message longer than its irecv's array
             raise self._truncated(reqs, statuses, exc) from None
-        end = time.perf_counter() - self._t0
-        raw, byte, bytes_from, msgs_from = self._raw, self._BYTE, self._bytes_from, self._msgs_from
+        end = _clock() - self._t0
+        raw, byte = self._raw, self._BYTE
         for q, st in zip(reqs, statuses):
             q._req = None
             if q.kind == "irecv":
-                n, src = q.out.nbytes, q.peer
+                n = q.out.nbytes
                 if st.Get_count(byte) != n:
                     raise self._size_error(q, st.Get_count(byte))
-                raw.append(("recv", q._t if q._t > t else t, end, "main", src, n, q.tag))
-                bytes_from[src] += n
-                msgs_from[src] += 1
+                raw.append(("recv", q._t if q._t > t else t, end, "main", q.peer, n, q.tag))
             else:
                 q.out = None  # the array is the caller's again
         self._open -= len(reqs)
@@ -1516,8 +1535,6 @@ class MPIComm(Communicator):
             self._wait(self._c.Irecv([data.reshape(-1).view(np.uint8), self._BYTE], src, tag).Test, ("recv", src, tag),
                        False)
         self._raw.append(("recv", t, clock() - t0, "main", src, n, tag))
-        self._bytes_from[src] += n
-        self._msgs_from[src] += 1
         return data
 
     def barrier(self) -> None:
@@ -1566,6 +1583,7 @@ class MPIComm(Communicator):
         import json
 
         self._episode += 1
+        self._fold()
         where = _user_line(sys._getframe(2))
         status = {"op": op, "src": src, "tag": tag, "call": call, "episode": self._episode, "where": where,
                   "sent": self._msgs_to, "received": self._msgs_from}
@@ -1577,6 +1595,7 @@ class MPIComm(Communicator):
     def _finish(self) -> str:
         """After fn returned on every rank: find (and drain) messages nobody received. Collective."""
         MPI = self._MPI
+        self._fold()
         sent = np.array(self._msgs_to, np.int64)
         expected = np.empty_like(sent)
         self._c.Alltoall(sent, expected)
@@ -2051,6 +2070,8 @@ def _mpi_worker(job_dir: str) -> None:
         record["error"], record["traceback"] = exc, traceback.format_exc()
     finally:
         returned = job / f"returned{rank}"
+        if comm is not None:
+            comm._fold()
         counts = {"op": "returned", "sent": comm._msgs_to if comm is not None else [0] * world.Get_size()}
         returned.with_suffix(".tmp").write_text(json.dumps(counts))
         os.replace(returned.with_suffix(".tmp"), returned)
