@@ -113,8 +113,8 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
 # | `comm.send(array, dst, tag=0)` | send a copy of `array` to rank `dst`; returns at once (the copy is buffered) |
 # | `comm.recv(src, tag=0)` | wait for the oldest message from rank `src` with this tag; returns the array |
 # | `comm.sendrecv(array, dst, src)` | `send` then `recv`, and may wait until `dst` has the message: one step of a ring |
-# | `comm.isend(array, dst)`, `comm.irecv(out, src)` | start a send from `array` itself, a receive into `out` (you allocate it: dtype and size must match); each returns a request (lesson 16's all-to-all) |
-# | `comm.waitall(requests)` | wait until every request has completed (`request.wait()` for one); only then may `array` change and `out` be read |
+# | `comm.isend(array, dst, tag=0)`, `comm.irecv(out, src, tag=0)` | start a send from `array` itself, a receive into `out` (you allocate it: the message's dtype and size); each returns a request. An isend is received by an irecv only, a send by a recv only (lesson 16's all-to-all) |
+# | `comm.waitall(requests)` | wait until every request in the list has completed (`request.wait()` for one); only then may `array` change and `out` be read. The simulator completes an isend once its receiver has posted the irecv: post your receives before you wait for your sends |
 # | `comm.barrier()` | wait until every rank gets here |
 # | `comm.compute(seconds=..., flops=..., kind="F")` | account for local work (simulator: advances this rank's clock) |
 # | `comm.launch(fn, *args)` | run `fn(comm, *args)` on the communication stream; `.wait()` gives its result (section 5) |
@@ -382,7 +382,7 @@ _clock = time.perf_counter
 def _irecv_buffer(out: Any, rank: int) -> np.ndarray:
     """`out` if it can take an irecv's data (a writable C-contiguous numeric ndarray), else a clear
     TypeError or ValueError naming what it is."""
-    if type(out) is np.ndarray and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc":  # noqa: E721
+    if isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc":
         return out
     if not isinstance(out, np.ndarray):
         raise TypeError(f"rank {rank}: irecv() receives into a NumPy array (allocate it with np.empty), "
@@ -450,7 +450,7 @@ class Communicator:
         raise NotImplementedError
 
     def waitall(self, requests: list[Request]) -> None:
-        """Until every request in `requests` has completed (receives first, in the order given)."""
+        """Until every request in `requests` (a list, in any order) has completed."""
         raise NotImplementedError
 
     def barrier(self) -> None:
@@ -615,7 +615,8 @@ class SimComm(Communicator):
         self.stats = _new_stats()
         self.events: list[Event] = []
         self._posted: dict[tuple[int, int], deque[Request]] = defaultdict(deque)  # irecvs not done, per (src, tag)
-        self._open = 0  # isend/irecv requests not completed
+        self._open = 0   # isend/irecv requests not completed
+        self._posts = 0  # irecvs posted so far
 
     # -- clock and timeline
     @property
@@ -721,7 +722,7 @@ class SimComm(Communicator):
         """As send (the simulator copies the array and charges the sender's port at once); the request
         completes when rank dst has posted the irecv that matches it."""
         msg = self._post(array, dst, tag, typed=True)
-        req = Request(self, "isend", int(dst), int(tag), None)
+        req = Request(self, "isend", int(dst), int(tag), array)  # (array: checked unchanged at completion)
         req._msg = msg  # (its _req: True until it completes, then None)
         self._open += 1
         return req
@@ -729,7 +730,12 @@ class SimComm(Communicator):
     def irecv(self, out: np.ndarray, src: int, tag: int = 0) -> Request:
         src, tag = self._check_rank(src, "src"), self._check_tag(tag)
         out = _irecv_buffer(out, self.rank)
-        req = Request(self, "irecv", src, tag, out)
+        for other in (q for queue in self._posted.values() for q in queue):
+            if np.may_share_memory(out, other.out):
+                raise ValueError(f"rank {self.rank}: irecv(src={src}, tag={tag}) into shape {out.shape} overlaps the "
+                                 f"array of {other!r}, which has not completed: give every irecv rows of its own")
+        self._posts += 1
+        req = Request(self, "irecv", src, tag, out, t=self._posts)  # (_t: its posting number)
         self._posted[(src, tag)].append(req)
         self._open += 1
         w = self._w
@@ -739,38 +745,51 @@ class SimComm(Communicator):
         return req
 
     def waitall(self, requests: list[Request]) -> None:
-        """Receives first, in the order given (each after the irecvs posted before it on the same source
-        and tag: messages match receives in the order both were posted), then sends: an isend completes
-        once its receiver has posted the matching irecv. Receive times follow the port model."""
+        """Receives first, then sends. Every irecv to complete (those listed, and the ones posted before
+        them on the same source and tag: messages match receives in the order both were posted) takes
+        its message; then they are received on the clock in the order the messages arrive (ready time,
+        then posting order), whatever the order of the list. An isend completes once its receiver has
+        posted the matching irecv; the array must be as it was when isend was called (under MPI the
+        message may be read from it until then)."""
         reqs = _requests(self, requests)
-        for req in reqs:
-            if req.kind == "irecv" and not req.done:
-                self._complete_irecvs(req)
+        taken: list[tuple[_Message, int, Request]] = []
+        try:
+            for req in reqs:
+                if req.kind == "irecv" and req._req is not None:
+                    self._take_irecvs(req, taken)
+        finally:  # (also when a message does not fit its irecv: those taken are still received)
+            for msg, _, head in sorted(taken, key=lambda m: (m[0].ready, m[1])):
+                head.out.reshape(-1)[:] = self._arrive(msg, head.peer, head.tag).reshape(-1)
         w = self._w
         for req in reqs:
-            if req.kind == "isend" and not req.done:
+            if req.kind == "isend" and req._req is not None:
                 msg, dst, key = req._msg, req.peer, (self.rank, req.peer, req.tag + _TYPED)
                 self._block(f"waitall: isend(dst={dst}, tag={req.tag}) until rank {dst} posts its irecv",
                             lambda: msg.taken or w.posted[key] > msg.seq, lambda: {dst})
                 req._req = req._msg = None
                 self._open -= 1
+                array, req.out = req.out, None
+                if np.asarray(array).tobytes() != msg.data.tobytes():
+                    raise ValueError(f"rank {self.rank}: the array of isend(dst={dst}, tag={req.tag}) changed before "
+                                     "the request completed: leave it alone until waitall returns (under MPI the "
+                                     "message may be read from it until then)")
 
-    def _complete_irecvs(self, req: Request) -> None:
-        """Complete the irecvs posted on req's (source, tag), oldest first, up to req."""
+    def _take_irecvs(self, req: Request, taken: list) -> None:
+        """Take the messages of the irecvs posted on req's (source, tag), oldest first, up to req, and
+        append (message, posting number, request) to `taken`; each request is then complete."""
         src, tag = req.peer, req.tag
         posted = self._posted[(src, tag)]
-        while not req.done:
-            head = posted[0]
+        while req._req is not None:
+            head = posted.popleft()
+            head._req = None
+            self._open -= 1
             msg = self._take((src, self.rank, tag + _TYPED), f"waitall: irecv(src={src}, tag={tag})")
             data, out = msg.data, head.out
             if data.dtype != out.dtype or data.nbytes != out.nbytes:
                 raise ValueError(f"rank {self.rank}: irecv(src={src}, tag={tag}) into shape {out.shape}, dtype "
                                  f"{out.dtype} ({out.nbytes} bytes), but rank {src} sent shape {data.shape}, dtype "
                                  f"{data.dtype} ({data.nbytes} bytes) with isend: the dtype and size must agree")
-            out.reshape(-1)[:] = self._arrive(msg, src, tag).reshape(-1)
-            posted.popleft()
-            head._req = None
-            self._open -= 1
+            taken.append((msg, head._t, head))
 
     def barrier(self) -> None:
         """All ranks leave at the latest arrival plus a dissemination barrier's ceil(log2 N) latencies."""
@@ -822,7 +841,7 @@ class SimComm(Communicator):
                     if gone:
                         err = DeadlockError(
                             f"rank {self.rank} waits in {what}, but rank {min(gone)} has already finished: "
-                            "the message (or barrier) it waits for will never come"
+                            "what it waits for (a message, a receive, a barrier) will never happen"
                             + _pending_hint(w))
                         w.failure = w.failure or (self.rank, err)
                         w.cond.notify_all()
@@ -1426,13 +1445,15 @@ class MPIComm(Communicator):
         checked against its array, and receives are recorded on the timeline (from when each was
         posted, or this call began, to when the last completed)."""
         t = _clock() - self._t0
-        try:  # the fast path of the checks: every request is one of ours, not yet complete
-            reqs, mpi_reqs = requests, [q._req for q in requests]
-            fast = type(requests) is list and mpi_reqs.count(None) == 0  # noqa: E721
-        except (AttributeError, TypeError):
-            fast = False
-        if not fast:  # a clear error for anything that is not a list of requests; drop completed ones
-            reqs = [q for q in _requests(self, requests) if q._req is not None]
+        fast = False
+        if type(requests) is list:  # noqa: E721 - the fast path of the checks: a list of our requests, none
+            try:                     # complete, none twice
+                reqs, mpi_reqs = requests, [q._req for q in requests]
+                fast = mpi_reqs.count(None) == 0 and len({*map(id, requests)}) == len(requests)
+            except AttributeError:
+                pass
+        if not fast:  # a clear error for anything that is not a list of requests; drop completed ones and repeats
+            reqs = list({id(q): q for q in _requests(self, requests) if q._req is not None}.values())
             mpi_reqs = [q._req for q in reqs]
             if not reqs:
                 return
@@ -1447,8 +1468,10 @@ class MPIComm(Communicator):
             raise self._truncated(reqs, statuses, exc) from None
         end = _clock() - self._t0
         raw, byte = self._raw, self._BYTE
-        for q, st in zip(reqs, statuses):
+        self._open -= len(reqs)
+        for q in reqs:
             q._req = None
+        for q, st in zip(reqs, statuses):
             if q.kind == "irecv":
                 n = q.out.nbytes
                 if st.Get_count(byte) != n:
@@ -1456,7 +1479,6 @@ class MPIComm(Communicator):
                 raw.append(("recv", q._t if q._t > t else t, end, "main", q.peer, n, q.tag))
             else:
                 q.out = None  # the array is the caller's again
-        self._open -= len(reqs)
 
     def _waiting_for(self, reqs: list[Request]) -> tuple[str, int, int, str]:
         """(op, peer, tag, call) of the first request of `reqs` not complete, for the status file:
@@ -1476,8 +1498,8 @@ class MPIComm(Communicator):
         for q, st in zip(reqs, statuses):
             if q.kind == "irecv" and st.Get_error() and self._MPI.Get_error_class(st.Get_error()) == self._MPI.ERR_TRUNCATE:
                 return ValueError(f"rank {self.rank}: irecv(src={q.peer}, tag={q.tag}) into shape {q.out.shape}, "
-                                  f"dtype {q.out.dtype} ({q.out.nbytes} bytes), but rank {q.peer} sent more bytes "
-                                  "with isend: the size must agree")
+                                  f"dtype {q.out.dtype} ({q.out.nbytes} bytes), but rank {q.peer} sent more than "
+                                  f"{q.out.nbytes} bytes with isend: the size must agree")
         return exc
 
     def _reap(self) -> None:

@@ -773,9 +773,11 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 # next `send_counts[1]` to rank 1, and so on; it receives `recv_counts[s]` rows from each rank s
 # and returns them concatenated in rank order. Its own block stays local.
 #
-# Build it from lesson 12's non-blocking calls, `comm.irecv(out, src)` and
-# `comm.isend(array, dst)`, finished by `comm.waitall(requests)`: the way MPICH's `Alltoallv`,
-# NCCL's all-to-all (grouped `ncclSend`/`ncclRecv`) and PyTorch's `batch_isend_irecv` do it.
+# Build it from lesson 12's non-blocking calls, `comm.irecv(out, src, tag)` and
+# `comm.isend(array, dst, tag)` (pass `all_to_all`'s `tag` on), finished by one
+# `comm.waitall(requests)`: post everything, then wait for everything, as MPICH's `Alltoallv`
+# does (in batches of up to 32 pairs), NCCL's all-to-all (a group of `ncclSend`/`ncclRecv`) and
+# PyTorch's `batch_isend_irecv`.
 #
 # 1. Allocate the result, `(sum(recv_counts), ...)`, once: every block received lands in its own
 #    rows of it, so nothing is copied or concatenated afterwards.
@@ -784,7 +786,9 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 #    is posted is buffered and copied once more (MPI's "unexpected message" queue).
 # 3. Post every send, `comm.isend(x[lo:hi], dst)`: from where the block is, without a copy (the
 #    block must not change until `waitall` returns).
-# 4. Copy the own block into place, then `comm.waitall` on all the requests.
+# 4. Copy the own block into place (it stays local: `send_counts[r]` must equal
+#    `recv_counts[r]`; check that first, a ValueError naming the rank and both counts), then
+#    `comm.waitall` on all the requests.
 #
 # Order the messages as a **pairwise exchange**: step s = 1 .. N-1 sends to rank `(r + s) % N`
 # and receives from rank `(r - s) % N`. At every step each rank sends to a different rank, so no
@@ -804,7 +808,7 @@ print("last step's shares, layer 0:", np.round(loads[-1], 3))
 #
 # `recv_counts` must be known in advance (the receiver allocates its buffer), so the counts go
 # first: `exchange_counts` is an all-to-all of one integer per pair. A block whose size differs
-# from what `recv_counts` says is caught by `waitall`, which names both ranks and both sizes.
+# from what `recv_counts` says is caught by `waitall`, which names both ranks and the sizes.
 #
 # **Exercise 16.4.** Write `all_to_all` and `exchange_counts`.
 

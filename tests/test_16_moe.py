@@ -711,6 +711,28 @@ def test_all_to_all_posts_receives_into_the_result_then_sends(lesson, n):
             "buffer per block, no concatenation afterwards)"
 
 
+def tagged_job(comm, a2a, counts, xs):
+    """A message of another exchange in flight on tag 0 (an isend of one int8 to the right
+    neighbour), then all_to_all on tag 3, then that message received."""
+    n, r = comm.size, comm.rank
+    stray = comm.isend(np.array([r], np.int8), (r + 1) % n, tag=0)
+    out = a2a(comm, xs[r], counts[r], counts[:, r], tag=3)
+    got = np.empty(1, np.int8)
+    comm.waitall([stray, comm.irecv(got, (r - 1) % n, tag=0)])
+    return out, int(got[0])
+
+
+@pytest.mark.exercise("16.4")
+def test_all_to_all_sends_on_its_tag(lesson):
+    n = 3
+    counts, xs = a2a_case(n, seed=33)
+    res = sim(lesson, tagged_job, n, lesson.all_to_all, counts, xs)
+    for r, (out, got) in enumerate(res.results):
+        assert np.array_equal(out, a2a_reference(counts, xs, r)) and got == (r - 1) % n, \
+            f"rank {r}: all_to_all(..., tag=3) must send and receive on tag 3 (pass tag to isend and irecv), " \
+            "leaving another exchange's messages on tag 0 alone"
+
+
 def counts_job(comm, fn, counts):
     return fn(comm, counts[comm.rank])
 
