@@ -27,7 +27,7 @@ import numpy as np
 from minitorch.autograd import Tensor
 from minitorch.comm import mpi_status, run
 from minitorch.moe import (ExpertParallelMoE, MoEMLP, all_to_all, dispatch, exchange_counts, grouped_gemm,
-                           top_k_gating)
+                           mpi4py_all_to_all, top_k_gating)
 from minitorch.parallel import machine_load, mpi_best_seconds
 
 
@@ -82,19 +82,15 @@ def a2a_timings(comm, sizes_bytes: list[int], budget: float = 0.05) -> list[tupl
         sc, rc = send * 8, recv * 8
         sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
         rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
-        so, ro = [0, *np.cumsum(send).tolist()], [0, *np.cumsum(recv).tolist()]
-
-        def python_floor():
-            out = np.empty((ro[-1], 8))
-            reqs = [world.Irecv([out[ro[s]:ro[s + 1]], MPI.DOUBLE], s, 9) for s in [(r - i) % n for i in range(1, n)]]
-            reqs += [world.Isend([x[so[d]:so[d + 1]], MPI.DOUBLE], d, 9) for d in [(r + i) % n for i in range(1, n)]]
-            out[ro[r]:ro[r + 1]] = x[so[r]:so[r + 1]]
-            MPI.Request.Waitall(reqs)
+        send_list, recv_list = send.tolist(), recv.tolist()
         ops = [lambda: all_to_all(comm, x, send, recv),
-               lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE]), python_floor]
+               lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE]),
+               lambda: mpi4py_all_to_all(x, send_list, recv_list)]
         best = mpi_best_seconds(ops, budget)
-        if not np.array_equal(all_to_all(comm, x, send, recv), y.reshape(-1, 8)):
-            raise AssertionError(f"rank {r}: all_to_all and Alltoallv disagree at {nbytes} bytes")
+        for name, got in (("all_to_all", all_to_all(comm, x, send, recv)),
+                          ("mpi4py_all_to_all", mpi4py_all_to_all(x, send_list, recv_list))):
+            if not np.array_equal(got, y.reshape(-1, 8)):
+                raise AssertionError(f"rank {r}: {name} and Alltoallv disagree at {nbytes} bytes")
         out.append((nbytes, *best))
     return out
 
