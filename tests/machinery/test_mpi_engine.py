@@ -413,6 +413,28 @@ def test_a_sendrecv_to_a_rank_that_returned_is_reported(job_dir):
     assert "but rank 1 has returned: that message will never be received" in text, text
 
 
+def irecv_from_returned(comm):
+    if comm.rank == 1:
+        comm.irecv(np.empty(3), 0, tag=2).wait()
+
+
+def irecv_cycle(comm):
+    comm.waitall([comm.irecv(np.empty(3), 1 - comm.rank, tag=1)])
+
+
+@pytest.mark.parametrize("engine", ["sim", "mpi"])
+def test_a_waitall_that_cannot_complete_is_named(job_dir, engine):
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(irecv_from_returned, 2, engine=engine, timeout=60)
+    text = str(info.value)
+    assert "rank 1 waits in waitall: irecv(src=0, tag=2)" in text and "rank 0 has" in text, text
+    with pytest.raises(mc.DeadlockError) as info:
+        mc.run(irecv_cycle, 2, engine=engine, timeout=60)
+    text = str(info.value)
+    assert all(f"rank {r} waits in waitall: irecv(src={1 - r}, tag=1)" in text for r in range(2)), text
+    assert "cycle: rank 0 -> rank 1 -> rank 0" in text, text
+
+
 def cycle(comm):
     comm.recv((comm.rank + 1) % comm.size, tag=3)
 
