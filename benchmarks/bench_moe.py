@@ -26,9 +26,8 @@ import numpy as np
 
 from minitorch.autograd import Tensor
 from minitorch.comm import mpi_status, run
-from minitorch.moe import (ExpertParallelMoE, MoEMLP, all_to_all, dispatch, exchange_counts, grouped_gemm,
-                           mpi4py_all_to_all, top_k_gating)
-from minitorch.parallel import machine_load, mpi_best_seconds
+from minitorch.moe import ExpertParallelMoE, MoEMLP, alltoall_timings, dispatch, grouped_gemm, top_k_gating
+from minitorch.parallel import machine_load
 
 
 def best_time(fn, reps: int = 5) -> float:
@@ -61,38 +60,6 @@ def grouped_vs_padded(T: int = 8192, C: int = 256, H: int = 1024, E: int = 8, k:
     t_all = best_time(lambda: np.einsum("tc,ech->eth", x, w1, optimize=True), reps=2)
     return {"sizes": sizes.tolist(), "imbalance": big / sizes.mean(), "macs": (T * k * C * H, E * big * C * H, E * T * C * H),
             "times": (t_grouped, t_padded, t_all)}
-
-
-def a2a_timings(comm, sizes_bytes: list[int], budget: float = 0.05) -> list[tuple[int, float, float]]:
-    """Every rank: per total bytes sent per rank, (bytes, seconds of all_to_all, of Alltoallv, of the
-    same exchange in mpi4py calls from Python)."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    n, r = comm.size, comm.rank
-    out = []
-    for nbytes in sizes_bytes:
-        rng = np.random.default_rng(100 + r)
-        rows_total = max(n, nbytes // 64)
-        share = rng.dirichlet(np.ones(n) * 2)  # uneven splits
-        send = np.floor(share * rows_total).astype(np.int64)
-        x = rng.standard_normal((int(send.sum()), 8))
-        recv = exchange_counts(comm, send)
-        y = np.empty((int(recv.sum()), 8))
-        sc, rc = send * 8, recv * 8
-        sd = np.concatenate([[0], np.cumsum(sc)[:-1]])
-        rd = np.concatenate([[0], np.cumsum(rc)[:-1]])
-        send_list, recv_list = send.tolist(), recv.tolist()
-        ops = [lambda: all_to_all(comm, x, send, recv),
-               lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE]),
-               lambda: mpi4py_all_to_all(x, send_list, recv_list)]
-        best = mpi_best_seconds(ops, budget)
-        for name, got in (("all_to_all", all_to_all(comm, x, send, recv)),
-                          ("mpi4py_all_to_all", mpi4py_all_to_all(x, send_list, recv_list))):
-            if not np.array_equal(got, y.reshape(-1, 8)):
-                raise AssertionError(f"rank {r}: {name} and Alltoallv disagree at {nbytes} bytes")
-        out.append((nbytes, *best))
-    return out
 
 
 def ep_step_job(comm, layer, xs, reps, flop_rate=None):
@@ -166,7 +133,7 @@ def main(out_dir: Path) -> None:
     print(f"\n2. all-to-all (isend/irecv on the communicator) vs mpi4py Alltoallv, uneven splits; {machine_load()}")
     sizes = [2 ** 12, 2 ** 16, 2 ** 20, 2 ** 23]
     for n in (2, 4):
-        rows = run(a2a_timings, n, sizes, engine="mpi", timeout=300).results[0]
+        rows = run(alltoall_timings, n, sizes, engine="mpi", timeout=300).results[0]
         print(f"   {n} ranks: {'bytes/rank':>10} {'all_to_all':>11} {'Alltoallv':>10} {'ratio':>7} "
               f"{'mpi4py from Python':>19} {'ratio':>6}")
         for nb, t_ours, t_mpi, t_py in rows:

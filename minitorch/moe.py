@@ -454,6 +454,37 @@ def mpi4py_all_to_all(x: np.ndarray, send_counts: list[int], recv_counts: list[i
     return out
 
 
+def alltoall_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
+                     a2a: Callable | None = None) -> list[tuple[int, float, float, float]]:
+    """On every rank of an MPI run: per size (bytes per rank, float64 rows of 8, uneven splits), the
+    seconds per all-to-all of `a2a(comm, ...)` (default: all_to_all), of `MPI.Alltoallv` and of
+    `mpi4py_all_to_all`, each the best of 5 trials of about `budget` seconds, interleaved
+    (mpi_best_seconds); raises if they disagree."""
+    from mpi4py import MPI
+
+    from minitorch.parallel import mpi_best_seconds
+
+    a2a = a2a or all_to_all
+    world, n, r, out = MPI.COMM_WORLD, comm.size, comm.rank, []
+    for nbytes in sizes:
+        rng = np.random.default_rng(100 + r)
+        send = np.floor(rng.dirichlet(np.ones(n) * 2) * max(n, nbytes // 64)).astype(np.int64)
+        recv = exchange_counts(comm, send)
+        x, y = rng.standard_normal((int(send.sum()), 8)), np.empty((int(recv.sum()), 8))
+        sc, rc = send * 8, recv * 8
+        sd, rd = np.concatenate([[0], np.cumsum(sc)[:-1]]), np.concatenate([[0], np.cumsum(rc)[:-1]])
+        send_list, recv_list = send.tolist(), recv.tolist()
+        best = mpi_best_seconds([lambda: a2a(comm, x, send, recv),
+                                 lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE]),
+                                 lambda: mpi4py_all_to_all(x, send_list, recv_list)], budget)
+        for name, got in (("all_to_all", a2a(comm, x, send, recv)),
+                          ("mpi4py_all_to_all", mpi4py_all_to_all(x, send_list, recv_list))):
+            if not np.array_equal(got, y):
+                raise AssertionError(f"rank {r}: {name} and Alltoallv disagree at {nbytes} bytes")
+        out.append((nbytes, *best))
+    return out
+
+
 def ep_dp_groups(comm: Communicator, ep: int) -> tuple[Communicator, Communicator]:
     """(ep_group, dp_group) of this rank, rank = d * ep + e: ep_group = ranks d*ep .. d*ep+ep-1 (one
     replica's experts), dp_group = ranks e, ep + e, ... (the same experts in every replica)."""

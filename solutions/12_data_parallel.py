@@ -356,7 +356,7 @@ class Request:
     `comm.waitall([request])`); `done` says whether it has. An irecv's data is in `out` once done.
     kind: "isend" or "irecv"; peer: the other rank (of the engine's communicator); tag: the tag."""
 
-    __slots__ = ("comm", "kind", "peer", "tag", "out", "_req", "_t", "_msg", "_n")
+    __slots__ = ("comm", "kind", "peer", "tag", "out", "_req", "_t", "_msg")
 
     def __init__(self, comm: Communicator, kind: str, peer: int, tag: int, out: Any, req: Any = True, t: float = 0.0):
         self.comm, self.kind, self.peer, self.tag, self.out, self._req, self._t = comm, kind, peer, tag, out, req, t
@@ -411,6 +411,18 @@ def _requests(comm: Communicator, requests: Any) -> list[Request]:
         if q.comm is not comm:
             raise ValueError(f"rank {comm.rank}: {q!r} belongs to another rank's communicator")
     return reqs
+
+
+def _irecv_mismatch(rank: int, src: int, tag: int, out: np.ndarray, sent: str,
+                    rule: str = "the size must agree") -> ValueError:
+    """The error for an isend message that does not fit its irecv's array `out`; sent: what came."""
+    return ValueError(f"rank {rank}: irecv(src={src}, tag={tag}) into shape {out.shape}, dtype {out.dtype} "
+                      f"({out.nbytes} bytes), but rank {src} sent {sent} with isend: {rule}")
+
+
+def _tag_label(tag: int) -> str:
+    """How reports name a message's (engine) tag: isend's tags are tag + _TYPED."""
+    return f"tag {tag - _TYPED} (isend: receive it with irecv)" if tag >= _TYPED else f"tag {tag}"
 
 
 def _open_requests_error(rank: int, n: int) -> RuntimeError:
@@ -595,8 +607,7 @@ class _SimWorld:
         for (src, dst, tag), q in sorted(self.mail.items()):
             if q:
                 nbytes = sum(m.data.nbytes for m in q)
-                how = f"tag {tag - _TYPED} (isend: receive it with irecv)" if tag >= _TYPED else f"tag {tag}"
-                lines.append(f"rank {src} -> rank {dst}, {how}: {len(q)} message(s), {nbytes} bytes")
+                lines.append(f"rank {src} -> rank {dst}, {_tag_label(tag)}: {len(q)} message(s), {nbytes} bytes")
         return lines
 
 
@@ -786,9 +797,8 @@ class SimComm(Communicator):
             msg = self._take((src, self.rank, tag + _TYPED), f"waitall: irecv(src={src}, tag={tag})")
             data, out = msg.data, head.out
             if data.dtype != out.dtype or data.nbytes != out.nbytes:
-                raise ValueError(f"rank {self.rank}: irecv(src={src}, tag={tag}) into shape {out.shape}, dtype "
-                                 f"{out.dtype} ({out.nbytes} bytes), but rank {src} sent shape {data.shape}, dtype "
-                                 f"{data.dtype} ({data.nbytes} bytes) with isend: the dtype and size must agree")
+                raise _irecv_mismatch(self.rank, src, tag, out, f"shape {data.shape}, dtype {data.dtype} "
+                                      f"({data.nbytes} bytes)", "the dtype and size must agree")
             taken.append((msg, head._t, head))
 
     def barrier(self) -> None:
@@ -1475,7 +1485,9 @@ class MPIComm(Communicator):
             if q.kind == "irecv":
                 n = q.out.nbytes
                 if st.Get_count(byte) != n:
-                    raise self._size_error(q, st.Get_count(byte))
+                    raise _irecv_mismatch(self.rank, q.peer, q.tag, q.out, f"{st.Get_count(byte)} bytes",
+                                          "the size must agree (MPI carries no dtype: the simulator checks that "
+                                          "as well)")
                 raw.append(("recv", q._t if q._t > t else t, end, "main", q.peer, n, q.tag))
             else:
                 q.out = None  # the array is the caller's again
@@ -1487,19 +1499,11 @@ class MPIComm(Communicator):
         q = next((q for q in left if q.kind == "irecv"), left[0])
         return ("recv" if q.kind == "irecv" else "send", q.peer, q.tag, "waitall")
 
-    def _size_error(self, q: Request, got: int) -> ValueError:
-        out = q.out
-        return ValueError(f"rank {self.rank}: irecv(src={q.peer}, tag={q.tag}) into shape {out.shape}, dtype "
-                          f"{out.dtype} ({out.nbytes} bytes), but rank {q.peer} sent {got} bytes with isend: the "
-                          "size must agree (MPI carries no dtype: the simulator checks that as well)")
-
     def _truncated(self, reqs: list[Request], statuses: list, exc: Exception) -> Exception:
         """The error for a waitall that MPI failed: a message longer than its array (MPI_ERR_TRUNCATE)."""
         for q, st in zip(reqs, statuses):
             if q.kind == "irecv" and st.Get_error() and self._MPI.Get_error_class(st.Get_error()) == self._MPI.ERR_TRUNCATE:
-                return ValueError(f"rank {self.rank}: irecv(src={q.peer}, tag={q.tag}) into shape {q.out.shape}, "
-                                  f"dtype {q.out.dtype} ({q.out.nbytes} bytes), but rank {q.peer} sent more than "
-                                  f"{q.out.nbytes} bytes with isend: the size must agree")
+                return _irecv_mismatch(self.rank, q.peer, q.tag, q.out, f"more than {q.out.nbytes} bytes")
         return exc
 
     def _reap(self) -> None:
@@ -1630,14 +1634,12 @@ class MPIComm(Communicator):
                 if tag >= _TYPED:  # an isend's: the bytes alone
                     n = status.Get_count(MPI.BYTE)
                     self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, tag)
-                    how = f"tag {tag - _TYPED} (isend: receive it with irecv)"
                 else:
                     self._c.Recv([self._head, MPI.BYTE], src, tag)
                     n = _layout(self._head[:_HEADER].tobytes())[2]
                     if n > _INLINE:
                         self._c.Recv([np.empty(n, np.uint8), MPI.BYTE], src, tag)
-                    how = f"tag {tag}"
-                lines.append(f"rank {src} -> rank {self.rank}, {how}: 1 message(s), {n} bytes")
+                lines.append(f"rank {src} -> rank {self.rank}, {_tag_label(tag)}: 1 message(s), {n} bytes")
         MPI.Request.Waitall([r for r, _ in self._pending])
         self._pending.clear()
         everyone = self._c.allgather(lines)

@@ -909,34 +909,46 @@ def mpi4py_all_to_all(x: np.ndarray, send_counts: list[int], recv_counts: list[i
     MPI.Request.Waitall(reqs)
     return out
 
-# %% tags=["demo"]
-def a2a_vs_alltoallv(comm, sizes):
+# %%
+#| export
+def alltoall_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
+                     a2a: Callable | None = None) -> list[tuple[int, float, float, float]]:
+    """On every rank of an MPI run: per size (bytes per rank, float64 rows of 8, uneven splits), the
+    seconds per all-to-all of `a2a(comm, ...)` (default: all_to_all), of `MPI.Alltoallv` and of
+    `mpi4py_all_to_all`, each the best of 5 trials of about `budget` seconds, interleaved
+    (mpi_best_seconds); raises if they disagree."""
     from mpi4py import MPI
 
     from minitorch.parallel import mpi_best_seconds
 
-    world, n, r, rows = MPI.COMM_WORLD, comm.size, comm.rank, []
+    a2a = a2a or all_to_all
+    world, n, r, out = MPI.COMM_WORLD, comm.size, comm.rank, []
     for nbytes in sizes:
-        rng = np.random.default_rng(r)
-        send = np.floor(rng.dirichlet(np.ones(n) * 2) * nbytes / 64).astype(np.int64)
+        rng = np.random.default_rng(100 + r)
+        send = np.floor(rng.dirichlet(np.ones(n) * 2) * max(n, nbytes // 64)).astype(np.int64)
         recv = exchange_counts(comm, send)
         x, y = rng.standard_normal((int(send.sum()), 8)), np.empty((int(recv.sum()), 8))
-        so, ro = [0, *np.cumsum(send).tolist()], [0, *np.cumsum(recv).tolist()]
-        spec = lambda a, c, o: [a, [int(v) * 8 for v in c], [int(v) * 8 for v in o[:-1]], MPI.DOUBLE]  # noqa: E731
-        sc, rc = send.tolist(), recv.tolist()
-        times = mpi_best_seconds([lambda: all_to_all(comm, x, send, recv),
-                                  lambda: world.Alltoallv(spec(x, send, so), spec(y, recv, ro)),
-                                  lambda: mpi4py_all_to_all(x, sc, rc)])
-        rows.append((int(send.sum()) * 64, *times))
-    return rows
+        sc, rc = send * 8, recv * 8
+        sd, rd = np.concatenate([[0], np.cumsum(sc)[:-1]]), np.concatenate([[0], np.cumsum(rc)[:-1]])
+        send_list, recv_list = send.tolist(), recv.tolist()
+        best = mpi_best_seconds([lambda: a2a(comm, x, send, recv),
+                                 lambda: world.Alltoallv([x, sc, sd, MPI.DOUBLE], [y, rc, rd, MPI.DOUBLE]),
+                                 lambda: mpi4py_all_to_all(x, send_list, recv_list)], budget)
+        for name, got in (("all_to_all", a2a(comm, x, send, recv)),
+                          ("mpi4py_all_to_all", mpi4py_all_to_all(x, send_list, recv_list))):
+            if not np.array_equal(got, y):
+                raise AssertionError(f"rank {r}: {name} and Alltoallv disagree at {nbytes} bytes")
+        out.append((nbytes, *best))
+    return out
 
+# %% tags=["demo"]
 
 if mpi_status()[0]:
     from minitorch.parallel import machine_load
 
     print(f"2 MPI ranks; {machine_load()}")
     print(f"{'bytes/rank':>10} {'all_to_all':>11} {'Alltoallv':>10} {'ratio':>6} {'mpi4py from Python':>19}")
-    for nb, ours, theirs, floor in run(a2a_vs_alltoallv, 2, [2**12, 2**16, 2**20], engine="mpi").results[0]:
+    for nb, ours, theirs, floor in run(alltoall_timings, 2, [2**12, 2**16, 2**20], engine="mpi").results[0]:
         print(f"{nb:>10} {ours * 1e6:>9.1f}us {theirs * 1e6:>8.1f}us {ours / theirs:>5.2f}x {floor * 1e6:>17.1f}us")
 
 # %% [markdown]
