@@ -942,7 +942,6 @@ def alltoall_timings(comm: Communicator, sizes: list[int], budget: float = 0.05,
     return out
 
 # %% tags=["demo"]
-
 if mpi_status()[0]:
     from minitorch.parallel import machine_load
 
