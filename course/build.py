@@ -185,8 +185,8 @@ def _student_view(nb, lesson: Lesson):
         d = directives(cell)
         if "given" in d:
             module = d["export"] or default
-            if module in placed:
-                continue
+            if module in placed or not given[module]:  # a given cell that defines no public name (a
+                continue                              # module's validate_public call) is not shown
             placed.add(module)
             cell.source = given_import(module, list(dict.fromkeys(given[module])))
         elif cell.cell_type == "code":
@@ -217,11 +217,17 @@ def exercise_cells(lesson: Lesson, nb=None) -> dict[str, str]:
     cells of a module after its first are dropped) beside the generated cells."""
     nb = nb if nb is not None else read_source(lesson)
     default, placed, kept = default_module(nb), set(), []
+    names: dict[str, bool] = {}
     for cell in nb.cells:
         d = directives(cell)
         if "given" in d:
             module = d["export"] or default
-            if module in placed:
+            names[module] = names.get(module, False) or bool(given_names(cell.source))
+    for cell in nb.cells:
+        d = directives(cell)
+        if "given" in d:
+            module = d["export"] or default
+            if module in placed or not names[module]:
                 continue
             placed.add(module)
         kept.append(d.get("exercise"))

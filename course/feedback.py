@@ -91,6 +91,8 @@ def describe(excinfo: pytest.ExceptionInfo[BaseException], test_file: str | None
     text = _headline(exc, raised_in_student_code=frame is not None)
     if test_file and text.startswith(("Failed: DID NOT RAISE", "Failed: DID NOT WARN")):
         text += _expected_from(exc, test_file)
+    elif test_file:
+        text = _wrong_exception(exc, test_file) + text
     parts = [elide(text)]
     parts += [elide(n) for n in _notes(exc)]
     function = None
@@ -281,6 +283,31 @@ def _expected_from(exc: BaseException, test_file: str) -> str:
             text = (f"\nExpected {what} from: {body[0]}" if len(body) == 1 and "\n" not in body[0] else
                     f"\nExpected {what} from:\n" + "\n".join("    " + ln for s in body for ln in s.splitlines()))
             return text + _values(node.body, frame.f_locals)
+    return ""
+
+
+def _wrong_exception(exc: BaseException, test_file: str) -> str:
+    """'Expected ValueError, but TypeError was raised:\n' when `exc` left a `with pytest.raises(ValueError)`
+    block of the test (another exception than the one it expects), else ''."""
+    lines, tb = [], exc.__traceback__
+    while tb is not None:  # the lines of the test file that were running (the test's, its helpers')
+        if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(test_file):
+            lines.append(tb.tb_lineno)
+        tb = tb.tb_next
+    parsed = _parsed(str(test_file))
+    if not lines or parsed is None:
+        return ""
+    source, tree = parsed
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.With) or not node.body or not any(
+                node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno) for line in lines):
+            continue
+        for item in node.items:
+            call = item.context_expr
+            func = getattr(call, "func", None)
+            if getattr(func, "attr", getattr(func, "id", "")) == "raises" and call.args:
+                what = ast.get_source_segment(source, call.args[0]) or "an exception"
+                return f"Expected {what}, but {type(exc).__name__} was raised:\n"
     return ""
 
 

@@ -241,6 +241,39 @@ def _coverage(result: LessonResult) -> list[str]:
     return problems
 
 
+def _walk_stage(lesson: Lesson, report: Path) -> tuple[float, list[str], int]:
+    """The validation walk of the lesson's own modules, from its reference run (course.validation_walk):
+    (0 s: it ran inside the reference stage, problems, callables walked)."""
+    from course.build import exported_modules
+    from course.validation_walk import merge
+
+    if not report.exists():
+        return 0.0, [f"the reference run wrote no validation-walk report ({report})"], 0
+    data = json.loads(report.read_text())
+    problems, _ = merge([data], set(exported_modules(lesson)), coverage=False)
+    walked = sum(q.split(".")[0] in exported_modules(lesson) for q in data["walked"])
+    return 0.0, problems, walked
+
+
+def walk_summary(lessons: list[Lesson], machinery: bool) -> int:
+    """Every lesson's walk (and the machinery tests') merged: findings once each, and (when every
+    lesson and the machinery ran) each public callable of the package that no test called. Prints
+    them; returns 1 if there are any."""
+    from course.validation_walk import merge
+
+    reports = [BUILD / "check" / "walk" / f"{le.stem}.json" for le in lessons]
+    reports += [BUILD / "check" / "walk" / "machinery.json"] if machinery else []
+    data = [json.loads(p.read_text()) for p in reports if p.exists()]
+    problems, line = merge(data, coverage=machinery and len(lessons) == len(all_lessons()))
+    shown = {p for le in lessons for p in _walk_stage(le, BUILD / "check" / "walk" / f"{le.stem}.json")[1]}
+    print(f"\n== validation walk: {line}: {'ok' if not problems else f'{len(problems)} problems'}"
+          + (" (those of each lesson's own modules are listed under it)" if shown & set(problems) else ""))
+    for p in problems:
+        if p not in shown:
+            print("   " + p)
+    return 1 if problems else 0
+
+
 def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
     """Every check for one lesson; returns {stage: (ok, seconds, problems)}."""
 
@@ -251,14 +284,18 @@ def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
 
     # The tests run on the solutions and on the stubs through the check cells of the two
     # notebooks (as a student's check cell runs them), recorded test by test.
+    walk_report = BUILD / "check" / "walk" / f"{lesson.stem}.json"
+    walk_report.parent.mkdir(parents=True, exist_ok=True)
+    walk_report.unlink(missing_ok=True)
     jobs = {
-        "reference": pool.submit(timed, run_tests, lesson, "reference"),
+        "reference": pool.submit(timed, run_tests, lesson, "reference", (), {"MT_WALK": str(walk_report)}),
         "notebook": pool.submit(timed, execute_notebook, lesson, BUILD / "check", True),
         "stub nb": pool.submit(timed, execute_notebook, lesson, BUILD / "check", True, True),
     }
     stages: dict[str, tuple[bool, float, list[str], int]] = {}
     ref, t = jobs["reference"].result()
     stages["reference"] = (t, _all_pass(ref) + _coverage(ref), len(ref.tests))
+    stages["walk"] = _walk_stage(lesson, walk_report)
     t0 = time.perf_counter()
     iso_problems = []
     futures = {ex.id: pool.submit(run_tests, lesson, f"only:{ex.id}", [f"--exercise={ex.id}"])
@@ -313,8 +350,12 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
 
         log = tempfile.TemporaryFile("w+")
         t_mach = time.perf_counter()
+        walk = BUILD / "check" / "walk" / "machinery.json"  # the machinery's tests of given code feed the walk
+        walk.parent.mkdir(parents=True, exist_ok=True)
+        walk.unlink(missing_ok=True)
         machinery_run = (subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--no-header", "-p", "no:cacheprovider",
-                                           "tests/machinery"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+                                           "tests/machinery"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "MT_WALK": str(walk)}), log)
     rows = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         for lesson in lessons:
@@ -323,7 +364,7 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
             for stage, (t, problems, n) in stages.items():
                 status = "ok" if not problems else "FAIL"
                 failures += bool(problems)
-                unit = "exercises" if stage == "isolation" else "tests"
+                unit = {"isolation": "exercises", "walk": "callables"}.get(stage, "tests")
                 print(f"   {stage:<10} {status:<4} {n:>3} {unit:<9} {t:6.1f} s")
                 for p in problems:
                     print("      " + p.replace("\n", "\n      "))
@@ -337,12 +378,13 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
         print(f"\n== machinery tests ({time.perf_counter() - t_mach:.0f} s, beside the lessons)")
         print(log.read().rstrip())
         failures += rc != 0
+    failures += walk_summary(lessons, machinery)
     total = time.perf_counter() - start
     print("\n== summary")
-    print(f"{'lesson':<22}{'tests':>6}{'ref':>6}{'iso':>6}{'sol nb':>8}{'stub nb':>9}")
+    print(f"{'lesson':<22}{'tests':>6}{'ref':>6}{'walk':>6}{'iso':>6}{'sol nb':>8}{'stub nb':>9}")
     for stem, st in rows:
-        cells = ["ok" if not st[s][1] else "FAIL" for s in ("reference", "isolation", "notebook", "stub nb")]
-        print(f"{stem:<22}{st['reference'][2]:>6}{cells[0]:>6}{cells[1]:>6}{cells[2]:>8}{cells[3]:>9}")
+        cells = ["ok" if not st[s][1] else "FAIL" for s in ("reference", "walk", "isolation", "notebook", "stub nb")]
+        print(f"{stem:<22}{st['reference'][2]:>6}{cells[0]:>6}{cells[1]:>6}{cells[2]:>6}{cells[3]:>8}{cells[4]:>9}")
     print(f"make check: {'FAILED' if failures else 'passed'} in {total:.0f} s")
     return 1 if failures else 0
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from minitorch.checks import check_int
+
 
 def strides_for(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major (C-order) strides, in elements, for `shape`.
@@ -239,11 +241,15 @@ def register_backend(device: str, backend: Backend) -> None:
 
 
 def get_backend(device: str) -> Backend:
-    """The backend registered for `device`; KeyError naming the known devices otherwise."""
+    """The backend registered for `device`; a ValueError naming the device and the known ones otherwise
+    (a TypeError for a device that is not a str). Checked here rather than by a contract: every op calls it."""
     try:
         return _BACKENDS[device]
-    except KeyError:
-        raise KeyError(f"no backend registered for device {device!r}; known devices: {sorted(_BACKENDS)}") from None
+    except (KeyError, TypeError):
+        if not isinstance(device, str):
+            raise TypeError(f"get_backend: device must be a str, got {device!r}") from None
+        raise ValueError(f"get_backend: no backend registered for device {device!r}; known devices: "
+                         f"{sorted(_BACKENDS)}") from None
 
 
 @contextlib.contextmanager
@@ -279,7 +285,8 @@ class Tensor:
             data = data.data if data.device == device else data.backend.to_numpy(data.data)
         arr = backend.asarray(data, dtype=dtype)
         if arr.dtype.kind not in _OK_KINDS:
-            raise TypeError(f"Tensor supports bool, integer and floating-point data, got dtype {arr.dtype}")
+            raise TypeError(f"Tensor supports bool, integer and floating-point data: data must be one of them, "
+                            f"got {data!r:.60} (dtype {arr.dtype})")
         self.data = arr
         self.device = device
 
@@ -485,7 +492,7 @@ class Tensor:
         """View (or, for non-contiguous data, copy) with a new shape; one entry may be -1."""
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = tuple(shape[0])
-        shape = tuple(int(n) for n in shape)
+        shape = tuple(check_int("reshape", f"shape[{i}]", n) for i, n in enumerate(shape))
         known = math.prod(n for n in shape if n != -1)
         if shape.count(-1) > 1 or any(n < -1 for n in shape):
             raise ValueError(f"reshape: invalid shape {shape}")
@@ -503,6 +510,7 @@ class Tensor:
             axes = tuple(axes[0])
         if not axes:
             axes = tuple(reversed(range(self.ndim)))
+        axes = tuple(check_int("transpose", f"axes[{i}]", a) for i, a in enumerate(axes))
         if sorted(int(a) % max(self.ndim, 1) for a in axes) != list(range(self.ndim)) or \
                 any(not -self.ndim <= a < self.ndim for a in axes):
             raise ValueError(f"transpose: axes {tuple(axes)} are not a permutation of the {self.ndim} axes "
@@ -519,3 +527,12 @@ def _backend_key(key: Any) -> Any:
     if isinstance(key, tuple):
         return tuple(_backend_key(k) for k in key)
     return key.data if isinstance(key, Tensor) else key
+
+
+from minitorch.checks import Array, Count, Unchecked, validate_public  # noqa: E402
+
+validate_public(globals(), {
+    "gather": {"storage": Array(ndim=1, dtypes="any")},
+    "normalize_axis": {"ndim": Count},
+    "get_backend": {"device": Unchecked()},
+})
