@@ -16,6 +16,7 @@ from numba import njit
 
 from minitorch.autograd import Tensor, softmax
 from minitorch.bench import matmul_flops, softmax_flops
+from minitorch.checks import describe
 
 
 def _swap_last(t: Tensor) -> Tensor:
@@ -73,16 +74,18 @@ def check_qkv(q: Any, k: Any, v: Any, what: str = "attention", dtypes: tuple | N
                         f"got {np.dtype(q.dtype)}")
 
 
-def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
-    """`mask` as a boolean array broadcast to `scores_shape` (..., Nq, Nk); clear errors otherwise."""
-    mask = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(f"attention: the mask must be boolean (True = may attend), got dtype {mask.dtype}")
+def check_mask(mask: Any, scores_shape: tuple[int, ...], what: str = "attention") -> np.ndarray:
+    """`mask` as a boolean array broadcast to `scores_shape` (..., Nq, Nk); errors naming `what`
+    (the function checking), the mask and its shape or value otherwise."""
+    arr = None if isinstance(mask, (str, bytes)) or mask is None else np.asarray(
+        mask.numpy() if isinstance(mask, Tensor) else mask)
+    if arr is None or arr.dtype != np.bool_:
+        raise TypeError(f"{what}: the mask must be boolean (True = may attend), got {describe(mask)}")
     try:
-        return np.broadcast_to(mask, scores_shape)
+        return np.broadcast_to(arr, scores_shape)
     except ValueError:
-        raise ValueError(f"attention: mask of shape {mask.shape} does not broadcast to the scores' "
-                         f"shape {scores_shape} (..., Nq, Nk)") from None
+        raise ValueError(f"{what}: mask of shape {arr.shape} does not broadcast to the scores' "
+                         f"shape {tuple(scores_shape)} (..., Nq, Nk)") from None
 
 
 def no_keys(q: Tensor, k: Tensor, v: Tensor, mask: Any = None) -> Tensor:
@@ -106,11 +109,14 @@ def causal_mask(nq: int, nk: int) -> np.ndarray:
 def padding_mask(lengths: Any, nk: int) -> np.ndarray:
     """Boolean (B, 1, 1, nk): True for key positions j < lengths[b], the real tokens of sequence b
     (padding sits at the end). Broadcasts against scores of shape (B, H, Nq, nk)."""
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"padding_mask: lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+    nk = check_size("padding_mask", "nk", nk, 0)
+    given = lengths
+    lengths = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(0.0)
+    if lengths.dtype.kind not in "iu" or lengths.ndim != 1:
+        raise (TypeError if lengths.dtype.kind not in "iu" else ValueError)(
+            f"padding_mask: lengths must be a 1-D integer array, got {describe(given)}")
     if lengths.size and (lengths.min() < 0 or lengths.max() > nk):
-        raise ValueError(f"padding_mask: lengths must lie in [0, {nk}], got {lengths.tolist()}")
+        raise ValueError(f"padding_mask: lengths must lie in [0, nk={nk}], got {lengths.tolist()}")
     return (np.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
 
 
@@ -142,10 +148,10 @@ def attention_np(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any = None,
     Returns o (..., Nq, dv), and with return_lse also lse (..., Nq): the logsumexp of each row of
     scaled, masked scores (-inf where nothing is visible; o is 0 there)."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    check_qkv(q, k, v)
+    check_qkv(q, k, v, "attention_np")
     s = (q @ np.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
-        s = np.where(check_mask(mask, s.shape), s, -np.inf)
+        s = np.where(check_mask(mask, s.shape, "attention_np"), s, -np.inf)
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: Nk = 0 gives -inf, not an error
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -632,3 +638,34 @@ extern "C" __global__ void flash_forward(const float* __restrict__ q, const floa
     }
 }
 """
+
+
+from minitorch.checks import (Array, Attrs, Count, Instance, Optional, Size, TensorLike,  # noqa: E402
+                              validate_public)
+
+_KERNEL_IO = Array(ndim=3, dtypes=KERNEL_DTYPES, axes="(G, N, d)")
+_CUDA_IO = Array(ndim=3, dtypes=np.float32, axes="(G, N, d)")
+_ATTENTION_RULES = {
+    "check_qkv": {name: Attrs("shape", "dtype") for name in "qkv"},
+    "no_keys": {name: Instance(Tensor, must="a minitorch Tensor") for name in "qkv"},
+    "attention": {name: TensorLike(dtypes="float") for name in "qkv"},
+    "attention_np": {name: Array(dtypes="float") for name in "qkv"},
+    "attention_flops": {**{name: Count for name in ("b", "h", "nq", "nk", "d")}, "dv": Optional(Count)},
+    "attention_score_bytes": {**{name: Count for name in ("b", "h", "nq", "nk")}, "itemsize": Size},
+    "column_blocks": {"x": Array(ndim=2), "width": Size},
+    "online_softmax": {"x": Array(ndim=2)},
+    "online_softmax_stats": {"blocks": Instance(Iterable, must="an iterable of (rows, w) arrays")},
+    "flash_attention_forward": {**{name: _KERNEL_IO for name in "qkv"}, "threads": Optional(Size)},
+    "flash_attention_backward": {**{name: _KERNEL_IO for name in ("q", "k", "v", "o", "do")},
+                                 "lse": Array(ndim=2, dtypes=KERNEL_DTYPES, axes="(G, Nq)"), "threads": Optional(Size)},
+    "flash_attention": {name: TensorLike(dtypes=KERNEL_DTYPES) for name in "qkv"},
+    "flash_cuda_program": {"head_dim": Size},
+    "flash_cuda_launch": {"g": Size, "nq": Size},
+    "flash_attention_emulated": {name: _CUDA_IO for name in "qkv"},
+    "flash_attention_cuda": {name: _CUDA_IO for name in "qkv"},
+    "attention_cupy_unfused": {name: _CUDA_IO for name in "qkv"},
+}
+# In the lesson's notebook one namespace holds both modules, and validate_public wraps a function once:
+# there the gpt cell below applies both modules' rules.
+if __name__ == "minitorch.attention":
+    validate_public(globals(), _ATTENTION_RULES)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from minitorch import tensor as _t
+from minitorch.checks import TensorLike, check_int, describe
 from minitorch.tensor import get_backend, normalize_axis
 
 
@@ -31,13 +32,24 @@ def _float_kind(dtype: np.dtype) -> bool:
     return np.dtype(dtype).kind == "f"
 
 
-def add_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
-    """VJP of a + b: (g, g)."""
+def _int_args(what: str, name: str, args: tuple) -> tuple:
+    """The integers of a `*shape` or `*axes` argument, given one by one or as one sequence; a
+    TypeError naming `name` and the item where one is not an integer (2.5, True, "1")."""
+    first = args[0] if len(args) == 1 else None
+    one = isinstance(first, (list, tuple)) or isinstance(first, np.ndarray) and first.ndim == 1
+    items = tuple(args[0]) if one else args
+    for i, a in enumerate(items):
+        check_int(what, f"{name}[{i}]", a)
+    return items
+
+
+def add_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, xp: Any = np) -> tuple[Any, Any]:
+    """VJP of out = a + b: g for both inputs."""
     return g, g
 
 
-def sub_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
-    """VJP of a - b: (g, -g)."""
+def sub_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, xp: Any = np) -> tuple[Any, Any]:
+    """VJP of out = a - b: g for a, -g for b."""
     return g, -g
 
 
@@ -73,7 +85,8 @@ class Tensor(_t.Tensor):
     def __init__(self, data: Any, requires_grad: bool = False, dtype: Any = None, device: str = "cpu"):
         super().__init__(data, dtype=dtype, device=device)
         if requires_grad and not _float_kind(self.dtype):
-            raise TypeError(f"only floating-point tensors can require gradients, got dtype {self.dtype}")
+            raise TypeError(f"Tensor: requires_grad=True needs a floating-point tensor (only those have gradients), "
+                            f"got dtype {self.dtype}")
         self.requires_grad = bool(requires_grad)
         self.grad = None
 
@@ -109,11 +122,12 @@ class Tensor(_t.Tensor):
         self.grad = None
 
     # -- the engine --
-    def backward(self, grad: Any = None) -> None:
+    def backward(self, grad: Tensor | np.ndarray | None = None) -> None:
         """Accumulate d(self)/d(leaf) * grad into `.grad` of every leaf that requires it.
 
         `grad` defaults to 1 for a tensor with one element; otherwise it must be given, with
-        self's shape. It is cast to self's dtype (as PyTorch does): a float64 seed must not turn
+        self's shape, as a Tensor or an array of any real dtype (float16 or float64 for a float32
+        graph, say). It is cast to self's dtype (as PyTorch does): a float64 seed must not turn
         the backward of a float32 graph into float64."""
         if not self.requires_grad:
             raise RuntimeError("backward() on a tensor that does not require grad (no input has requires_grad=True, "
@@ -126,7 +140,8 @@ class Tensor(_t.Tensor):
         else:
             g = grad.data if isinstance(grad, _t.Tensor) else self.backend.asarray(grad)
             if tuple(g.shape) != self.shape:
-                raise ValueError(f"backward(): gradient shape {tuple(g.shape)} != tensor shape {self.shape}")
+                raise ValueError(f"Tensor.backward: grad must have the tensor's shape {self.shape}, "
+                                 f"got {describe(grad)}")
             if g.dtype != self.dtype:
                 g = g.astype(self.dtype)
         grads: dict[int, Any] = {id(self): g}
@@ -206,7 +221,7 @@ class Tensor(_t.Tensor):
         return self._record(out, (self,),
                             lambda g: (max_vjp(g, self.data, out.data, axes, keepdims, xp=self.xp),), "max")
 
-    def matmul(self, other: Any) -> Tensor:
+    def matmul(self, other: Tensor | np.ndarray) -> Tensor:
         if not isinstance(other, _t.Tensor):
             other = Tensor(other, device=self.device)
         out = super().matmul(other)
@@ -218,10 +233,12 @@ class Tensor(_t.Tensor):
         return Tensor(other, device=self.device).matmul(self)
 
     def reshape(self, *shape: int | Sequence[int]) -> Tensor:
+        _int_args("Tensor.reshape", "shape", shape)
         out = super().reshape(*shape)
         return self._record(out, (self,), lambda g: (g.reshape(self.shape),), "reshape")
 
     def transpose(self, *axes: int | Sequence[int]) -> Tensor:
+        _int_args("Tensor.transpose", "axes", axes)
         out = super().transpose(*axes)
         if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = tuple(axes[0])
@@ -270,18 +287,18 @@ def topo_order(root: Tensor) -> list[Tensor]:
     return order
 
 
-def mul_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
+def mul_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, xp: Any = np) -> tuple[Any, Any]:
     """VJP of out = a * b. g: gradient of out (broadcast shape); a, b: arrays or scalars.
     Returns (grad_a, grad_b) in the broadcast shape."""
     return g * b, g * a
 
 
-def div_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
+def div_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, xp: Any = np) -> tuple[Any, Any]:
     """VJP of out = a / b. Returns (grad_a, grad_b)."""
     return g / b, -g * a / (b * b)
 
 
-def pow_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any]:
+def pow_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray, *, xp: Any = np) -> tuple[Any, Any]:
     """VJP of out = a ** b (a, b: arrays or Python numbers). grad_a is 0 where b == 0; grad_b
     is 0 where a <= 0. Returns (grad_a, grad_b) in g's dtype, with no warnings at a = 0."""
     if isinstance(b, (int, float)):
@@ -296,32 +313,32 @@ def pow_vjp(g: Any, a: Any, b: Any, out: Any, *, xp: Any = np) -> tuple[Any, Any
     return grad_a, grad_b
 
 
-def exp_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+def exp_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, *, xp: Any = np) -> Any:
     """VJP of out = exp(x)."""
     return g * out
 
 
-def log_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+def log_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, *, xp: Any = np) -> Any:
     """VJP of out = log(x)."""
     return g / x
 
 
-def tanh_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+def tanh_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, *, xp: Any = np) -> Any:
     """VJP of out = tanh(x), using out."""
     return g * (1 - out * out)
 
 
-def relu_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+def relu_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, *, xp: Any = np) -> Any:
     """VJP of out = max(x, 0); the derivative at x == 0 is taken as 0."""
     return g * (x > 0)
 
 
-def sigmoid_vjp(g: Any, x: Any, out: Any, *, xp: Any = np) -> Any:
+def sigmoid_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, *, xp: Any = np) -> Any:
     """VJP of out = sigmoid(x), using out (finite for every x, even where exp(-x) overflows)."""
     return g * out * (1 - out)
 
 
-def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
+def unbroadcast(g: np.ndarray, shape: Sequence[int]) -> Any:
     """Sum `g` (an array of the broadcast shape) down to `shape`, the shape of an input that was
     broadcast to g.shape. Returns an array of exactly `shape`. Uses only array methods
     (g.sum, g.reshape), so it works for NumPy and CuPy arrays alike."""
@@ -338,16 +355,33 @@ def unbroadcast(g: Any, shape: Sequence[int]) -> Any:
     return g.reshape(shape)
 
 
-def sum_vjp(g: Any, in_shape: Sequence[int], axes: tuple[int, ...], keepdims: bool, *, xp: Any = np) -> Any:
+def _check_reduced(what: str, in_shape: Sequence[int], axes: tuple[int, ...], keepdims: bool, **arrays: Any) -> None:
+    """A ValueError naming the argument unless `axes` are distinct axes of `in_shape` and each of
+    `arrays` (g, out) has the reduced shape. (Given: the exercise is below.)"""
+    ndim = len(in_shape)
+    if len(set(axes)) != len(axes) or any(not 0 <= a < ndim for a in axes):
+        raise ValueError(f"{what}: axes must be distinct axes in [0, {ndim}) of a shape {tuple(in_shape)}, "
+                         f"got {axes!r}")
+    reduced = tuple(1 if i in axes else n for i, n in enumerate(in_shape) if keepdims or i not in axes)
+    for name, array in arrays.items():
+        if tuple(array.shape) != reduced:
+            raise ValueError(f"{what}: {name} must have the reduced shape {reduced} ({tuple(in_shape)} over axes "
+                             f"{tuple(axes)}, keepdims={keepdims}), got shape {tuple(array.shape)}")
+
+
+def sum_vjp(g: np.ndarray, in_shape: Sequence[int], axes: tuple[int, ...], keepdims: bool, *, xp: Any = np) -> Any:
     """VJP of out = x.sum(axes, keepdims): an array of `in_shape` (x's shape), dtype of g."""
+    _check_reduced("sum_vjp", in_shape, axes, keepdims, g=g)
     if not keepdims:
         g = g.reshape(tuple(1 if i in axes else n for i, n in enumerate(in_shape)))
     return xp.broadcast_to(g, tuple(in_shape)).copy()
 
 
-def max_vjp(g: Any, x: Any, out: Any, axes: tuple[int, ...], keepdims: bool, *, xp: Any = np) -> Any:
+def max_vjp(g: np.ndarray, x: np.ndarray, out: np.ndarray, axes: tuple[int, ...], keepdims: bool, *,
+            xp: Any = np) -> Any:
     """VJP of out = x.max(axes, keepdims): g goes to the maximal elements, split evenly among
     ties. Returns an array of x's shape."""
+    _check_reduced("max_vjp", x.shape, axes, keepdims, g=g, out=out)
     if not keepdims:
         kept = tuple(1 if i in axes else n for i, n in enumerate(x.shape))
         g, out = g.reshape(kept), out.reshape(kept)
@@ -356,11 +390,32 @@ def max_vjp(g: Any, x: Any, out: Any, axes: tuple[int, ...], keepdims: bool, *, 
     return g * mask / count
 
 
-def matmul_vjp(g: Any, a: Any, b: Any, matmul: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+def _matmul_shape(what: str, a: Any, b: Any) -> tuple[int, ...]:
+    """The shape of matmul(a, b), or a ValueError naming a or b and the shapes. (Given: the exercise
+    is below.)"""
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim == 0:
+            raise ValueError(f"{what}: {name} must have at least one axis (matmul of a 0-d array), got shape ()")
+    k_a, k_b = a.shape[-1], b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if k_a != k_b:
+        raise ValueError(f"{what}: a of shape {tuple(a.shape)} and b of shape {tuple(b.shape)} do not agree in the "
+                         f"summed dimension ({k_a} != {k_b})")
+    try:
+        batch = tuple(a.shape[:-2]) if a.shape[:-2] == b.shape[:-2] else np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"{what}: the batch dimensions of a {tuple(a.shape)} and b {tuple(b.shape)} do not "
+                         "broadcast") from None
+    return batch + tuple(a.shape[-2:-1]) + tuple(b.shape[-1:] if b.ndim > 1 else ())
+
+
+def matmul_vjp(g: np.ndarray, a: np.ndarray, b: np.ndarray, matmul: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
     """VJP of out = matmul(a, b), NumPy semantics (batch dims broadcast, 1-D operands are vectors).
 
     g has out's shape. Returns (grad_a, grad_b), each in the broadcast batch shape followed by
     a's (resp. b's) own last one or two dimensions; the engine sums broadcast batch axes."""
+    out_shape = _matmul_shape("matmul_vjp", a, b)
+    if tuple(g.shape) != out_shape:
+        raise ValueError(f"matmul_vjp: g must have the product's shape {out_shape}, got shape {tuple(g.shape)}")
     a_vec, b_vec = a.ndim == 1, b.ndim == 1
     if b_vec:
         b = b.reshape(-1, 1)
@@ -377,7 +432,7 @@ def matmul_vjp(g: Any, a: Any, b: Any, matmul: Callable[[Any, Any], Any]) -> tup
     return grad_a, grad_b
 
 
-def logsumexp(x: Any, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
+def logsumexp(x: Tensor | np.ndarray, axis: int | Sequence[int] | None = -1, keepdims: bool = False) -> Tensor:
     """log(sum(exp(x), axis)) computed stably (max-shifted), as one differentiable node.
 
     x: an autograd Tensor (anything else is wrapped as a constant) of floating dtype.
@@ -400,7 +455,7 @@ def logsumexp(x: Any, axis: int | Sequence[int] | None = -1, keepdims: bool = Fa
     return x._record(out, (x,), vjp, "logsumexp")
 
 
-def log_softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
+def log_softmax(x: Tensor | np.ndarray, axis: int | Sequence[int] = -1) -> Tensor:
     """log(softmax(x)) along `axis`, stable: s - logsumexp(s, axis, keepdims=True), s = x - max(x).
 
     The max is a constant (no gradient flows through it; the result does not depend on it).
@@ -413,7 +468,7 @@ def log_softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
     return s - logsumexp(s, axis=axis, keepdims=True)
 
 
-def softmax(x: Any, axis: int | Sequence[int] = -1) -> Tensor:
+def softmax(x: Tensor | np.ndarray, axis: int | Sequence[int] = -1) -> Tensor:
     """exp(x) / sum(exp(x)) along `axis`, stable: exp(log_softmax(x))."""
     return log_softmax(x, axis).exp()
 
@@ -425,6 +480,8 @@ def numerical_grad(f: Callable[..., Any], *inputs: Any, eps: float = 1e-6) -> li
     float64 autograd Tensors (on the inputs' devices) and must return a one-element Tensor.
     Returns one float64 NumPy array per input, of its shape:
     d f / d x[i] ~ (f(x + eps e_i) - f(x - eps e_i)) / (2 eps)."""
+    for i, x in enumerate(inputs):  # given: an input that is not a real array or Tensor is refused by name
+        TensorLike(dtypes="real")("numerical_grad", f"inputs[{i}]", x)
     devices = [x.device if isinstance(x, _t.Tensor) else "cpu" for x in inputs]
     arrays = [np.array(x.numpy() if isinstance(x, _t.Tensor) else x, dtype=np.float64) for x in inputs]
 
@@ -457,12 +514,14 @@ def grad_check(f: Callable[..., Any], *inputs: Any, eps: float = 1e-6, atol: flo
 
     Raises AssertionError naming the input, the element and both values of the worst
     mismatch (|analytic - numeric| > atol + rtol * |numeric|, or a value that is not finite)."""
+    for i, x in enumerate(inputs):
+        TensorLike(dtypes="real")("grad_check", f"inputs[{i}]", x)
     devices = [x.device if isinstance(x, _t.Tensor) else "cpu" for x in inputs]
     arrays = [np.array(x.numpy() if isinstance(x, _t.Tensor) else x, dtype=np.float64) for x in inputs]
     leaves = [Tensor(a.copy(), requires_grad=True, device=d) for a, d in zip(arrays, devices)]
     out = f(*leaves)
     if not isinstance(out, Tensor) or out.size != 1:
-        raise ValueError("grad_check: f must return a one-element autograd Tensor")
+        raise ValueError(f"grad_check: f must return a one-element autograd Tensor, got {out!r:.80}")
     if out.requires_grad:
         out.backward()
     numeric = numerical_grad(f, *arrays, eps=eps)
@@ -481,3 +540,75 @@ def grad_check(f: Callable[..., Any], *inputs: Any, eps: float = 1e-6, atol: flo
         raise AssertionError(f"gradient mismatch: input {k}, element {tuple(int(i) for i in idx)}: "
                              f"backward gives {a_val:.8g}, central differences give {n_val:.8g} "
                              f"(atol={atol}, rtol={rtol})")
+
+
+from minitorch.checks import Attrs, Int, NonNegative, Positive, Rule, Seq, validate_public  # noqa: E402
+
+
+class _Operand(Rule):
+    """What the engine hands a VJP: an array of a backend (NumPy's, or CuPy's: anything with
+    `__array_namespace__` or `__cuda_array_interface__`) of bool, integer or floating dtype, or
+    (scalars=True) a real Python number (`x * 2`, `2 ** x`). Fast: the engine calls a VJP per node."""
+
+    def __init__(self, scalars: bool):
+        self.scalars = scalars
+        self.must = "an array of bool, integer or floating dtype" + (" or a real number" if scalars else "")
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if type(value) is np.ndarray or hasattr(value, "__array_namespace__") or \
+                hasattr(value, "__cuda_array_interface__"):
+            if value.dtype.kind in "biuf":
+                return
+        elif self.scalars and isinstance(value, (int, float)):
+            return
+        raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+
+
+class _Device(Rule):
+    """The name of a device with a registered backend ("cpu"; "cuda" once lesson 08 registers CuPy)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise TypeError(f"{what}: {name} must be a device name (a str such as 'cpu'), got {describe(value)}")
+        try:
+            get_backend(value)
+        except KeyError as exc:
+            raise ValueError(f"{what}: {name} must be a device with a registered backend, got {value!r} "
+                             f"({exc.args[0]})") from None
+
+
+class _Ints(Rule):
+    """A shape or normalised axes: a sequence of integers >= lo (Seq(Int(lo))'s rule and messages), with
+    a fast path for the tuple of Python ints the engine passes (Seq checks each item with a call)."""
+
+    def __init__(self, lo: int | None):
+        self.lo, self.slow = lo, Seq(Int(lo))
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if type(value) is tuple and all(type(n) is int and (self.lo is None or n >= self.lo) for n in value):
+            return
+        self.slow(what, name, value)
+
+
+_OPERAND, _ARRAY, _DEVICE = _Operand(scalars=True), _Operand(scalars=False), _Device()
+_SHAPE, _AXES = _Ints(0), _Ints(None)
+_FLOAT_X = TensorLike(dtypes="float")
+
+validate_public(globals(), {
+    "Tensor": {"device": _DEVICE},
+    "Tensor.to": {"device": _DEVICE},
+    "topo_order": {"root": Attrs("_parents")},
+    **{name: {"g": _OPERAND, "a": _OPERAND, "b": _OPERAND, "out": _OPERAND}
+       for name in ("add_vjp", "sub_vjp", "mul_vjp", "div_vjp", "pow_vjp")},
+    **{name: {"g": _OPERAND, "x": _OPERAND, "out": _OPERAND}
+       for name in ("exp_vjp", "log_vjp", "tanh_vjp", "relu_vjp", "sigmoid_vjp")},
+    "unbroadcast": {"g": _ARRAY, "shape": _SHAPE},
+    "sum_vjp": {"g": _ARRAY, "in_shape": _SHAPE, "axes": _AXES},
+    "max_vjp": {"g": _ARRAY, "x": _ARRAY, "out": _ARRAY, "axes": _AXES},
+    "matmul_vjp": {"g": _ARRAY, "a": _ARRAY, "b": _ARRAY},
+    "logsumexp": {"x": _FLOAT_X},
+    "log_softmax": {"x": _FLOAT_X},
+    "softmax": {"x": _FLOAT_X},
+    "numerical_grad": {"eps": Positive},
+    "grad_check": {"eps": Positive, "atol": NonNegative, "rtol": NonNegative},
+})

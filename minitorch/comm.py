@@ -83,6 +83,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from minitorch import checks as _checks
+from minitorch.checks import describe
+
 DEFAULT_ALPHA = 5e-6       # seconds per message (latency)
 DEFAULT_BETA = 1e-10       # seconds per byte (1 / bandwidth): 10 GB/s
 DEFAULT_FLOP_RATE = 1e11   # flop/s of one simulated rank
@@ -143,7 +146,10 @@ class Event:
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """Split range(n) into `parts` contiguous (lo, hi) pieces, the first n % parts of them one
-    longer (np.array_split's rule). chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]."""
+    longer (np.array_split's rule). chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)].
+    (Every collective calls it: its arguments are checked here, on a fast path, not by a wrapper.)"""
+    if not (type(n) is int and type(parts) is int):  # noqa: E721
+        n, parts = _checks.check_int("chunk_bounds", "n", n), _checks.check_int("chunk_bounds", "parts", parts)
     if parts < 1 or n < 0:
         raise ValueError(f"chunk_bounds needs n >= 0 and parts >= 1, got n={n}, parts={parts}")
     q, extra = divmod(n, parts)
@@ -167,9 +173,9 @@ def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
     if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
         raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
                         "send t.numpy() for a Tensor")
-    a = np.asarray(array)
-    if a.dtype.kind not in "biufc":
-        raise TypeError(f"rank {rank}: send() takes numeric NumPy arrays, got dtype {a.dtype}")
+    a = np.asarray(array) if array is not None and not isinstance(array, (str, bytes)) else None
+    if a is None or a.dtype.kind not in "biufc":
+        raise TypeError(f"rank {rank}: send()'s array must be a numeric NumPy array, got {describe(array)}")
     return np.array(a, copy=True, order="C") if copy else np.asarray(a, order="C")
 
 
@@ -219,10 +225,10 @@ def _irecv_buffer(out: Any, rank: int) -> np.ndarray:
     if isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc":
         return out
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"rank {rank}: irecv() receives into a NumPy array (allocate it with np.empty), "
-                        f"got a {type(out).__name__}")
+        raise TypeError(f"rank {rank}: irecv() receives into out, a NumPy array (allocate it with np.empty), "
+                        f"got {describe(out)}")
     if out.dtype.kind not in "biufc":
-        raise TypeError(f"rank {rank}: irecv() receives numeric arrays, got dtype {out.dtype}")
+        raise TypeError(f"rank {rank}: irecv() receives into out, a numeric array, got dtype {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"rank {rank}: irecv() needs a writable array, got a read-only one of shape {out.shape}")
     raise ValueError(f"rank {rank}: irecv() receives into a C-contiguous array (a block of rows, a[i:j]), got a "
@@ -282,6 +288,8 @@ class Communicator:
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
         """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift. May
         return only once rank dst has received the message (the simulator always waits for that)."""
+        self._check_rank(src, "src")  # the receive's rank and tag, before anything is sent
+        self._check_tag(tag if recvtag is None else recvtag)
         self.send(array, dst, tag)
         return self.recv(src, tag if recvtag is None else recvtag)
 
@@ -449,6 +457,8 @@ class SimComm(Communicator):
     engine = "sim"
 
     def __init__(self, rank: int, world: _SimWorld):
+        if not 0 <= rank < world.size:
+            raise ValueError(f"SimComm: rank must be in [0, {world.size}) (the world's size), got {rank}")
         self.rank, self.size, self._w = rank, world.size, world
         self.alpha, self.beta, self.flop_rate = world.alpha, world.beta, world.flop_rate
         self._clock = {"main": 0.0, "comm": 0.0}
@@ -522,6 +532,8 @@ class SimComm(Communicator):
         sendrecv may wait for its receiver (the MPI engine does for an array over its inline limit,
         which it sends without a copy), so the simulator always waits: a program that relies on
         sendrecv returning first fails here, at every size, with a deadlock report."""
+        self._check_rank(src, "src")  # the receive's rank and tag, before anything is sent
+        self._check_tag(tag if recvtag is None else recvtag)
         msg = self._post(array, dst, tag)
         got = self.recv(src, tag if recvtag is None else recvtag)
         self._block(f"sendrecv(dst={dst}, tag={tag}) until rank {dst} receives its message", lambda: msg.taken,
@@ -739,6 +751,10 @@ class RunResult:
         return [s["bytes_sent"] for s in self.stats]
 
     def events(self, rank: int | None = None, kind: str | None = None, stream: str | None = None) -> list[Event]:
+        """The events of the timeline on rank `rank` (0..nranks-1), of `kind` (any kind a rank's
+        compute(kind=...) named too) and of `stream` ("main" or "comm"); None: any."""
+        if rank is not None and not 0 <= rank < self.nranks:
+            raise ValueError(f"RunResult.events: rank must be in [0, {self.nranks}) (the run's ranks), got {rank}")
         return [e for e in self.timeline if (rank is None or e.rank == rank) and (kind is None or e.kind == kind)
                 and (stream is None or e.stream == stream)]
 
@@ -948,11 +964,14 @@ def _engine_code() -> set:
     return codes
 
 
+_CHECKS = _checks.__file__  # the argument checks' wrappers (minitorch.checks): not the user's code
+
+
 def _user_frame(frame: Any) -> str:
     """'<file>, line N in <function>: `<source line>`' for the innermost frame of `frame`'s stack
     that is not the simulator's own code or the threading module's."""
     engine = _engine_code()
-    while frame is not None and (frame.f_code in engine or frame.f_code.co_filename == threading.__file__
+    while frame is not None and (frame.f_code in engine or frame.f_code.co_filename in (threading.__file__, _CHECKS)
                                  or getattr(frame.f_code, "co_qualname", "").startswith("SubComm.")):
         frame = frame.f_back
     if frame is None or getattr(frame.f_code, "co_qualname", "") == "_run_sim.<locals>.body":
@@ -1800,7 +1819,8 @@ def _mpi_where(stack_file: Path) -> str:
         return ""
     for line in text.splitlines():  # most recent call first; the main thread's stack comes last
         m = re.match(r'\s*File "(.*)", line (\d+) in (\S+)', line)
-        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "threading.py")) and "mpi4py" not in m.group(1) \
+        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "minitorch/checks.py",
+                                          "minitorch\\checks.py", "threading.py")) and "mpi4py" not in m.group(1) \
                 and m.group(3) not in ("_mpi_worker", "<module>"):
             file, lineno, name = m.group(1), int(m.group(2)), m.group(3)
             return f"{_file_label(file)}, line {lineno} in {name}" + (
@@ -1834,8 +1854,9 @@ def _watch_launcher(pid: int, job: Path, rank: int, main: int) -> None:
 
 
 def _user_line(frame: Any) -> tuple[str, int, str] | None:
-    """(file, line, function) of the innermost frame outside this module, mpi4py and threading."""
-    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__)
+    """(file, line, function) of the innermost frame outside this module, minitorch.checks, mpi4py and
+    threading."""
+    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__, _CHECKS)
                                  or "mpi4py" in frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None or frame.f_code.co_name in ("_mpi_worker", "<module>"):
@@ -1902,3 +1923,71 @@ def _mpi_worker(job_dir: str) -> None:
     if record["error"] is not None and not isinstance(record["error"], UnreceivedMessageError):
         sys.stdout.flush()
         world.Abort(1)
+
+
+from minitorch.checks import (Attrs, Choice, Func, Instance, Int, NonNegative, Optional, Positive,  # noqa: E402
+                              Seq, Size, Str, Unchecked, validate_public)
+
+# What a message costs in Python is what a small all-to-all or ring costs (see MPIComm), so the
+# point-to-point methods check their arguments themselves, on a fast path: a rank or tag is
+# refused by _check_rank / _check_tag, an array by _message_array / _irecv_buffer, a list of
+# requests by _requests, each naming the argument and the value, before anything is sent.
+_COMM = Attrs("rank", "size", "send", "recv")
+
+
+def _comm_rules(namespace: dict, rules: dict) -> dict:
+    """`rules` plus a duck-typed rule (an object with `rank`, `size`, `send`, `recv`) for every parameter
+    hinted `Communicator` of the public functions and methods `namespace` (a module's globals)
+    defines: a communicator is accepted from whichever copy of this module made it (the package's
+    in an MPI rank, a lesson script's own classes when the lesson is loaded as a script)."""
+    import inspect
+
+    out = {key: dict(value) for key, value in rules.items()}
+    module = namespace.get("__name__")
+
+    def add(key: str, fn: Callable) -> None:
+        for pname, param in inspect.signature(fn).parameters.items():
+            hint = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+            if hint.replace(" ", "") in ("Communicator", "Communicator|None"):
+                out.setdefault(key, {}).setdefault(pname, Optional(_COMM) if "None" in hint else _COMM)
+
+    for name, obj in list(namespace.items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != module:
+            continue
+        if inspect.isfunction(obj):
+            add(name, obj)
+        elif inspect.isclass(obj):
+            for mname, member in vars(obj).items():
+                raw = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if (not mname.startswith("_") or mname == "__init__") and inspect.isfunction(raw) \
+                        and raw.__code__.co_filename != "<string>":
+                    add(name if mname == "__init__" else f"{name}.{mname}", raw)
+    return out
+
+
+_OWN = Unchecked()
+_P2P = {"send": ("array", "dst", "tag"), "recv": ("src", "tag"), "sendrecv": ("array", "dst", "src", "tag", "recvtag"),
+        "isend": ("array", "dst", "tag"), "irecv": ("out", "src", "tag"), "waitall": ("requests",)}
+_ENGINES = (Communicator, SimComm, SubComm, MPIComm)
+_COMPUTE = {"seconds": Optional(NonNegative), "flops": Optional(NonNegative), "kind": Str(), "label": Str()}
+_LAUNCH = {"fn": Func()}
+validate_public(globals(), _comm_rules(globals(), {
+    **{f"{cls.__name__}.{method}": {name: _OWN for name in names}
+       for cls in _ENGINES for method, names in _P2P.items() if method in vars(cls)},
+    **{f"{cls.__name__}.compute": _COMPUTE for cls in _ENGINES if "compute" in vars(cls)},
+    **{f"{cls.__name__}.launch": _LAUNCH for cls in _ENGINES if "launch" in vars(cls)},
+    "chunk_bounds": {"n": _OWN, "parts": _OWN},  # every collective calls it: it checks its arguments itself
+    "Work": {"result": _OWN, "done": NonNegative},
+    "Request": {"kind": Choice("isend", "irecv"), "peer": Int(0), "tag": Int(0), "out": _OWN, "req": _OWN,
+                "t": NonNegative},
+    "Communicator.group": {"ranks": Seq(Int(), min_len=1)},
+    "SubComm": {"ranks": Seq(Int(), min_len=1)},
+    "SimComm": {"rank": Int(0)},
+    "MPIComm": {"mpi_comm": Attrs("Get_rank", "Get_size", "Split_type", "Isend", "Irecv")},
+    "RunResult.events": {"rank": Optional(Int()), "kind": Optional(Str()), "stream": Optional(Choice("main", "comm"))},
+    "RunResult.plot": {"ax": Optional(Attrs("broken_barh", "set_yticks")), "title": Optional(Str())},
+    "plot_timeline": {"result": Instance(RunResult), "ax": Optional(Attrs("broken_barh", "set_yticks")),
+                      "title": Optional(Str())},
+    "run": {"fn": Func(), "nranks": Size, "engine": Choice("sim", "mpi"), "alpha": NonNegative,
+            "beta": NonNegative, "flop_rate": Positive, "timeout": Optional(Positive)},
+}))

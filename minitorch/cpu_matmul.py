@@ -12,33 +12,37 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from minitorch.checks import describe
+
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def check_matmul_args(a: np.ndarray, b: np.ndarray) -> np.dtype:
-    """Validate `a` (m, k) @ `b` (k, n) and return the result dtype.
+def check_matmul_args(a: np.ndarray, b: np.ndarray, what: str = "matmul") -> np.dtype:
+    """Validate `a` (m, k) @ `b` (k, n) for the function named `what`; return the result dtype.
 
-    Raises TypeError for a non-float dtype and ValueError for a wrong number of dimensions or
-    mismatched inner dimensions; both messages name the offending shapes or dtypes.
+    Raises TypeError for an operand that is not a NumPy array or not float32/float64, and
+    ValueError for a wrong number of dimensions or mismatched inner dimensions; each message
+    names `what`, the operand and its shape or dtype.
     """
-    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
-        raise TypeError(f"matmul expects NumPy arrays, got {type(a).__name__} and {type(b).__name__}")
     for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{what}: {name} must be a NumPy array, got {describe(x)}")
         if x.ndim != 2:
-            raise ValueError(f"matmul expects 2-D matrices, but {name} has shape {x.shape} ({x.ndim}-D)")
+            raise ValueError(f"{what}: {name} must be a 2-D matrix, got shape {x.shape} ({x.ndim}-D)")
         if x.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"matmul supports float32 and float64, but {name} has dtype {x.dtype}; "
+            raise TypeError(f"{what}: {name} must be float32 or float64, got dtype {x.dtype}; "
                             f"convert it with {name}.astype(np.float64)")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul shape mismatch: a {a.shape} @ b {b.shape}: "
+        raise ValueError(f"{what}: shape mismatch: a {a.shape} @ b {b.shape}: "
                          f"a has {a.shape[1]} columns but b has {b.shape[0]} rows")
     return np.result_type(a.dtype, b.dtype)
 
 
-def as_operands(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Validated, C-contiguous copies (or the inputs themselves) of `a` and `b` in the result dtype."""
-    dtype = check_matmul_args(a, b)
+def as_operands(a: np.ndarray, b: np.ndarray, what: str = "matmul") -> tuple[np.ndarray, np.ndarray]:
+    """Validated (`check_matmul_args(a, b, what)`), C-contiguous copies (or the inputs themselves)
+    of `a` and `b` in the result dtype."""
+    dtype = check_matmul_args(a, b, what)
     return np.ascontiguousarray(a, dtype=dtype), np.ascontiguousarray(b, dtype=dtype)
 
 
@@ -47,7 +51,7 @@ def matmul_python(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     For tiny matrices only: about 10^7 multiply-adds per second at best.
     """
-    dtype = check_matmul_args(a, b)
+    dtype = check_matmul_args(a, b, "matmul_python")
     m, k = a.shape
     n = b.shape[1]
     A, B = a.tolist(), b.tolist()
@@ -80,7 +84,7 @@ def ijk_kernel(a, b, c):
 
 def matmul_ijk(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """C = a @ b with the i-j-k loop nest compiled by Numba. a (m, k), b (k, n) -> C (m, n)."""
-    a, b = as_operands(a, b)
+    a, b = as_operands(a, b, "matmul_ijk")
     c = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
     ijk_kernel(a, b, c)
     return c
@@ -104,7 +108,7 @@ def ikj_kernel(a, b, c):
 
 def matmul_ikj(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """C = a @ b with the cache-friendly i-k-j loop nest. a (m, k), b (k, n) -> C (m, n)."""
-    a, b = as_operands(a, b)
+    a, b = as_operands(a, b, "matmul_ikj")
     c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
     ikj_kernel(a, b, c)
     return c
@@ -141,7 +145,7 @@ def parse_size(text: str) -> int:
     scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(s[-1:], 1)
     digits = s[:-1] if s[-1:] in "KMG" and s else s
     if not digits.isdigit():
-        raise ValueError(f"cannot parse cache size {text!r}: expected digits with an optional K, M or G suffix")
+        raise ValueError(f"parse_size: text must be digits with an optional K, M or G suffix, got {text!r}")
     return int(digits) * scale
 
 
@@ -208,18 +212,34 @@ def tiled_kernel(a, b, c, tile):
 
 
 @functools.lru_cache(maxsize=None)
+def _default_tile(itemsize: int) -> int:
+    return choose_tile(machine_cache_sizes().get("L2", FALLBACK_CACHES["L2"]), itemsize)
+
+
 def default_tile(itemsize: int) -> int:
     """Tile size for `tiled_kernel`: three tiles in this machine's L2 cache (computed once per itemsize)."""
-    return choose_tile(machine_cache_sizes().get("L2", FALLBACK_CACHES["L2"]), itemsize)
+    return _default_tile(int(itemsize))
 
 
 def matmul_tiled(a: np.ndarray, b: np.ndarray, tile: int | None = None) -> np.ndarray:
     """C = a @ b with cache blocking. a (m, k), b (k, n) -> C (m, n); tile None -> default_tile."""
-    a, b = as_operands(a, b)
+    a, b = as_operands(a, b, "matmul_tiled")
     if tile is None:
         tile = default_tile(a.itemsize)
-    if isinstance(tile, bool) or not isinstance(tile, (int, np.integer)) or tile < 1:
-        raise ValueError(f"tile must be a positive integer, got {tile!r}")
+    if isinstance(tile, (bool, np.bool_)) or not isinstance(tile, (int, np.integer, float, np.floating)):
+        raise TypeError(f"matmul_tiled: tile must be a positive integer or None, got {describe(tile)}")
+    if not isinstance(tile, (int, np.integer)) or tile < 1:  # 2.5 is a number, but no tile size
+        raise ValueError(f"matmul_tiled: tile must be a positive integer or None, got {tile!r}")
     c = np.zeros((a.shape[0], b.shape[1]), dtype=a.dtype)
     tiled_kernel(a, b, c, int(tile))
     return c
+
+
+from minitorch.checks import Instance, Size, Unchecked, validate_public  # noqa: E402
+
+validate_public(globals(), {
+    "cache_sizes": {"root": Instance(str, os.PathLike, must="a path (a str or os.PathLike)")},
+    "choose_tile": {"cache_bytes": Size, "itemsize": Size, "n_tiles": Size, "multiple": Size},
+    "default_tile": {"itemsize": Size},
+    "matmul_tiled": {"tile": Unchecked()},  # checked in its body: a float tile is a ValueError there
+})

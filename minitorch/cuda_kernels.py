@@ -1,4 +1,6 @@
 # Generated from solutions/07_cuda_model.py by `make build`. Do not edit.
+from __future__ import annotations
+
 import glob
 import os
 import shutil
@@ -11,9 +13,12 @@ import re
 import sys
 import threading
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
 from numba import config, cuda
+
+from minitorch.checks import check_int
 
 SIMULATED: bool = bool(config.ENABLE_CUDASIM)
 
@@ -43,19 +48,21 @@ if SIMULATED:
 
 
 def blocks_for(n: int, threads: int) -> int:
-    """Blocks needed so that `blocks * threads >= n` (ceil division): a 1-D grid size."""
-    if threads <= 0:
-        raise ValueError(f"threads per block must be positive, got {threads}")
+    """Blocks needed so that `blocks * threads >= n` (ceil division): a 1-D grid size. n >= 0
+    elements, threads >= 1 per block."""
+    n = check_int("blocks_for", "n", n, 0)
+    threads = check_int("blocks_for", "threads", threads, 1)
     return (n + threads - 1) // threads
 
 
-def _as_f32(name: str, x, ndim: int) -> np.ndarray:
-    """`x` as a C-contiguous float32 array with `ndim` dimensions, or a clear error."""
+def _as_f32(what: str, name: str, x, ndim: int) -> np.ndarray:
+    """`x` as a C-contiguous float32 array with `ndim` dimensions, or an error naming `what` and `name`."""
     x = np.asarray(x)
     if x.dtype != np.float32:
-        raise TypeError(f"{name}: these kernels are written for float32, got dtype {x.dtype}")
+        raise TypeError(f"{what}: {name} must be a float32 array (these kernels are written for float32), "
+                        f"got dtype {x.dtype}")
     if x.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {x.shape}")
+        raise ValueError(f"{what}: {name} must be a {ndim}-D array, got shape {x.shape}")
     return np.ascontiguousarray(x)
 
 
@@ -73,9 +80,9 @@ THREADS_1D = 128
 
 def vector_add(a: np.ndarray, b: np.ndarray, threads: int = THREADS_1D) -> np.ndarray:
     """a + b for 1-D float32 arrays of equal shape, computed by `vector_add_kernel`."""
-    a, b = _as_f32("a", a, 1), _as_f32("b", b, 1)
+    a, b = _as_f32("vector_add", "a", a, 1), _as_f32("vector_add", "b", b, 1)
     if a.shape != b.shape:
-        raise ValueError(f"vector_add: shape mismatch {a.shape} vs {b.shape}")
+        raise ValueError(f"vector_add: a and b must have the same shape, got {a.shape} and {b.shape}")
     d_out = cuda.device_array(a.shape, np.float32)
     vector_add_kernel[blocks_for(a.shape[0], threads), threads](cuda.to_device(a), cuda.to_device(b), d_out)
     return d_out.copy_to_host()
@@ -96,9 +103,9 @@ BLOCK_2D = (32, 4)
 
 def bias_relu(x: np.ndarray, bias: np.ndarray, block: tuple[int, int] = BLOCK_2D) -> np.ndarray:
     """max(x + bias, 0) for x (rows, cols) float32 and bias (cols,) float32."""
-    x, bias = _as_f32("x", x, 2), _as_f32("bias", bias, 1)
+    x, bias = _as_f32("bias_relu", "x", x, 2), _as_f32("bias_relu", "bias", bias, 1)
     if bias.shape[0] != x.shape[1]:
-        raise ValueError(f"bias_relu: bias shape {bias.shape} does not match x shape {x.shape}")
+        raise ValueError(f"bias_relu: bias must have shape ({x.shape[1]},) for x of shape {x.shape}, got shape {bias.shape}")
     d_out = cuda.device_array(x.shape, np.float32)
     grid = (blocks_for(x.shape[1], block[0]), blocks_for(x.shape[0], block[1]))
     bias_relu_kernel[grid, block](cuda.to_device(x), cuda.to_device(bias), d_out)
@@ -147,10 +154,11 @@ def block_sum_kernel(x, partial):
         partial[cuda.blockIdx.x] = s_data[0]
 
 
-def gpu_sum(x: np.ndarray, kernel=None) -> float:
-    """Sum of a 1-D float32 array: block sums, then block sums of those, until one is left."""
+def gpu_sum(x: np.ndarray, kernel: Callable | None = None) -> float:
+    """Sum of a 1-D float32 array: block sums, then block sums of those, until one is left.
+    kernel: a @cuda.jit kernel with block_sum_kernel's contract (default: block_sum_kernel)."""
     kernel = block_sum_kernel if kernel is None else kernel
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_sum", "x", x, 1)
     if x.shape[0] == 0:
         return 0.0
     d, n = cuda.to_device(x), x.shape[0]
@@ -198,7 +206,7 @@ def add_offsets_kernel(out, offsets):
 
 def gpu_cumsum(x: np.ndarray) -> np.ndarray:
     """Inclusive cumulative sum of a 1-D float32 array: block scans + carried block totals."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_cumsum", "x", x, 1)
     n = x.shape[0]
     if n == 0:
         return x.copy()
@@ -228,16 +236,16 @@ def matmul_naive_kernel(a, b, out):
 MATMUL_BLOCK = (32, 4)
 
 
-def _check_matmul(a, b) -> tuple[np.ndarray, np.ndarray]:
-    a, b = _as_f32("a", a, 2), _as_f32("b", b, 2)
+def _check_matmul(what: str, a, b) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _as_f32(what, "a", a, 2), _as_f32(what, "b", b, 2)
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul: shape mismatch {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} != {b.shape[0]}")
+        raise ValueError(f"{what}: shape mismatch: a {a.shape} @ b {b.shape}: inner dimensions {a.shape[1]} != {b.shape[0]}")
     return a, b
 
 
 def matmul_naive(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = MATMUL_BLOCK) -> np.ndarray:
     """a @ b for float32 matrices (m, k) and (k, n), by `matmul_naive_kernel`."""
-    a, b = _check_matmul(a, b)
+    a, b = _check_matmul("matmul_naive", a, b)
     m, n = a.shape[0], b.shape[1]
     d_out = cuda.device_array((m, n), np.float32)
     grid = (blocks_for(n, block[0]), blocks_for(m, block[1]))
@@ -276,7 +284,7 @@ def matmul_tiled_kernel(a, b, out):
 
 def matmul_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b for float32 matrices (m, k) and (k, n), by `matmul_tiled_kernel`."""
-    a, b = _check_matmul(a, b)
+    a, b = _check_matmul("matmul_tiled", a, b)
     m, n = a.shape[0], b.shape[1]
     d_out = cuda.device_array((m, n), np.float32)
     grid = (blocks_for(n, TILE), blocks_for(m, TILE))
@@ -312,7 +320,7 @@ def transpose_kernel(a, out):
 
 def transpose(a: np.ndarray) -> np.ndarray:
     """a.T (a copy) for a 2-D float32 array, by `transpose_kernel`."""
-    a = _as_f32("a", a, 2)
+    a = _as_f32("transpose", "a", a, 2)
     rows, cols = a.shape
     d_out = cuda.device_array((cols, rows), np.float32)
     grid = (blocks_for(cols, T_TILE), blocks_for(rows, T_TILE))
@@ -369,7 +377,7 @@ def blelloch_scan_kernel(x, out, block_sums):
 def gpu_cumsum_blelloch(x: np.ndarray) -> np.ndarray:
     """Inclusive cumulative sum of a 1-D float32 array with `blelloch_scan_kernel` per block and
     the carried block totals added by `add_offsets_kernel` (one thread per element)."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_cumsum_blelloch", "x", x, 1)
     n = x.shape[0]
     if n == 0:
         return x.copy()
@@ -414,7 +422,7 @@ def coarse_sum_kernel(x, partial):
 
 def gpu_sum_coarse(x: np.ndarray) -> float:
     """Sum of a 1-D float32 array with `coarse_sum_kernel`, pass after pass."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_sum_coarse", "x", x, 1)
     if x.shape[0] == 0:
         return 0.0
     d, n = cuda.to_device(x), x.shape[0]
@@ -424,3 +432,14 @@ def gpu_sum_coarse(x: np.ndarray) -> float:
         coarse_sum_kernel[blocks, REDUCE_THREADS](d, d_partial)
         d, n = d_partial, blocks
     return float(d.copy_to_host()[0])
+
+
+from minitorch.checks import Instance, Int, Optional, validate_public  # noqa: E402
+from minitorch.cuda_trace import _Dims  # noqa: E402
+
+validate_public(globals(), {
+    "vector_add": {"threads": Int(1, 1024)},
+    "bias_relu": {"block": _Dims(sizes=(2,), max_threads=1024)},
+    "gpu_sum": {"kernel": Optional(Instance(type(block_sum_kernel), must="a Numba CUDA kernel (@cuda.jit)"))},
+    "matmul_naive": {"block": _Dims(sizes=(2,), max_threads=1024)},
+})

@@ -1,9 +1,12 @@
 # Generated from solutions/07_cuda_model.py by `make build`. Do not edit.
 # The tracer is its own module (minitorch/cuda_trace.py): given code, apart from the exercises.
+from __future__ import annotations
+
 import re
 import sys
 import threading
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
 
@@ -22,10 +25,18 @@ class Trace:
         self.events: list[tuple] = []
         self.arrays: dict[str, "TracedArray"] = {}
 
-    def of(self, name: str, kind: str | None = None) -> list[tuple]:
+    def _array(self, what: str, name: str) -> "TracedArray":
         if name not in self.arrays:
-            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+            raise ValueError(f"Trace.{what}: name must be a traced array, one of {sorted(self.arrays)}, got {name!r}")
+        return self.arrays[name]
+
+    def _events(self, what: str, name: str, kind: str | None) -> list[tuple]:
+        self._array(what, name)
         return [e for e in self.events if e[0] == name and (kind is None or e[1] == kind)]
+
+    def of(self, name: str, kind: str | None = None) -> list[tuple]:
+        """The events of array `name`, of one kind ("r" or "w") or both (None), in order."""
+        return self._events("of", name, kind)
 
     def shared_names(self) -> list[str]:
         """Names of the traced shared-memory arrays, in allocation order."""
@@ -33,26 +44,27 @@ class Trace:
 
     def counts(self, name: str, kind: str = "r") -> np.ndarray:
         """int64 array shaped like array `name`: times each element was read ("r") or written ("w")."""
-        arr = self.arrays.get(name)
-        if arr is None:
-            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+        arr = self._array("counts", name)
         c = np.zeros(arr.size, dtype=np.int64)
-        for e in self.of(name, kind):
+        for e in self._events("counts", name, kind):
             c[e[7]] += 1
         return c.reshape(arr.shape)
 
     def requests(self, name: str, kind: str = "r") -> dict[tuple, list[int]]:
         """Warp-wide requests: {(block, warp, seq): [flat offsets, one per active thread]}."""
+        return self._requests("requests", name, kind)
+
+    def _requests(self, what: str, name: str, kind: str) -> dict[tuple, list[int]]:
         req: dict[tuple, list[int]] = defaultdict(list)
-        for e in self.of(name, kind):
+        for e in self._events(what, name, kind):
             req[(e[2], e[4], e[5])].append(e[7])
         return dict(req)
 
     def coalescing(self, name: str, kind: str = "r", sector: int = 32) -> float:
         """Bytes the warps asked for / bytes in the `sector`-byte sectors fetched (1.0 = ideal)."""
-        item = self.arrays[name].itemsize
+        item = self._array("coalescing", name).itemsize
         used = fetched = 0
-        for offsets in self.requests(name, kind).values():
+        for offsets in self._requests("coalescing", name, kind).values():
             used += len(set(offsets)) * item
             fetched += len({o * item // sector for o in offsets}) * sector
         return used / fetched if fetched else 1.0
@@ -60,10 +72,10 @@ class Trace:
     def bank_conflicts(self, name: str, kind: str | None = None, banks: int = 32) -> int:
         """Worst conflict degree of any warp request to shared array `name`: the most distinct
         4-byte words that one bank must serve (1 = conflict-free; same word = broadcast)."""
-        item = self.arrays[name].itemsize
+        item = self._array("bank_conflicts", name).itemsize
         worst = 1
         for k in ("r", "w") if kind is None else (kind,):
-            for offsets in self.requests(name, k).values():
+            for offsets in self._requests("bank_conflicts", name, k).values():
                 per_bank: dict[int, set] = defaultdict(set)
                 for o in offsets:
                     word = o * item // 4
@@ -74,24 +86,24 @@ class Trace:
     def active_warps(self, name: str, kind: str = "w") -> int:
         """Distinct (block, epoch, warp) with an access to `name`: warps doing work, summed
         over the steps between barriers and over blocks."""
-        return len({(e[2], e[6], e[4]) for e in self.of(name, kind)})
+        return len({(e[2], e[6], e[4]) for e in self._events("active_warps", name, kind)})
 
     def per_thread(self, name: str, kind: str = "r") -> dict[tuple, int]:
         """{(block, thread): number of accesses of this kind to `name`}: the work of each thread."""
         out: dict[tuple, int] = defaultdict(int)
-        for e in self.of(name, kind):
+        for e in self._events("per_thread", name, kind):
             out[(e[2], e[3])] += 1
         return dict(out)
 
     def steps(self, name: str) -> int:
         """The most barriers any thread had passed when it accessed `name`, plus one: the number
         of barrier-separated steps in which the array was used."""
-        return 1 + max((e[6] for e in self.of(name)), default=-1)
+        return 1 + max((e[6] for e in self._events("steps", name, None)), default=-1)
 
     def lane_utilization(self, name: str, kind: str = "w") -> float:
         """Control divergence: the average fraction of a warp's 32 lanes active in its requests to
         `name` (1.0 = every lane of every warp that issued the instruction did work)."""
-        req = self.requests(name, kind)
+        req = self._requests("lane_utilization", name, kind)
         return sum(len(v) for v in req.values()) / (32 * len(req)) if req else 1.0
 
 
@@ -151,10 +163,12 @@ class TracedArray:
 _STUB = re.compile(r"(Exercise \d+\.\d+: .*)$")
 
 
-def simulate(kernel, grid, block, *args, trace: Trace | None = None) -> Trace:
+def simulate(kernel: Callable, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args,
+             trace: Trace | None = None) -> Trace:
     """Run `kernel[grid, block](*args)` in Numba's CUDA simulator on the CPU and trace it.
 
-    Works with or without a GPU (the kernel's Python function is run). `TracedArray`
+    grid and block: an int or a tuple of 1 to 3 ints, as in a launch (a block has at most 1024
+    threads). Works with or without a GPU (the kernel's Python function is run). `TracedArray`
     arguments record their accesses; every `cuda.shared.array` the kernel allocates is a
     TracedArray named "shared@<line>", NaN-filled at the start of each block. Plain NumPy
     arrays may be passed too (not traced). Returns the Trace.
@@ -210,3 +224,42 @@ def simulate(kernel, grid, block, *args, trace: Trace | None = None) -> Trace:
         m = _STUB.search(str(exc))
         raise NotImplementedError(m.group(1) if m else str(exc)) from None
     return trace
+
+
+from minitorch.checks import Choice, Func, Instance, Optional, Rule, Size, describe, validate_public  # noqa: E402
+
+
+class _Dims(Rule):
+    """A launch dimension: an int >= 1, or a tuple or list of `sizes` of them (x, y, z), with at most
+    `max_threads` in all (a block: 1024). Numba's simulator would start as many threads as asked."""
+
+    def __init__(self, sizes: tuple[int, ...] = (1, 2, 3), max_threads: int | None = None):
+        self.sizes, self.max_threads = sizes, max_threads
+        self.must = (("an int >= 1 or " if 1 in sizes else "") + f"a tuple of {' or '.join(map(str, sizes))} ints >= 1"
+                     + (f", {max_threads} threads at most in all" if max_threads else ""))
+
+    def __call__(self, what: str, name: str, value) -> None:
+        dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if not isinstance(value, (tuple, list)) and 1 not in self.sizes:
+            raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+        for d in dims:
+            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+                raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+        if len(dims) not in self.sizes or min(dims) < 1 or (self.max_threads and int(np.prod(dims)) > self.max_threads):
+            raise ValueError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+
+
+_KIND = Choice("r", "w")
+
+validate_public(globals(), {
+    "Trace.of": {"kind": Optional(_KIND)},
+    "Trace.counts": {"kind": _KIND},
+    "Trace.requests": {"kind": _KIND},
+    "Trace.coalescing": {"kind": _KIND, "sector": Size},
+    "Trace.bank_conflicts": {"kind": Optional(_KIND), "banks": Size},
+    "Trace.active_warps": {"kind": _KIND},
+    "Trace.per_thread": {"kind": _KIND},
+    "Trace.lane_utilization": {"kind": _KIND},
+    "TracedArray": {"data": Instance(np.ndarray, must="a NumPy array")},
+    "simulate": {"kernel": Func(), "grid": _Dims(), "block": _Dims(max_threads=1024)},
+})

@@ -1,11 +1,16 @@
 # Generated from solutions/08_cupy_kernels.py by `make build`. Do not edit.
+from __future__ import annotations
+
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from course.cuda_c import check_args, emulate, kernel_params, raw_kernel
 from minitorch.tensor import Backend, register_backend
+
+if TYPE_CHECKING:  # for the type hints only: CuPy is imported on first use
+    import cupy
 
 
 def _cupy():
@@ -52,11 +57,14 @@ _KERNELS: dict[Any, Any] = {}
 
 
 def _check_float(x: Any, what: str, dtypes: tuple = (np.float32, np.float64)) -> None:
+    """`what` is "function parameter": the error reads "function: parameter must be ..."."""
     if np.dtype(x.dtype) not in [np.dtype(d) for d in dtypes]:
-        raise TypeError(f"{what}: expected dtype {' or '.join(str(np.dtype(d)) for d in dtypes)}, got {x.dtype}")
+        func, _, name = what.partition(" ")
+        raise TypeError(f"{func}: {name} must be of dtype {' or '.join(str(np.dtype(d)) for d in dtypes)}, "
+                        f"got {x.dtype}")
 
 
-def bias_gelu(x: Any, bias: Any) -> Any:
+def bias_gelu(x: cupy.ndarray, bias: cupy.ndarray) -> cupy.ndarray:
     """gelu(x + bias) in one kernel on the GPU. x: (..., n) CuPy array, bias: (n,) same dtype."""
     cp = _cupy()
     _check_float(x, "bias_gelu x")
@@ -70,7 +78,7 @@ def bias_gelu(x: Any, bias: Any) -> Any:
     return _KERNELS[key](x, bias)
 
 
-def gelu_unfused(x: Any, bias: Any) -> Any:
+def gelu_unfused(x: cupy.ndarray, bias: cupy.ndarray) -> cupy.ndarray:
     """gelu(x + bias) as CuPy expressions: one kernel and one pass over memory per operator."""
     cp = _cupy()
     v = x + bias
@@ -83,10 +91,12 @@ def l2norm_spec() -> dict[str, str]:
                 post_map_expr="y = sqrt(a)", identity="0")
 
 
-def l2norm(x: Any, axis: int | None = None) -> Any:
+def l2norm(x: cupy.ndarray, axis: int | None = None) -> cupy.ndarray:
     """Euclidean norm of CuPy array x (float32/float64) over `axis` (all axes if None), one kernel."""
     cp = _cupy()
     _check_float(x, "l2norm x")
+    if axis is not None and not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"l2norm: axis must be in [-{x.ndim}, {x.ndim}) for x of shape {x.shape}, got {axis}")
     key = ("l2norm", tuple(sorted(l2norm_spec().items())))
     if key not in _KERNELS:
         _KERNELS[key] = cp.ReductionKernel(name="l2norm", **l2norm_spec())
@@ -225,10 +235,12 @@ SGEMM_KERNELS: dict[str, tuple[Callable[[], str], str, Callable, int]] = {
 
 
 def _sgemm_operands(a: Any, b: Any, xp: Any, dtype: Any = np.float32, what: str = "sgemm") -> tuple[Any, Any, int, int, int]:
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"{what}: operands must be 2-D, got shapes {a.shape} and {b.shape}")
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim != 2:
+            raise ValueError(f"{what}: {name} must be 2-D, got shape {x.shape}")
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"{what} shape mismatch: {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} and {b.shape[0]} differ")
+        raise ValueError(f"{what}: shape mismatch: a {a.shape} @ b {b.shape}: inner dimensions {a.shape[1]} and "
+                         f"{b.shape[0]} differ")
     _check_float(a, f"{what} a", (dtype,))
     _check_float(b, f"{what} b", (dtype,))
     return xp.ascontiguousarray(a), xp.ascontiguousarray(b), a.shape[0], b.shape[1], a.shape[1]
@@ -250,11 +262,15 @@ def _raw_kernel(source: str, name: str) -> Any:
     return _KERNELS[key]
 
 
-def _run_sgemm(a: Any, b: Any, kernel: str, xp: Any, launch_fn: Callable) -> Any:
+def _check_kernel(what: str, kernel: str) -> None:
     if kernel not in SGEMM_KERNELS:
-        raise ValueError(f"sgemm: unknown kernel {kernel!r}; kernels: {sorted(SGEMM_KERNELS)}")
+        raise ValueError(f"{what}: kernel must be one of {sorted(SGEMM_KERNELS)}, got {kernel!r}")
+
+
+def _run_sgemm(a: Any, b: Any, kernel: str, xp: Any, launch_fn: Callable, what: str) -> Any:
+    _check_kernel(what, kernel)
     source_fn, name, launch, multiple = SGEMM_KERNELS[kernel]
-    a, b, M, N, K = _sgemm_operands(a, b, xp)
+    a, b, M, N, K = _sgemm_operands(a, b, xp, what=what)
     if M == 0 or N == 0 or K == 0:
         return xp.zeros((M, N), dtype=np.float32)
     Np, Kp = ceil_div(N, multiple) * multiple, ceil_div(K, multiple) * multiple
@@ -267,16 +283,18 @@ def _run_sgemm(a: Any, b: Any, kernel: str, xp: Any, launch_fn: Callable) -> Any
     return c if Np == N else xp.ascontiguousarray(c[:, :N])
 
 
-def sgemm(a: Any, b: Any, kernel: str = "regtile") -> Any:
+def sgemm(a: cupy.ndarray, b: cupy.ndarray, kernel: str = "regtile") -> cupy.ndarray:
     """a @ b on the GPU with this lesson's SGEMM `kernel` (a key of SGEMM_KERNELS).
     a: (M, K), b: (K, N) float32 CuPy arrays -> (M, N) float32 CuPy array."""
-    return _run_sgemm(a, b, kernel, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+    return _run_sgemm(a, b, kernel, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args),
+                      "sgemm")
 
 
 def sgemm_emulated(a: np.ndarray, b: np.ndarray, kernel: str = "regtile") -> np.ndarray:
-    """a @ b computed by this lesson's SGEMM `kernel` on the CPU emulator (NumPy in and out)."""
+    """a @ b computed by this lesson's SGEMM `kernel` on the CPU emulator (NumPy in and out):
+    a (M, K), b (K, N) float32 -> (M, N) float32."""
     return _run_sgemm(np.asarray(a), np.asarray(b), kernel, np,
-                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)), "sgemm_emulated")
 
 
 SOFTMAX_THREADS = 256
@@ -334,14 +352,14 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
 """
 
 
-def _softmax_operand(x: Any, xp: Any) -> Any:
+def _softmax_operand(x: Any, xp: Any, what: str = "softmax") -> Any:
     if x.ndim != 2:
-        raise ValueError(f"softmax: expected a 2-D array (rows, cols), got shape {x.shape}")
-    _check_float(x, "softmax x", (np.float32,))
+        raise ValueError(f"{what}: x must be a 2-D array (rows, cols), got shape {x.shape}")
+    _check_float(x, f"{what} x", (np.float32,))
     return xp.ascontiguousarray(x)
 
 
-def softmax(x: Any) -> Any:
+def softmax(x: cupy.ndarray) -> cupy.ndarray:
     """Row softmax of a 2-D float32 CuPy array with the fused kernel."""
     cp = _cupy()
     x = _softmax_operand(x, cp)
@@ -356,7 +374,7 @@ def softmax(x: Any) -> Any:
 
 def softmax_emulated(x: np.ndarray) -> np.ndarray:
     """Row softmax of a 2-D float32 NumPy array by softmax_rows on the CPU emulator."""
-    x = _softmax_operand(np.asarray(x), np)
+    x = _softmax_operand(np.asarray(x), np, "softmax_emulated")
     y = np.zeros_like(x)
     if x.size:
         emulate(softmax_source(), "softmax_rows", *softmax_launch(*x.shape),
@@ -364,7 +382,7 @@ def softmax_emulated(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def softmax_unfused(x: Any) -> Any:
+def softmax_unfused(x: cupy.ndarray) -> cupy.ndarray:
     """Row softmax as CuPy expressions: five kernels (max, subtract, exp, sum, divide)."""
     e = _cupy().exp(x - x.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
@@ -384,7 +402,8 @@ class CupyBackend(Backend):
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
     def matmul(self, a: Any, b: Any) -> Any:
-        """NumPy matmul semantics; 2-D float32 @ 2-D float32 -> self.matmul_2d, else xp.matmul."""
+        """NumPy matmul semantics; 2-D float32 @ 2-D float32 -> self.matmul_2d, everything else
+        (float64, float16, integers, 1-D or batched operands) -> xp.matmul."""
         xp = self.xp
         a, b = xp.asarray(a), xp.asarray(b)
         if a.ndim == 2 and b.ndim == 2 and a.dtype == np.float32 and b.dtype == np.float32:
@@ -396,9 +415,11 @@ class CupyBackend(Backend):
 
 
 def enable_cuda(kernel: str = "regtile") -> CupyBackend:
-    """Register device "cuda" with this lesson's SGEMM `kernel`; RuntimeError if no GPU runs kernels."""
+    """Register device "cuda" with this lesson's SGEMM `kernel` (a key of SGEMM_KERNELS); RuntimeError
+    if no GPU runs kernels."""
     from course.gpu import gpu_status
 
+    _check_kernel("enable_cuda", kernel)
     ok, reason = gpu_status()
     if not ok:
         raise RuntimeError(f"enable_cuda: no usable CUDA GPU ({reason})")
@@ -414,8 +435,8 @@ SGEMM_KERNELS.update({
 })
 
 
-def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
-    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, "hgemm")
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str) -> Any:
+    a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, what)
     if M == 0 or N == 0 or K == 0:
         return xp.zeros((M, N), dtype=np.float32)
     Mp, Np, Kp = (ceil_div(d, 16) * 16 for d in (M, N, K))
@@ -428,16 +449,16 @@ def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable) -> Any:
     return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
 
 
-def hgemm(a: Any, b: Any) -> Any:
+def hgemm(a: cupy.ndarray, b: cupy.ndarray) -> cupy.ndarray:
     """a @ b on the GPU's tensor cores (hgemm_wmma): a (M, K), b (K, N) float16 CuPy arrays ->
     (M, N) float32 CuPy array (products of halves, accumulated in float32)."""
-    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args))
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args), "hgemm")
 
 
 def hgemm_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b by hgemm_wmma on the CPU emulator (float16 NumPy in, float32 out)."""
     return _run_hgemm(np.asarray(a), np.asarray(b), np,
-                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)))
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)), "hgemm_emulated")
 
 
 def hgemm_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
@@ -702,3 +723,56 @@ extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __
                                         wmma::mem_row_major);
 }
 """
+
+
+from minitorch.checks import Array, Attrs, Count, Size, describe, validate_public  # noqa: E402
+
+
+class _OnGpu(Array):
+    """Array's rule, for an array that must live on the GPU (a CuPy array; a NumPy array is refused)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if type(value).__module__.split(".")[0] != "cupy" or not hasattr(value, "__cuda_array_interface__"):
+            raise TypeError(f"{what}: {name} must be a CuPy array (on the GPU), {self.must}, got {describe(value)}")
+        super().__call__(what, name, value)
+
+
+class _BackendArray(Array):
+    """Array's rule, for an array of a backend's own module: an object with `shape` and `dtype` (a CuPy
+    array, or a test's stand-in that NumPy cannot convert) is checked by those, never converted."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if isinstance(value, np.ndarray) or not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            return super().__call__(what, name, value)
+        try:
+            ok = self._dtype_ok(np.dtype(value.dtype)) and (self.ndim is None or len(value.shape) in self.ndim)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+
+
+_F = ("float32", "float64")
+
+validate_public(globals(), {
+    "ceil_div": {"a": Count, "b": Size},
+    "cuda_time_ms": {"repeat": Size, "warmup": Count},
+    "bias_gelu": {"x": _OnGpu(dtypes=_F), "bias": _OnGpu(ndim=1, dtypes=_F)},
+    "gelu_unfused": {"x": _OnGpu(dtypes="float"), "bias": _OnGpu(dtypes="float")},
+    "l2norm": {"x": _OnGpu(dtypes=_F)},
+    "sgemm_naive_launch": {"M": Size, "N": Size},
+    "sgemm_tiled_launch": {"M": Size, "N": Size},
+    "sgemm_regtile_launch": {"M": Size, "N": Size},
+    "hgemm_launch": {"M": Size, "N": Size},
+    "softmax_launch": {"rows": Size, "cols": Size},
+    "sgemm": {"a": _OnGpu(ndim=2, dtypes="float32"), "b": _OnGpu(ndim=2, dtypes="float32")},
+    "sgemm_emulated": {"a": Array(ndim=2, dtypes="float32"), "b": Array(ndim=2, dtypes="float32")},
+    "softmax": {"x": _OnGpu(ndim=2, dtypes="float32")},
+    "softmax_emulated": {"x": Array(ndim=2, dtypes="float32")},
+    "softmax_unfused": {"x": _OnGpu(ndim=2, dtypes="float")},
+    "CupyBackend": {"xp": Attrs("asarray", "matmul", "ascontiguousarray")},
+    "CupyBackend.to_numpy": {"a": _BackendArray(dtypes="number")},
+    "CupyBackend.matmul": {"a": _BackendArray(dtypes="number"), "b": _BackendArray(dtypes="number")},  # xp.matmul's
+    "hgemm": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
+    "hgemm_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
+})

@@ -7,13 +7,14 @@ from typing import Any, Callable
 import numpy as np
 
 from minitorch.autograd import Tensor, no_grad
+from minitorch.checks import check_instance, describe
 from minitorch.tensor import get_backend
 
 
 class Parameter(Tensor):
     """A trainable tensor: requires_grad=True, owns a copy of its data."""
 
-    def __init__(self, data: Any, dtype: Any = None, device: str = "cpu"):
+    def __init__(self, data: Tensor | np.ndarray, dtype: Any = None, device: str = "cpu"):
         if isinstance(data, Tensor):
             data = data.numpy()
         backend = get_backend(device)
@@ -198,6 +199,8 @@ class Sequential(Module):
     """Apply modules in order. Parameters are named layers.0.weight, layers.1.bias, ..."""
 
     def __init__(self, *modules: Module):
+        for i, m in enumerate(modules):
+            check_instance("Sequential", f"modules[{i}]", m, Module)
         self.layers = list(modules)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -238,7 +241,7 @@ class MLP(Sequential):
         self.sizes = list(sizes)
 
 
-def cross_entropy(logits: Tensor, targets: Any) -> Tensor:
+def cross_entropy(logits: Tensor, targets: Tensor | np.ndarray) -> Tensor:
     """Mean cross-entropy of `logits` (N, C) float against integer class `targets` (N,).
 
     Stable for any finite logits (log-sum-exp with the row max subtracted). Returns a scalar
@@ -305,10 +308,38 @@ def _device_of(model: Any) -> str:
     return params[0].device if params else "cpu"
 
 
+def _samples(what: str, X: np.ndarray, y: np.ndarray, names: tuple[str, str] = ("X", "y")) -> tuple:
+    """X (N, ...) and y (N,) as arrays; a ValueError naming the argument unless X has a sample axis,
+    y one entry per sample, and the class indices in y are >= 0."""
+    X, y = np.asarray(X), np.asarray(y)
+    if X.ndim == 0:
+        raise ValueError(f"{what}: {names[0]} must have a sample axis (N, ...), got {describe(X)}")
+    if len(X) != len(y):
+        raise ValueError(f"{what}: {names[0]} has {len(X)} samples (shape {X.shape}) but {names[1]} has {len(y)} "
+                         f"(shape {y.shape})")
+    if y.size and y.min() < 0:
+        raise ValueError(f"{what}: {names[1]} must hold class indices >= 0, got {y.min()}")
+    return X, y
+
+
+def _class_checked(loss_fn: Callable, what: str, name: str) -> Callable:
+    """loss_fn(logits, targets), with a ValueError naming `name` first when a class index in targets is
+    beyond the model's outputs (logits (..., C)): accuracy would silently count it wrong."""
+    def checked(logits: Tensor, targets: np.ndarray) -> Tensor:
+        if len(targets) and targets.max() >= logits.shape[-1]:
+            raise ValueError(f"{what}: {name} must hold class indices < {logits.shape[-1]} (the model's "
+                             f"outputs), got {targets.max()}")
+        return loss_fn(logits, targets)
+
+    return checked
+
+
 def evaluate(model: Any, X: np.ndarray, y: np.ndarray, loss_fn: Callable | None = None,
              batch_size: int = 1024) -> tuple[float, float]:
-    """(mean loss, accuracy) of `model` on X (N, ...) float32, y (N,) int64; eval mode, no_grad."""
-    loss_fn = loss_fn if loss_fn is not None else cross_entropy
+    """(mean loss, accuracy) of `model` on X (N, ...) float32 or float64, y (N,) int64 class indices;
+    eval mode, no_grad."""
+    X, y = _samples("evaluate", X, y)
+    loss_fn = _class_checked(loss_fn if loss_fn is not None else cross_entropy, "evaluate", "y")
     device, was_training = _device_of(model), getattr(model, "training", True)
     model.eval()
     total_loss, correct = 0.0, 0
@@ -325,20 +356,24 @@ def evaluate(model: Any, X: np.ndarray, y: np.ndarray, loss_fn: Callable | None 
 def fit(model: Any, X: np.ndarray, y: np.ndarray, optimizer: Any, epochs: int, batch_size: int = 32,
         rng: np.random.Generator | None = None, progress: bool = True, loss_fn: Callable | None = None,
         X_val: np.ndarray | None = None, y_val: np.ndarray | None = None) -> dict[str, list[float]]:
-    """Train `model` on X (N, ...) float32 / y (N,) int64 for `epochs` epochs of shuffled mini-batches.
+    """Train `model` on X (N, ...) float32 or float64 / y (N,) int64 class indices for `epochs` epochs
+    (0 is allowed: no training) of shuffled mini-batches.
 
     Each batch: forward, loss_fn(logits, y_batch) (default cross_entropy), optimizer.zero_grad(),
     loss.backward(), optimizer.step(). Returns {"loss": [...], "accuracy": [...]} (one entry per
     epoch: sample-weighted mean batch loss, fraction of samples predicted right), plus
     "val_loss" and "val_accuracy" when X_val, y_val are given. rng=None means seed 0.
     """
-    X, y = np.asarray(X), np.asarray(y)
-    if len(X) != len(y):
-        raise ValueError(f"fit: X has {len(X)} samples (shape {X.shape}) but y has {len(y)} (shape {y.shape})")
+    X, y = _samples("fit", X, y)
+    if (X_val is None) != (y_val is None):
+        raise ValueError(f"fit: X_val and y_val go together, got X_val={describe(X_val)}, y_val={describe(y_val)}")
+    if X_val is not None:
+        X_val, y_val = _samples("fit", X_val, y_val, ("X_val", "y_val"))
     if batch_size < 1 or epochs < 0:
         raise ValueError(f"fit needs batch_size >= 1 and epochs >= 0, got batch_size={batch_size}, epochs={epochs}")
     rng = rng if rng is not None else np.random.default_rng(0)
-    loss_fn = loss_fn if loss_fn is not None else cross_entropy
+    plain_loss_fn = loss_fn if loss_fn is not None else cross_entropy
+    loss_fn = _class_checked(plain_loss_fn, "fit", "y")  # refuses a class index beyond the model's outputs
     device = _device_of(model)
     history: dict[str, list[float]] = {"loss": [], "accuracy": []}
     if X_val is not None:
@@ -366,8 +401,79 @@ def fit(model: Any, X: np.ndarray, y: np.ndarray, optimizer: Any, epochs: int, b
         history["loss"].append(total_loss / len(X))
         history["accuracy"].append(correct / len(X))
         if X_val is not None:
-            val_loss, val_acc = evaluate(model, X_val, y_val, loss_fn)
+            val_loss, val_acc = evaluate(model, X_val, y_val, plain_loss_fn)
             history["val_loss"].append(val_loss)
             history["val_accuracy"].append(val_acc)
         bar.set_postfix(loss=f"{history['loss'][-1]:.4f}", acc=f"{history['accuracy'][-1]:.3f}")
     return history
+
+
+import math  # noqa: E402
+
+from minitorch.autograd import _Device  # noqa: E402
+from minitorch.checks import (Array, Attrs, Choice, Count, Instance, Optional, Rule, Seq, Size,  # noqa: E402
+                              TensorLike, validate_public)
+
+
+class _Init(Rule):
+    """An init scheme of init_std: one of INITS, or a standard deviation (a finite number >= 0)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if isinstance(value, str) and value in INITS:
+            return
+        number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+        if number and math.isfinite(value) and value >= 0:
+            return
+        raise (ValueError if number or isinstance(value, str) else TypeError)(
+            f"{what}: {name} must be one of {', '.join(map(repr, INITS))} or a standard deviation (a finite "
+            f"number >= 0), got {describe(value)}")
+
+
+class _AllOf(Rule):
+    """What every one of the rules accepts (the first refusal otherwise)."""
+
+    def __init__(self, *rules: Rule):
+        self.rules = rules
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        for rule in self.rules:
+            rule(what, name, value)
+
+
+class _Labels(Rule):
+    """Class indices (N,): what `kind` accepts (an integer array, or Tensor), with one axis."""
+
+    def __init__(self, kind: Rule):
+        self.kind = kind
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        self.kind(what, name, value)
+        shape = tuple(value.shape) if hasattr(value, "shape") else np.shape(value)
+        if len(shape) != 1:
+            raise ValueError(f"{what}: {name} must have one axis (N,) of class indices, got shape {shape}")
+
+
+# The last of the lesson's given cells: in the notebook (one namespace for the three modules) optim's
+# and data's names are wrapped already, and this call wraps the rest, nn's.
+_DEVICE, _INIT, _TENSOR = _Device(), _Init(), Instance(Tensor, must="an autograd Tensor")
+_STATE = Instance(dict, must="a dict {parameter name: array}")
+_SAMPLES, _LABELS = Array(dtypes=("float32", "float64")), _Labels(Array(dtypes="int"))
+
+validate_public(globals(), {
+    "Parameter": {"device": _DEVICE},
+    "Module.to": {"device": _DEVICE},
+    "Module.load_state_dict": {"state": _STATE},
+    "init_std": {"init": _INIT, "fan_in": Size, "fan_out": Size},
+    "Linear": {"in_features": Size, "out_features": Size, "init": _INIT, "device": _DEVICE},
+    "ReLU.forward": {"x": _TENSOR},
+    "Tanh.forward": {"x": _TENSOR},
+    "Sigmoid.forward": {"x": _TENSOR},
+    "MLP": {"sizes": Seq(Size, min_len=2), "activation": Choice(*ACTIVATIONS), "init": Optional(_INIT),
+            "device": _DEVICE},
+    "cross_entropy": {"logits": _AllOf(_TENSOR, TensorLike(ndim=2, dtypes="float", axes="(N, C)")),
+                      "targets": _Labels(TensorLike(dtypes="int"))},
+    "load_state_dict": {"state": _STATE},
+    "evaluate": {"model": Attrs("parameters", "eval", "train"), "X": _SAMPLES, "y": _LABELS, "batch_size": Size},
+    "fit": {"model": Attrs("parameters", "train"), "X": _SAMPLES, "y": _LABELS, "optimizer": Attrs("zero_grad", "step"),
+            "epochs": Count, "batch_size": Size, "X_val": Optional(_SAMPLES), "y_val": Optional(_LABELS)},
+})

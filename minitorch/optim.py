@@ -1,5 +1,7 @@
 # Generated from solutions/03_training.py by `make build`. Do not edit.
 """minitorch.optim: SGD with momentum and weight decay, and Adam."""
+from __future__ import annotations
+
 from typing import Iterable
 
 import numpy as np
@@ -107,3 +109,39 @@ class Adam(Optimizer):
 
     def state_arrays(self) -> int:
         return 2
+
+
+from typing import Any  # noqa: E402
+
+from minitorch.checks import NonNegative, Number, Positive, Rule, describe, validate_public  # noqa: E402
+
+
+class _Params(Rule):
+    """An iterable of Tensors (model.parameters()); the optimizer checks each item itself."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if isinstance(value, (str, bytes, dict, Tensor)) or not hasattr(value, "__iter__"):
+            raise TypeError(f"{what}: {name} must be an iterable of Tensors (model.parameters()), "
+                            f"got {describe(value)}")
+
+
+class _Betas(Rule):
+    """Adam's (beta1, beta2): two numbers in [0, 1)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise (ValueError if isinstance(value, (tuple, list)) else TypeError)(
+                f"{what}: {name} must be a pair (beta1, beta2) of numbers in [0, 1), got {describe(value)}")
+        for i, b in enumerate(value):
+            _DECAY(what, f"{name}[{i}]", b)
+
+
+_PARAMS, _DECAY = _Params(), Number(0, 1, hi_open=True)
+
+# The notebook defines lesson 03's three modules in one namespace, and this cell runs before nn's: it
+# wraps only optim's own classes (in place), leaving nn's names to nn's rules.
+validate_public({"__name__": __name__, "Optimizer": Optimizer, "SGD": SGD, "Adam": Adam}, {
+    "Optimizer": {"params": _PARAMS},
+    "SGD": {"params": _PARAMS, "lr": Positive, "momentum": _DECAY, "weight_decay": NonNegative},
+    "Adam": {"params": _PARAMS, "lr": Positive, "betas": _Betas(), "eps": NonNegative},
+})

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from minitorch import checks as _checks
 from minitorch.autograd import Tensor, no_grad, topo_order, unbroadcast
 from minitorch.comm import Communicator, Work, chunk_bounds
 from minitorch.nn import Module, Parameter, cross_entropy
@@ -29,16 +30,43 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
     this lesson check on receipt: every message must have the dtype of what the receiver holds
     (and, unless same_size=False as in an all-gather, the same number of elements). Ranks that
     called a collective with different sizes or dtypes fail on the first rank that receives a
-    message that does not fit, before anything is added; no extra message, no extra byte."""
-    got = np.asarray(got)
-    held = np.asarray(held)
+    message that does not fit, before anything is added; no extra message, no extra byte.
+
+    It runs once per message of a ring, so its arguments are checked here, not by a wrapper: the
+    common case (two arrays, a rank, a name) costs a few type tests."""
+    if not (type(got) is np.ndarray and type(held) is np.ndarray and type(src) is int  # noqa: E721
+            and type(what) is str and type(same_size) is bool and hasattr(comm, "size")  # noqa: E721
+            and 0 <= src < comm.size):
+        _check_received_args(comm, got, held, src, what, same_size)
+        got, held = np.asarray(got), np.asarray(held)
     if got.dtype != held.dtype or (same_size and got.size != held.size):
         mine = f"{held.size} element(s) of {held.dtype}"
         theirs = f"{got.size} element(s) of {got.dtype}"
         raise ValueError(
-            f"{what}: rank {comm.rank} holds {mine} here but rank {src} sent {theirs}: every rank "
-            f"must call the collective with an array of the same size and dtype")
+            f"{what}: rank {comm.rank} got {theirs} from rank {src}, but the piece held here has {mine}: "
+            f"every rank must call the collective with an array of the same size and dtype")
     return got
+
+
+def _check_received_args(comm: Any, got: Any, held: Any, src: Any, what: Any, same_size: Any) -> None:
+    """check_received's arguments, off its fast path: each refused by name."""
+    _checks.Attrs("rank", "size", "send", "recv")("check_received", "comm", comm)
+    for name, value in (("got", got), ("held", held)):
+        _checks.check_array("check_received", name, value)
+    _checks.check_int("check_received", "src", src, 0, comm.size - 1)
+    _checks.Str()("check_received", "what", what)
+    _checks.check_bool("check_received", "same_size", same_size)
+
+
+def check_batch(what: str, X: np.ndarray, y: np.ndarray) -> None:
+    """A ValueError naming `what` unless X (B, d) and y (B,) have one row per label and the labels
+    are >= 0 (cross_entropy checks them against the number of classes): checked on every rank
+    before a step sends anything."""
+    if len(X) != len(y):
+        raise ValueError(f"{what}: X and y must have one row per label, got X of shape {np.shape(X)} and y of "
+                         f"shape {np.shape(y)}")
+    if len(y) and np.min(y) < 0:
+        raise ValueError(f"{what}: y must hold class indices >= 0, got {int(np.min(y))} at index {int(np.argmin(y))}")
 
 
 def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
@@ -216,8 +244,10 @@ def dp_train_step(comm: Communicator, model: Module, optimizer: Any, X: np.ndarr
     cross_entropy(model(rows), labels) * rows / B (skipped when it has no rows), sums every
     parameter's gradient over the ranks with allreduce(comm, grad) (each Parameter once; zeros
     where this rank has no gradient), sets p.grad to the sum and calls optimizer.step().
-    X is cast to the parameters' dtype and the zeros have it too: a float32 model all-reduces
-    float32. Returns this rank's scaled loss (they sum to the loss of the global batch)."""
+    X (of any real dtype: float16 or float64 too) is cast to the parameters' dtype and the zeros
+    have it too: a float32 model all-reduces float32. Returns this rank's scaled loss (they sum to
+    the loss of the global batch)."""
+    check_batch("dp_train_step", X, y)  # given: before anything is sent
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]
     params = model.parameters()
@@ -324,6 +354,7 @@ def dp_train_step_overlap(comm: Communicator, model: Module, optimizer: Any, X: 
     flattened gradients go to comm.launch(allreduce, flat) once all of them are ready and
     buckets 0..k-1 are launched. Then wait for every bucket, set each p.grad to its summed
     slice, optimizer.step(). Returns this rank's scaled loss."""
+    check_batch("dp_train_step_overlap", X, y)  # given: before anything is sent
     params = model.parameters()
     buckets = make_buckets(params, bucket_bytes)
     index = {id(p): i for i, p in enumerate(params)}
@@ -426,6 +457,7 @@ class ZeroAdam:
 
     def set_params(self, flat: np.ndarray) -> None:
         """Make the model's parameters views of the full flat vector `flat` (numel elements)."""
+        flat = np.asarray(flat)
         if flat.size != self.numel:
             raise ValueError(f"set_params: expected {self.numel} elements, got {flat.size}")
         offset = 0
@@ -518,6 +550,7 @@ class ZeroAdam:
 def zero_train_step(comm: Communicator, model: Module, zero: ZeroAdam, X: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
     """gather_params, forward and backward on this rank's rows (loss scaled by rows / B),
     reduce_gradients, step. Returns (this rank's scaled loss, zero.memory() before the step)."""
+    check_batch("zero_train_step", X, y)
     zero.gather_params()
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]
@@ -611,3 +644,51 @@ def checkpointed_forward(layers: list, x: Tensor, segments: int) -> Tensor:
 
         x = checkpoint(run_group, x, params)
     return x
+
+
+from minitorch.checks import (Array, Attrs, Choice, Count, Func, Instance, Int, NonNegative,  # noqa: E402
+                              Positive, Rule, Seq, Size, Unchecked, validate_public)
+from minitorch.comm import _comm_rules  # noqa: E402
+from minitorch.optim import _Betas  # noqa: E402
+
+class _Numbers(Rule):
+    """Array()'s rule (an array-like of real numbers), with a fast path for an ndarray: the collectives
+    run once per gradient of every training step."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if type(value) is not np.ndarray or value.dtype.kind not in "biuf":  # noqa: E721
+            _ARRAY(what, name, value)
+
+
+_TENSOR, _ARRAY, _NUMBERS = Instance(Tensor, must="a minitorch Tensor"), Array(), _Numbers()
+_X, _Y = Array(ndim=2, dtypes="real", axes="(B, d)"), Array(ndim=1, dtypes="int", axes="(B,)")
+_OPTIMIZER = Attrs("zero_grad", "step")
+validate_public(globals(), _comm_rules(globals(), {
+    # once per message of a ring: its arguments are checked in its body, on a fast path
+    "check_received": {name: Unchecked() for name in ("comm", "got", "held", "src", "what", "same_size")},
+    "naive_allreduce": {"x": _NUMBERS},
+    "ring_reduce_scatter": {"x": _NUMBERS},
+    "ring_allgather": {"chunk": _NUMBERS},
+    "ring_allreduce": {"x": _NUMBERS},
+    "mpi4py_ring_allreduce": {"world": Attrs("Sendrecv", "Get_size", "Get_rank")},
+    "mpi_best_seconds": {"ops": Seq(Func(), min_len=1), "budget": Positive, "trials": Size},
+    "allreduce_timings": {"sizes": Seq(Int(8), min_len=1), "budget": Positive},
+    "collective_cost": {"name": Choice(*COLLECTIVES), "nbytes": NonNegative, "nranks": Size, "alpha": NonNegative,
+                        "beta": NonNegative},
+    "check_batch": {"X": _X, "y": _Y},
+    "dp_train_step": {"optimizer": _OPTIMIZER, "X": _X, "y": _Y},
+    "op_flops": {"node": _TENSOR},
+    "charge_forward": {"loss": _TENSOR},
+    "backward_with_hooks": {"loss": _TENSOR},
+    "make_buckets": {"params": Seq(_TENSOR)},
+    "dp_train_step_overlap": {"optimizer": _OPTIMIZER, "X": _X, "y": _Y},
+    "zero_memory_per_rank": {"num_params": NonNegative, "nranks": Size, "K": Count},
+    "ZeroAdam": {"lr": Positive, "betas": _Betas(), "eps": NonNegative},
+    "ZeroAdam.set_params": {"flat": Array(ndim=1, dtypes="real")},
+    "zero_train_step": {"X": _X, "y": _Y},
+    "stored_activation_bytes": {"loss": _TENSOR},
+    "free_graph": {"root": _TENSOR},
+    "Block": {"width": Size},
+    "checkpoint": {"x": _TENSOR, "params": Seq(_TENSOR)},
+    "checkpointed_forward": {"layers": Seq(Func()), "x": _TENSOR},
+}))

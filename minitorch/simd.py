@@ -249,3 +249,9 @@ def vstore_add_i32(acc, y, i):
                              LANES, y.size)
         raise IndexError("vstore_add_i32: vector lanes outside the array")
     _vstore_add_i32(acc, y, i)
+
+
+from minitorch.checks import validate_public  # noqa: E402
+
+validate_public(globals(), {
+})

@@ -11,6 +11,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from minitorch.checks import describe
 from minitorch.cpu_matmul import FALLBACK_CACHES, check_matmul_args, machine_cache_sizes
 
 from minitorch.tensor import Backend
@@ -26,8 +27,9 @@ def isa() -> str:
     return machine
 
 
-def asm_of(fn, *arrays) -> str:
-    """Assembly Numba generated for the dispatcher `fn` called with `arrays` (compiles if needed)."""
+def asm_of(fn: Callable, *arrays) -> str:
+    """Assembly Numba generated for the dispatcher `fn` (an @njit function) called with `arrays`
+    (compiles if needed)."""
     sig = tuple(numba.typeof(x) for x in arrays)
     if sig not in fn.signatures:
         fn.compile(sig)
@@ -46,7 +48,8 @@ def find_packed_fma(asm: str, arch: str | None = None) -> list[str]:
         "aarch64": r"\bfml[as]\b.*\b(?:v\d+\.(?:2d|4s|8h)|z\d+\.[dsh])\b",
     }
     if arch not in patterns:
-        raise ValueError(f"find_packed_fma: no packed-FMA pattern for ISA {arch!r}; known: {sorted(patterns)}")
+        raise ValueError(f"find_packed_fma: arch must be one of {sorted(patterns)} (the ISAs with a packed-FMA "
+                         f"pattern), got {arch!r}")
     pattern = re.compile(patterns[arch])
     return [line.strip() for line in asm.splitlines() if pattern.search(line)]
 
@@ -67,10 +70,10 @@ def dot(x: np.ndarray, y: np.ndarray) -> float:
     """x . y for 1-D float arrays of equal length (validated, made contiguous, common dtype)."""
     x, y = np.asarray(x), np.asarray(y)
     if x.ndim != 1 or y.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"dot expects two 1-D arrays of equal length, got shapes {x.shape} and {y.shape}")
+        raise ValueError(f"dot: x and y must be 1-D arrays of equal length, got shapes {x.shape} and {y.shape}")
     dtype = np.result_type(x, y)
     if dtype not in (np.float32, np.float64):
-        raise TypeError(f"dot supports float32 and float64, got {x.dtype} and {y.dtype}")
+        raise TypeError(f"dot: x and y must be float32 or float64 arrays, got dtypes {x.dtype} and {y.dtype}")
     return dot_kernel(np.ascontiguousarray(x, dtype=dtype), np.ascontiguousarray(y, dtype=dtype))
 
 
@@ -154,7 +157,11 @@ def pack_operands(a: np.ndarray, b: np.ndarray, mr: int = MR, nr: int = NR) -> t
     and m % mr == 0); bt: (ceil(n/nr)*nr, k) C-contiguous copy of b.T; both in the result
     dtype, extra rows zero.
     """
-    dtype = check_matmul_args(a, b)
+    return _pack(a, b, check_matmul_args(a, b, "pack_operands"), mr, nr)
+
+
+def _pack(a: np.ndarray, b: np.ndarray, dtype: np.dtype, mr: int, nr: int) -> tuple[np.ndarray, np.ndarray]:
+    """pack_operands for checked operands: their result dtype is `dtype`."""
     m, k = a.shape
     n = b.shape[1]
     if m % mr == 0:
@@ -195,13 +202,14 @@ def gemm_parallel(ap, bt, c, kernel):
                         kernel(ap, bt, c, i0, j0, pc, p_end)
 
 
-def matmul_simd(a: np.ndarray, b: np.ndarray, kernel=None) -> np.ndarray:
+def matmul_simd(a: np.ndarray, b: np.ndarray, kernel: Callable | None = None) -> np.ndarray:
     """C = a @ b: packed operands, blocked loops on all Numba threads, SIMD micro-kernel.
 
     a (m, k), b (k, n): float32/float64, any strides. Returns a new C-contiguous (m, n) array
-    of dtype result_type(a, b). kernel: the micro-kernel (default `micro_kernel`).
+    of dtype result_type(a, b). kernel: the micro-kernel, an @njit function with micro_kernel's
+    signature (default `micro_kernel`).
     """
-    ap, bt = pack_operands(a, b)
+    ap, bt = _pack(a, b, check_matmul_args(a, b, "matmul_simd"), MR, NR)
     m, n = a.shape[0], b.shape[1]
     c = np.zeros((ap.shape[0], bt.shape[0]), dtype=ap.dtype)
     gemm_parallel(ap, bt, c, micro_kernel if kernel is None else kernel)
@@ -228,7 +236,8 @@ class NumbaBackend(Backend):
     def matmul(self, a, b) -> np.ndarray:
         """NumPy matmul semantics: (..., m, k) @ (..., k, n) -> (..., m, n), batch dims broadcast;
         1-D operands promoted and the promoted dimension removed. Float32/float64 operands go
-        through self.matmul_2d once per batch element; other dtypes through np.matmul.
+        through self.matmul_2d once per batch element; other dtypes (integers, bool, float16)
+        through np.matmul.
         """
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype not in FLOAT_TYPES or b.dtype not in FLOAT_TYPES:
@@ -292,9 +301,13 @@ def blis_blocking(l2_bytes: int, mc: int = 48, itemsize: int = 4) -> tuple[int, 
     """(MC, KC): MC rows of A per thread task (a multiple of 6) and the longest KC (a power of two,
     64..1024) for which the A block and one B panel, (MC + 16) x KC items, fill at most half of an
     L2 cache of `l2_bytes`."""
-    if int(l2_bytes) != l2_bytes or l2_bytes <= 0 or mc <= 0 or mc % BLIS_MR:
-        raise ValueError(f"blis_blocking: need l2_bytes > 0 and mc a positive multiple of {BLIS_MR}, "
-                         f"got l2_bytes={l2_bytes!r}, mc={mc!r}")
+    for name, v in (("l2_bytes", l2_bytes), ("mc", mc)):  # a float is a number, but no size: a ValueError
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"blis_blocking: {name} must be a positive integer, got {describe(v)}")
+    if not isinstance(l2_bytes, (int, np.integer)) or l2_bytes <= 0:
+        raise ValueError(f"blis_blocking: need l2_bytes a positive integer, got l2_bytes={l2_bytes!r}")
+    if not isinstance(mc, (int, np.integer)) or mc <= 0 or mc % BLIS_MR:
+        raise ValueError(f"blis_blocking: need mc a positive multiple of {BLIS_MR}, got mc={mc!r}")
     kc = 1024
     while kc > 64 and (mc + BLIS_NR) * kc * itemsize > l2_bytes // 2:
         kc //= 2
@@ -372,10 +385,10 @@ def gemm_blis(a, b, c, mc, kc):
 def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """C = a @ b for float32 a (m, k) and b (k, n), any strides: packed panels, Goto's loops on all
     Numba threads, the 6 x 16 outer-product kernel. Returns a new C-contiguous (m, n) float32 array."""
-    dtype = check_matmul_args(a, b)
+    dtype = check_matmul_args(a, b, "matmul_blis")
     if dtype != np.float32:
-        raise TypeError(f"matmul_blis: float32 operands only (its kernel is f32x16), got {np.asarray(a).dtype} and "
-                        f"{np.asarray(b).dtype}; for float64 use matmul_simd")
+        raise TypeError(f"matmul_blis: a and b must be float32 (its kernel is f32x16), got {a.dtype} and "
+                        f"{b.dtype}; for float64 use matmul_simd")
     m, n = a.shape[0], b.shape[1]
     c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.float32)
     if m and n and a.shape[1]:
@@ -390,11 +403,14 @@ def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 POOL_PAUSE = 0.3  # seconds: OpenBLAS's threads spin for about 0.1 s after a call, OpenMP's a few ms
 
 
-def best_apart(kernels: dict, *args, rounds: int = 3, repeat: int = 3, pause: float = POOL_PAUSE) -> dict:
+def best_apart(kernels: dict[str, Callable], *args, rounds: int = 3, repeat: int = 3, pause: float = POOL_PAUSE) -> dict:
     """{name: best seconds per call of fn(*args)} for kernels {name: fn}, taking turns for `rounds`
     rounds. Each turn sleeps `pause` seconds and makes one untimed call first: two thread pools
     (Numba's OpenMP threads, OpenBLAS's) share the cores, and a pool's threads keep spinning after
     its call returns, taking the next kernel's cores if it starts at once."""
+    for name, fn in kernels.items():
+        if not callable(fn):
+            raise TypeError(f"best_apart: kernels must map names to callables, got kernels[{name!r}] = {describe(fn)}")
     best = {name: float("inf") for name in kernels}
     for _ in range(rounds):
         for name, fn in kernels.items():
@@ -421,12 +437,20 @@ def run_everywhere(calls_fn, ap, bp, c, calls):
         calls_fn(ap[t], bp[t], c[t], calls)
 
 
-def peak_rate(calls_fn, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: int, work_per_call: float) -> float:
+def peak_rate(calls_fn: Callable, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: int,
+              work_per_call: float) -> float:
     """Work per second (e.g. FLOP/s) of `run_everywhere(calls_fn, ...)` on ap.shape[0] Numba threads at
-    once, work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up."""
+    once, work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up.
+    calls_fn(ap[t], bp[t], c[t], calls): an @njit function; ap, bp, c: one row per thread."""
     from minitorch.bench import benchmark
 
     threads_used = ap.shape[0]
+    if not 1 <= threads_used <= numba.config.NUMBA_NUM_THREADS:
+        raise ValueError(f"peak_rate: ap must have one row per thread, 1 to {numba.config.NUMBA_NUM_THREADS}, "
+                         f"got shape {ap.shape}")
+    if bp.shape[0] != threads_used or c.shape[0] != threads_used:
+        raise ValueError(f"peak_rate: ap, bp and c must have one row per thread each, got shapes {ap.shape}, "
+                         f"{bp.shape} and {c.shape}")
     before = numba.get_num_threads()
     numba.set_num_threads(threads_used)
     try:
@@ -438,9 +462,33 @@ def peak_rate(calls_fn, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: in
 
 def blis_peak(threads_used: int, kc: int = 256, calls: int = 3000, seed: int = 0) -> float:
     """GFLOP/s of blis_kernel with its panels (kc long) in L1, on `threads_used` threads at once: the
-    peak no matmul built on it can beat."""
+    peak no matmul built on it can beat. threads_used: 1 to numba.config.NUMBA_NUM_THREADS."""
     rng_ = np.random.default_rng(seed)
     ap = rng_.standard_normal((threads_used, 6 * kc)).astype(np.float32)
     bp = rng_.standard_normal((threads_used, 16 * kc)).astype(np.float32)
     c = np.zeros((threads_used, 6 * 16 * 4), np.float32)  # rows 1.5 KiB apart: no false sharing
     return peak_rate(blis_kernel_calls, ap, bp, c, calls, 2 * 6 * 16 * kc) / 1e9
+
+
+from numba.core.dispatcher import Dispatcher as _Dispatcher  # noqa: E402
+
+from minitorch.checks import (Array, Choice, Count, Instance, Int, NonNegative, Optional, Positive, Size,  # noqa: E402
+                              Unchecked, validate_public)
+
+_NJIT = Instance(_Dispatcher, must="a Numba-compiled function (@njit)")
+
+validate_public(globals(), {
+    "asm_of": {"fn": _NJIT},
+    "find_packed_fma": {"arch": Optional(Choice("x86_64", "aarch64"))},
+    "dot": {"x": Array(ndim=1), "y": Array(ndim=1)},
+    "pack_operands": {"mr": Size, "nr": Size},
+    "matmul_simd": {"kernel": Optional(_NJIT)},
+    "NumbaBackend.matmul": {"a": Array(dtypes="number"), "b": Array(dtypes="number")},  # what np.matmul takes
+    "blis_blocking": {"l2_bytes": Unchecked(), "mc": Unchecked(),  # checked in its body: a float is a ValueError
+                      "itemsize": Size},
+    "best_apart": {"kernels": Instance(dict, must="a dict {name: callable}"), "rounds": Size, "repeat": Size,
+                   "pause": NonNegative},
+    "peak_rate": {"calls_fn": _NJIT, "ap": Array(ndim=2), "bp": Array(ndim=2), "c": Array(ndim=2), "calls": Size,
+                  "work_per_call": Positive},
+    "blis_peak": {"threads_used": Int(1, numba.config.NUMBA_NUM_THREADS), "kc": Size, "calls": Size, "seed": Count},
+})

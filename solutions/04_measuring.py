@@ -896,3 +896,83 @@ for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * roofs[all_th
 # - P. Micikevicius et al., "Mixed Precision Training", 2017. https://arxiv.org/abs/1710.03740
 # - Q. Anthony, S. Biderman, H. Schoelkopf, "Transformer Math 101", EleutherAI blog, 2023. https://blog.eleuther.ai/transformer-math/
 # - A. Radford et al., "Language Models are Unsupervised Multitask Learners" (GPT-2), 2019. https://cdn.openai.com/better-language-models/language_models_are_unsupervised_multitask_learners.pdf
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import (Attrs, Choice, Count, Number, NonNegative, Optional, Positive, Rule,  # noqa: E402
+                              Size, describe, validate_public)
+
+
+class _Intensity(Rule):
+    """Arithmetic intensity: a number >= 0 (inf allowed: no bytes moved), or an ndarray of real dtype
+    with no NaN and no value < 0."""
+
+    number = Number(0, finite=False)
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if not isinstance(value, np.ndarray):
+            if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{what}: {name} must be a number >= 0 or an ndarray of them, got {describe(value)}")
+            self.number(what, name, value)
+            return
+        if value.dtype.kind not in "iuf":
+            raise TypeError(f"{what}: {name} must be a number >= 0 or an ndarray of them, got {describe(value)}")
+        if value.size and (np.isnan(value).any() or (value < 0).any()):
+            raise ValueError(f"{what}: {name} must hold numbers >= 0 (no NaN), got {value!r:.120}")
+
+
+class _FloatDtype(Rule):
+    """A floating NumPy dtype, or what names one (np.float32, "float64")."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        try:
+            ok = value is not None and np.dtype(value).kind == "f"
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise TypeError(f"{what}: {name} must be a floating dtype (np.float32, np.float64), got {describe(value)}")
+
+
+class _Points(Rule):
+    """roofline_plot's points: {label: (intensity, achieved FLOP/s)}, both finite and > 0 (log axes)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise TypeError(f"{what}: {name} must be a dict {{label: (intensity, FLOP/s)}}, got {describe(value)}")
+        for label, point in value.items():
+            if not isinstance(point, (tuple, list)) or len(point) != 2:
+                raise TypeError(f"{what}: {name}[{label!r}] must be a pair (intensity, FLOP/s), got {describe(point)}")
+            for i, v in enumerate(point):
+                Number(0, lo_open=True)(what, f"{name}[{label!r}][{i}]", v)
+
+
+_DIMS = {name: Count for name in ("m", "n", "k", "rows", "cols", "n_inputs", "n_layers", "d_model", "vocab", "n_ctx",
+                                  "n_params")}
+_MEMORY = {"n_params": Count, "optimizer": Choice(*OPTIMIZER_STATES), "precision": Choice(*PRECISIONS)}
+
+validate_public(globals(), {
+    "blas_limit": {"threads": Optional(Size)},
+    "load_report": {"busy_per_core": Positive},
+    "benchmark": {"warmup": Count, "repeat": Size, "number": Size},
+    "matmul_flops": _DIMS, "matmul_macs": _DIMS,
+    "matmul_bytes": {**_DIMS, "itemsize": Size},
+    "elementwise_flops": _DIMS,
+    "elementwise_bytes": {**_DIMS, "itemsize": Size},
+    "softmax_flops": _DIMS,
+    "softmax_bytes": {**_DIMS, "itemsize": Size},
+    "gflops": {"flops": NonNegative, "seconds": Positive},
+    "arithmetic_intensity": {"flops": NonNegative, "bytes": Positive},
+    "attainable_flops": {"intensity": _Intensity(), "peak_flops": Positive, "peak_bandwidth": Positive},
+    "measure_bandwidth": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
+    "measure_peak_matmul": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
+    "roofline_plot": {"peak_flops": Positive, "bandwidth": Positive, "points": Optional(_Points()),
+                      "ax": Optional(Attrs("loglog", "plot", "annotate"))},
+    "transformer_params": {**_DIMS, "d_ff": Optional(Count)},
+    "transformer_flops_per_token": {**_DIMS, "d_ff": Optional(Count)},
+    "training_flops": {"n_params": NonNegative, "n_tokens": NonNegative},
+    "training_memory_breakdown": _MEMORY,
+    "training_memory_bytes": _MEMORY,
+    "chinchilla_optimal": {"compute_flops": Positive, "tokens_per_param": Positive},
+})

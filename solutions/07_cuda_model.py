@@ -44,6 +44,8 @@ SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 # %%
 #| default_exp cuda_kernels
 #| export
+from __future__ import annotations
+
 import glob
 import os
 import shutil
@@ -56,9 +58,12 @@ import re
 import sys
 import threading
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
 from numba import config, cuda
+
+from minitorch.checks import check_int
 
 SIMULATED: bool = bool(config.ENABLE_CUDASIM)
 
@@ -88,19 +93,21 @@ if SIMULATED:
 
 
 def blocks_for(n: int, threads: int) -> int:
-    """Blocks needed so that `blocks * threads >= n` (ceil division): a 1-D grid size."""
-    if threads <= 0:
-        raise ValueError(f"threads per block must be positive, got {threads}")
+    """Blocks needed so that `blocks * threads >= n` (ceil division): a 1-D grid size. n >= 0
+    elements, threads >= 1 per block."""
+    n = check_int("blocks_for", "n", n, 0)
+    threads = check_int("blocks_for", "threads", threads, 1)
     return (n + threads - 1) // threads
 
 
-def _as_f32(name: str, x, ndim: int) -> np.ndarray:
-    """`x` as a C-contiguous float32 array with `ndim` dimensions, or a clear error."""
+def _as_f32(what: str, name: str, x, ndim: int) -> np.ndarray:
+    """`x` as a C-contiguous float32 array with `ndim` dimensions, or an error naming `what` and `name`."""
     x = np.asarray(x)
     if x.dtype != np.float32:
-        raise TypeError(f"{name}: these kernels are written for float32, got dtype {x.dtype}")
+        raise TypeError(f"{what}: {name} must be a float32 array (these kernels are written for float32), "
+                        f"got dtype {x.dtype}")
     if x.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {x.shape}")
+        raise ValueError(f"{what}: {name} must be a {ndim}-D array, got shape {x.shape}")
     return np.ascontiguousarray(x)
 
 # %% [markdown]
@@ -137,10 +144,13 @@ def _as_f32(name: str, x, ndim: int) -> np.ndarray:
 #| export cuda_trace
 #| given
 # The tracer is its own module (minitorch/cuda_trace.py): given code, apart from the exercises.
+from __future__ import annotations
+
 import re
 import sys
 import threading
 from collections import defaultdict
+from typing import Callable
 
 import numpy as np
 
@@ -159,10 +169,18 @@ class Trace:
         self.events: list[tuple] = []
         self.arrays: dict[str, "TracedArray"] = {}
 
-    def of(self, name: str, kind: str | None = None) -> list[tuple]:
+    def _array(self, what: str, name: str) -> "TracedArray":
         if name not in self.arrays:
-            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+            raise ValueError(f"Trace.{what}: name must be a traced array, one of {sorted(self.arrays)}, got {name!r}")
+        return self.arrays[name]
+
+    def _events(self, what: str, name: str, kind: str | None) -> list[tuple]:
+        self._array(what, name)
         return [e for e in self.events if e[0] == name and (kind is None or e[1] == kind)]
+
+    def of(self, name: str, kind: str | None = None) -> list[tuple]:
+        """The events of array `name`, of one kind ("r" or "w") or both (None), in order."""
+        return self._events("of", name, kind)
 
     def shared_names(self) -> list[str]:
         """Names of the traced shared-memory arrays, in allocation order."""
@@ -170,26 +188,27 @@ class Trace:
 
     def counts(self, name: str, kind: str = "r") -> np.ndarray:
         """int64 array shaped like array `name`: times each element was read ("r") or written ("w")."""
-        arr = self.arrays.get(name)
-        if arr is None:
-            raise KeyError(f"no traced array {name!r}; traced: {sorted(self.arrays)}")
+        arr = self._array("counts", name)
         c = np.zeros(arr.size, dtype=np.int64)
-        for e in self.of(name, kind):
+        for e in self._events("counts", name, kind):
             c[e[7]] += 1
         return c.reshape(arr.shape)
 
     def requests(self, name: str, kind: str = "r") -> dict[tuple, list[int]]:
         """Warp-wide requests: {(block, warp, seq): [flat offsets, one per active thread]}."""
+        return self._requests("requests", name, kind)
+
+    def _requests(self, what: str, name: str, kind: str) -> dict[tuple, list[int]]:
         req: dict[tuple, list[int]] = defaultdict(list)
-        for e in self.of(name, kind):
+        for e in self._events(what, name, kind):
             req[(e[2], e[4], e[5])].append(e[7])
         return dict(req)
 
     def coalescing(self, name: str, kind: str = "r", sector: int = 32) -> float:
         """Bytes the warps asked for / bytes in the `sector`-byte sectors fetched (1.0 = ideal)."""
-        item = self.arrays[name].itemsize
+        item = self._array("coalescing", name).itemsize
         used = fetched = 0
-        for offsets in self.requests(name, kind).values():
+        for offsets in self._requests("coalescing", name, kind).values():
             used += len(set(offsets)) * item
             fetched += len({o * item // sector for o in offsets}) * sector
         return used / fetched if fetched else 1.0
@@ -197,10 +216,10 @@ class Trace:
     def bank_conflicts(self, name: str, kind: str | None = None, banks: int = 32) -> int:
         """Worst conflict degree of any warp request to shared array `name`: the most distinct
         4-byte words that one bank must serve (1 = conflict-free; same word = broadcast)."""
-        item = self.arrays[name].itemsize
+        item = self._array("bank_conflicts", name).itemsize
         worst = 1
         for k in ("r", "w") if kind is None else (kind,):
-            for offsets in self.requests(name, k).values():
+            for offsets in self._requests("bank_conflicts", name, k).values():
                 per_bank: dict[int, set] = defaultdict(set)
                 for o in offsets:
                     word = o * item // 4
@@ -211,24 +230,24 @@ class Trace:
     def active_warps(self, name: str, kind: str = "w") -> int:
         """Distinct (block, epoch, warp) with an access to `name`: warps doing work, summed
         over the steps between barriers and over blocks."""
-        return len({(e[2], e[6], e[4]) for e in self.of(name, kind)})
+        return len({(e[2], e[6], e[4]) for e in self._events("active_warps", name, kind)})
 
     def per_thread(self, name: str, kind: str = "r") -> dict[tuple, int]:
         """{(block, thread): number of accesses of this kind to `name`}: the work of each thread."""
         out: dict[tuple, int] = defaultdict(int)
-        for e in self.of(name, kind):
+        for e in self._events("per_thread", name, kind):
             out[(e[2], e[3])] += 1
         return dict(out)
 
     def steps(self, name: str) -> int:
         """The most barriers any thread had passed when it accessed `name`, plus one: the number
         of barrier-separated steps in which the array was used."""
-        return 1 + max((e[6] for e in self.of(name)), default=-1)
+        return 1 + max((e[6] for e in self._events("steps", name, None)), default=-1)
 
     def lane_utilization(self, name: str, kind: str = "w") -> float:
         """Control divergence: the average fraction of a warp's 32 lanes active in its requests to
         `name` (1.0 = every lane of every warp that issued the instruction did work)."""
-        req = self.requests(name, kind)
+        req = self._requests("lane_utilization", name, kind)
         return sum(len(v) for v in req.values()) / (32 * len(req)) if req else 1.0
 
 
@@ -288,10 +307,12 @@ class TracedArray:
 _STUB = re.compile(r"(Exercise \d+\.\d+: .*)$")
 
 
-def simulate(kernel, grid, block, *args, trace: Trace | None = None) -> Trace:
+def simulate(kernel: Callable, grid: int | tuple[int, ...], block: int | tuple[int, ...], *args,
+             trace: Trace | None = None) -> Trace:
     """Run `kernel[grid, block](*args)` in Numba's CUDA simulator on the CPU and trace it.
 
-    Works with or without a GPU (the kernel's Python function is run). `TracedArray`
+    grid and block: an int or a tuple of 1 to 3 ints, as in a launch (a block has at most 1024
+    threads). Works with or without a GPU (the kernel's Python function is run). `TracedArray`
     arguments record their accesses; every `cuda.shared.array` the kernel allocates is a
     TracedArray named "shared@<line>", NaN-filled at the start of each block. Plain NumPy
     arrays may be passed too (not traced). Returns the Trace.
@@ -348,6 +369,47 @@ def simulate(kernel, grid, block, *args, trace: Trace | None = None) -> Trace:
         raise NotImplementedError(m.group(1) if m else str(exc)) from None
     return trace
 
+# %%
+#| export cuda_trace
+#| given
+from minitorch.checks import Choice, Func, Instance, Optional, Rule, Size, describe, validate_public  # noqa: E402
+
+
+class _Dims(Rule):
+    """A launch dimension: an int >= 1, or a tuple or list of `sizes` of them (x, y, z), with at most
+    `max_threads` in all (a block: 1024). Numba's simulator would start as many threads as asked."""
+
+    def __init__(self, sizes: tuple[int, ...] = (1, 2, 3), max_threads: int | None = None):
+        self.sizes, self.max_threads = sizes, max_threads
+        self.must = (("an int >= 1 or " if 1 in sizes else "") + f"a tuple of {' or '.join(map(str, sizes))} ints >= 1"
+                     + (f", {max_threads} threads at most in all" if max_threads else ""))
+
+    def __call__(self, what: str, name: str, value) -> None:
+        dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if not isinstance(value, (tuple, list)) and 1 not in self.sizes:
+            raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+        for d in dims:
+            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+                raise TypeError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+        if len(dims) not in self.sizes or min(dims) < 1 or (self.max_threads and int(np.prod(dims)) > self.max_threads):
+            raise ValueError(f"{what}: {name} must be {self.must}, got {describe(value)}")
+
+
+_KIND = Choice("r", "w")
+
+validate_public(globals(), {
+    "Trace.of": {"kind": Optional(_KIND)},
+    "Trace.counts": {"kind": _KIND},
+    "Trace.requests": {"kind": _KIND},
+    "Trace.coalescing": {"kind": _KIND, "sector": Size},
+    "Trace.bank_conflicts": {"kind": Optional(_KIND), "banks": Size},
+    "Trace.active_warps": {"kind": _KIND},
+    "Trace.per_thread": {"kind": _KIND},
+    "Trace.lane_utilization": {"kind": _KIND},
+    "TracedArray": {"data": Instance(np.ndarray, must="a NumPy array")},
+    "simulate": {"kernel": Func(), "grid": _Dims(), "block": _Dims(max_threads=1024)},
+})
+
 # %% [markdown]
 # ## 1. Threads, blocks, grids, and the guard
 #
@@ -396,9 +458,9 @@ THREADS_1D = 128
 
 def vector_add(a: np.ndarray, b: np.ndarray, threads: int = THREADS_1D) -> np.ndarray:
     """a + b for 1-D float32 arrays of equal shape, computed by `vector_add_kernel`."""
-    a, b = _as_f32("a", a, 1), _as_f32("b", b, 1)
+    a, b = _as_f32("vector_add", "a", a, 1), _as_f32("vector_add", "b", b, 1)
     if a.shape != b.shape:
-        raise ValueError(f"vector_add: shape mismatch {a.shape} vs {b.shape}")
+        raise ValueError(f"vector_add: a and b must have the same shape, got {a.shape} and {b.shape}")
     d_out = cuda.device_array(a.shape, np.float32)
     vector_add_kernel[blocks_for(a.shape[0], threads), threads](cuda.to_device(a), cuda.to_device(b), d_out)
     return d_out.copy_to_host()
@@ -494,9 +556,9 @@ BLOCK_2D = (32, 4)
 
 def bias_relu(x: np.ndarray, bias: np.ndarray, block: tuple[int, int] = BLOCK_2D) -> np.ndarray:
     """max(x + bias, 0) for x (rows, cols) float32 and bias (cols,) float32."""
-    x, bias = _as_f32("x", x, 2), _as_f32("bias", bias, 1)
+    x, bias = _as_f32("bias_relu", "x", x, 2), _as_f32("bias_relu", "bias", bias, 1)
     if bias.shape[0] != x.shape[1]:
-        raise ValueError(f"bias_relu: bias shape {bias.shape} does not match x shape {x.shape}")
+        raise ValueError(f"bias_relu: bias must have shape ({x.shape[1]},) for x of shape {x.shape}, got shape {bias.shape}")
     d_out = cuda.device_array(x.shape, np.float32)
     grid = (blocks_for(x.shape[1], block[0]), blocks_for(x.shape[0], block[1]))
     bias_relu_kernel[grid, block](cuda.to_device(x), cuda.to_device(bias), d_out)
@@ -613,10 +675,11 @@ def block_sum_kernel(x, partial):
 
 # %%
 #| export
-def gpu_sum(x: np.ndarray, kernel=None) -> float:
-    """Sum of a 1-D float32 array: block sums, then block sums of those, until one is left."""
+def gpu_sum(x: np.ndarray, kernel: Callable | None = None) -> float:
+    """Sum of a 1-D float32 array: block sums, then block sums of those, until one is left.
+    kernel: a @cuda.jit kernel with block_sum_kernel's contract (default: block_sum_kernel)."""
     kernel = block_sum_kernel if kernel is None else kernel
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_sum", "x", x, 1)
     if x.shape[0] == 0:
         return 0.0
     d, n = cuda.to_device(x), x.shape[0]
@@ -742,7 +805,7 @@ def add_offsets_kernel(out, offsets):
 
 def gpu_cumsum(x: np.ndarray) -> np.ndarray:
     """Inclusive cumulative sum of a 1-D float32 array: block scans + carried block totals."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_cumsum", "x", x, 1)
     n = x.shape[0]
     if n == 0:
         return x.copy()
@@ -803,16 +866,16 @@ def matmul_naive_kernel(a, b, out):
 MATMUL_BLOCK = (32, 4)
 
 
-def _check_matmul(a, b) -> tuple[np.ndarray, np.ndarray]:
-    a, b = _as_f32("a", a, 2), _as_f32("b", b, 2)
+def _check_matmul(what: str, a, b) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _as_f32(what, "a", a, 2), _as_f32(what, "b", b, 2)
     if a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul: shape mismatch {a.shape} @ {b.shape}: inner dimensions {a.shape[1]} != {b.shape[0]}")
+        raise ValueError(f"{what}: shape mismatch: a {a.shape} @ b {b.shape}: inner dimensions {a.shape[1]} != {b.shape[0]}")
     return a, b
 
 
 def matmul_naive(a: np.ndarray, b: np.ndarray, block: tuple[int, int] = MATMUL_BLOCK) -> np.ndarray:
     """a @ b for float32 matrices (m, k) and (k, n), by `matmul_naive_kernel`."""
-    a, b = _check_matmul(a, b)
+    a, b = _check_matmul("matmul_naive", a, b)
     m, n = a.shape[0], b.shape[1]
     d_out = cuda.device_array((m, n), np.float32)
     grid = (blocks_for(n, block[0]), blocks_for(m, block[1]))
@@ -886,7 +949,7 @@ def matmul_tiled_kernel(a, b, out):
 #| export
 def matmul_tiled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b for float32 matrices (m, k) and (k, n), by `matmul_tiled_kernel`."""
-    a, b = _check_matmul(a, b)
+    a, b = _check_matmul("matmul_tiled", a, b)
     m, n = a.shape[0], b.shape[1]
     d_out = cuda.device_array((m, n), np.float32)
     grid = (blocks_for(n, TILE), blocks_for(m, TILE))
@@ -1000,7 +1063,7 @@ def transpose_kernel(a, out):
 #| export
 def transpose(a: np.ndarray) -> np.ndarray:
     """a.T (a copy) for a 2-D float32 array, by `transpose_kernel`."""
-    a = _as_f32("a", a, 2)
+    a = _as_f32("transpose", "a", a, 2)
     rows, cols = a.shape
     d_out = cuda.device_array((cols, rows), np.float32)
     grid = (blocks_for(cols, T_TILE), blocks_for(rows, T_TILE))
@@ -1139,7 +1202,7 @@ def blelloch_scan_kernel(x, out, block_sums):
 def gpu_cumsum_blelloch(x: np.ndarray) -> np.ndarray:
     """Inclusive cumulative sum of a 1-D float32 array with `blelloch_scan_kernel` per block and
     the carried block totals added by `add_offsets_kernel` (one thread per element)."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_cumsum_blelloch", "x", x, 1)
     n = x.shape[0]
     if n == 0:
         return x.copy()
@@ -1247,7 +1310,7 @@ def coarse_sum_kernel(x, partial):
 #| export
 def gpu_sum_coarse(x: np.ndarray) -> float:
     """Sum of a 1-D float32 array with `coarse_sum_kernel`, pass after pass."""
-    x = _as_f32("x", x, 1)
+    x = _as_f32("gpu_sum_coarse", "x", x, 1)
     if x.shape[0] == 0:
         return 0.0
     d, n = cuda.to_device(x), x.shape[0]
@@ -1395,3 +1458,18 @@ for name, kern, per_block in [("block sum", block_sum_kernel, REDUCE_THREADS),
 # - S. Boehm, *How to Optimize a CUDA Matmul Kernel for cuBLAS-like Performance*, 2022,
 #   https://siboehm.com/articles/22/CUDA-MMM
 # - S. Rush, *GPU Puzzles*, https://github.com/srush/GPU-Puzzles (puzzle-style Numba CUDA exercises)
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import Instance, Int, Optional, validate_public  # noqa: E402
+from minitorch.cuda_trace import _Dims  # noqa: E402
+
+validate_public(globals(), {
+    "vector_add": {"threads": Int(1, 1024)},
+    "bias_relu": {"block": _Dims(sizes=(2,), max_threads=1024)},
+    "gpu_sum": {"kernel": Optional(Instance(type(block_sum_kernel), must="a Numba CUDA kernel (@cuda.jit)"))},
+    "matmul_naive": {"block": _Dims(sizes=(2,), max_threads=1024)},
+})
+

@@ -69,6 +69,7 @@ from numba import njit
 
 from minitorch.autograd import Tensor, softmax
 from minitorch.bench import matmul_flops, softmax_flops
+from minitorch.checks import describe
 
 # %% [markdown]
 # ## 1. Scaled dot-product attention
@@ -159,16 +160,18 @@ def check_qkv(q: Any, k: Any, v: Any, what: str = "attention", dtypes: tuple | N
                         f"got {np.dtype(q.dtype)}")
 
 
-def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
-    """`mask` as a boolean array broadcast to `scores_shape` (..., Nq, Nk); clear errors otherwise."""
-    mask = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(f"attention: the mask must be boolean (True = may attend), got dtype {mask.dtype}")
+def check_mask(mask: Any, scores_shape: tuple[int, ...], what: str = "attention") -> np.ndarray:
+    """`mask` as a boolean array broadcast to `scores_shape` (..., Nq, Nk); errors naming `what`
+    (the function checking), the mask and its shape or value otherwise."""
+    arr = None if isinstance(mask, (str, bytes)) or mask is None else np.asarray(
+        mask.numpy() if isinstance(mask, Tensor) else mask)
+    if arr is None or arr.dtype != np.bool_:
+        raise TypeError(f"{what}: the mask must be boolean (True = may attend), got {describe(mask)}")
     try:
-        return np.broadcast_to(mask, scores_shape)
+        return np.broadcast_to(arr, scores_shape)
     except ValueError:
-        raise ValueError(f"attention: mask of shape {mask.shape} does not broadcast to the scores' "
-                         f"shape {scores_shape} (..., Nq, Nk)") from None
+        raise ValueError(f"{what}: mask of shape {arr.shape} does not broadcast to the scores' "
+                         f"shape {tuple(scores_shape)} (..., Nq, Nk)") from None
 
 
 def no_keys(q: Tensor, k: Tensor, v: Tensor, mask: Any = None) -> Tensor:
@@ -196,11 +199,14 @@ def causal_mask(nq: int, nk: int) -> np.ndarray:
 def padding_mask(lengths: Any, nk: int) -> np.ndarray:
     """Boolean (B, 1, 1, nk): True for key positions j < lengths[b], the real tokens of sequence b
     (padding sits at the end). Broadcasts against scores of shape (B, H, Nq, nk)."""
-    lengths = np.asarray(lengths)
-    if lengths.ndim != 1 or lengths.dtype.kind not in "iu":
-        raise ValueError(f"padding_mask: lengths must be a 1-D integer array, got {lengths.dtype} {lengths.shape}")
+    nk = check_size("padding_mask", "nk", nk, 0)
+    given = lengths
+    lengths = np.asarray(lengths) if not isinstance(lengths, (str, bytes)) else np.asarray(0.0)
+    if lengths.dtype.kind not in "iu" or lengths.ndim != 1:
+        raise (TypeError if lengths.dtype.kind not in "iu" else ValueError)(
+            f"padding_mask: lengths must be a 1-D integer array, got {describe(given)}")
     if lengths.size and (lengths.min() < 0 or lengths.max() > nk):
-        raise ValueError(f"padding_mask: lengths must lie in [0, {nk}], got {lengths.tolist()}")
+        raise ValueError(f"padding_mask: lengths must lie in [0, nk={nk}], got {lengths.tolist()}")
     ### BEGIN SOLUTION
     return (np.arange(nk)[None, :] < lengths[:, None])[:, None, None, :]
     ### END SOLUTION
@@ -248,10 +254,10 @@ def attention_np(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any = None,
     Returns o (..., Nq, dv), and with return_lse also lse (..., Nq): the logsumexp of each row of
     scaled, masked scores (-inf where nothing is visible; o is 0 there)."""
     q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    check_qkv(q, k, v)
+    check_qkv(q, k, v, "attention_np")
     s = (q @ np.swapaxes(k, -1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
-        s = np.where(check_mask(mask, s.shape), s, -np.inf)
+        s = np.where(check_mask(mask, s.shape, "attention_np"), s, -np.inf)
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: Nk = 0 gives -inf, not an error
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m)
@@ -474,6 +480,7 @@ import numpy as np
 
 import minitorch
 from minitorch.autograd import Tensor, no_grad
+from minitorch.checks import check_int, check_number, describe
 from minitorch.nn import Linear, Module, Parameter, cross_entropy
 from minitorch.optim import Adam
 
@@ -569,22 +576,32 @@ class CharTokenizer:
                              f"vocabulary of {self.vocab_size} characters") from None
 
     def decode(self, ids: Any) -> str:
-        """The string of the ids in a 1-D integer array or list."""
-        ids = np.asarray(ids)
-        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size)):
-            raise ValueError(f"decode: expected a 1-D array of ids in [0, {self.vocab_size}), got shape "
-                             f"{ids.shape} with values {ids.min() if ids.size else ''}..{ids.max() if ids.size else ''}")
-        return "".join(self.vocab[i] for i in ids.tolist())
+        """The string of the ids in a 1-D integer array or list (an empty one gives "")."""
+        arr = np.asarray(ids) if isinstance(ids, (list, tuple, range, np.ndarray)) else None
+        if arr is None or (arr.size and arr.dtype.kind not in "iu") or arr.ndim != 1:
+            raise (TypeError if arr is None or arr.ndim == 1 else ValueError)(
+                f"decode: ids must be a 1-D array or list of integer ids, got {describe(ids)}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"decode: ids must lie in [0, {self.vocab_size}), got values {arr.min()}..{arr.max()}")
+        return "".join(self.vocab[i] for i in arr.tolist())
 
     def __repr__(self) -> str:
         return f"CharTokenizer({self.vocab_size} characters)"
+
+
+def _check_vocab_ids(what: str, name: str, ids: np.ndarray, vocab_size: int) -> None:
+    """ValueError naming `what`, `name` and the values unless every id lies in [0, vocab_size)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(f"{what}: {name} must hold ids in [0, vocab_size={vocab_size}), got values "
+                         f"{ids.min()}..{ids.max()}")
 
 
 VAL_FRACTION = 0.1
 
 
 def split_ids(ids: np.ndarray, val_fraction: float = VAL_FRACTION) -> tuple[np.ndarray, np.ndarray]:
-    """The fixed split: (first 1 - val_fraction of the ids, the rest). Views, no copy."""
+    """The fixed split: (first 1 - val_fraction of the ids, the rest). Views, no copy.
+    ids: a 1-D integer array; val_fraction in [0, 1]."""
     n_train = int(len(ids) * (1.0 - val_fraction))
     return ids[:n_train], ids[n_train:]
 
@@ -592,7 +609,8 @@ def split_ids(ids: np.ndarray, val_fraction: float = VAL_FRACTION) -> tuple[np.n
 def get_batch(ids: np.ndarray, batch_size: int, block_size: int,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """B random windows: x (B, T) int64 = ids[s : s + T], y (B, T) = ids[s + 1 : s + T + 1], for B
-    start offsets s drawn from `rng`. y[b, t] is the character that follows x[b, :t + 1]."""
+    start offsets s drawn from `rng`. y[b, t] is the character that follows x[b, :t + 1].
+    ids: a 1-D integer array; batch_size (B) and block_size (T) >= 1."""
     if len(ids) <= block_size:
         raise ValueError(f"get_batch: need more than block_size={block_size} ids, got {len(ids)}")
     starts = rng.integers(0, len(ids) - block_size, size=batch_size)
@@ -605,7 +623,7 @@ def eval_windows(ids: np.ndarray, block_size: int, n_windows: int | None = None)
     y = ids[wT + 1 : wT + T + 1]; all that fit, or the first n_windows. Deterministic."""
     block_size = check_size("eval_windows", "block_size", block_size, 1)
     if n_windows is not None:
-        n_windows = check_size("eval_windows", "n_windows", n_windows, 0)
+        n_windows = check_size("eval_windows", "n_windows", n_windows, 1)
     available = (len(ids) - 1) // block_size
     w = available if n_windows is None else min(int(n_windows), available)
     starts = np.arange(w) * block_size
@@ -615,7 +633,12 @@ def eval_windows(ids: np.ndarray, block_size: int, n_windows: int | None = None)
 
 def bigram_loss(train_ids: np.ndarray, eval_ids: np.ndarray, vocab_size: int, alpha: float = 0.1) -> float:
     """Mean cross-entropy (nats/char) on eval_ids of a bigram model p(next | current) estimated by
-    counting pairs in train_ids, with add-alpha smoothing."""
+    counting pairs in train_ids, with add-alpha smoothing (alpha > 0). Ids lie in [0, vocab_size);
+    eval_ids holds at least 2."""
+    for name, ids in (("train_ids", train_ids), ("eval_ids", eval_ids)):
+        _check_vocab_ids("bigram_loss", name, ids, vocab_size)
+    if len(eval_ids) < 2:
+        raise ValueError(f"bigram_loss: eval_ids must hold at least 2 ids (one pair), got {len(eval_ids)}")
     counts = np.full((vocab_size, vocab_size), alpha)
     np.add.at(counts, (train_ids[:-1], train_ids[1:]), 1.0)
     logp = np.log(counts / counts.sum(axis=1, keepdims=True))
@@ -668,11 +691,28 @@ print(f"baselines on val: uniform {uniform_loss:.3f} nats/char, bigram {bigram_v
 
 # %%
 #| export gpt
-def _check_layer_norm(x: Tensor, weight: Tensor, bias: Tensor) -> None:
+def _check_layer_norm_arrays(x: Any, weight: Any, bias: Any, eps: Any, what: str) -> None:
+    """The NumPy LayerNorm's arguments: floating arrays x (..., C), weight and bias (C,), eps > 0.
+    Called on the inference models' inner loop (lesson 11): the common case costs a few attribute reads."""
+    for name, a in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            raise TypeError(f"{what}: {name} must be a floating NumPy array, got {describe(a)} ({np.ndim(a)} axes)")
+    if eps.__class__ is not float or not 0.0 < eps < math.inf:
+        check_number(what, "eps", eps)
+        if not eps > 0:
+            raise ValueError(f"{what}: eps must be a finite number > 0, got {eps}")
     c = x.shape[-1] if x.ndim else None
-    if x.ndim == 0 or tuple(weight.shape) != (c,) or tuple(bias.shape) != (c,):
-        raise ValueError(f"layer_norm: x {tuple(x.shape)} needs weight and bias of shape ({c},), got "
-                         f"{tuple(weight.shape)} and {tuple(bias.shape)}")
+    if c is None or weight.shape != (c,) or bias.shape != (c,):
+        raise ValueError(f"{what}: x {x.shape} needs weight and bias of shape ({c},), got {weight.shape} and "
+                         f"{bias.shape}")
+
+
+def _check_layer_norm(x: Any, weight: Any, bias: Any, what: str = "layer_norm") -> None:
+    shape = tuple(np.shape(x))
+    c = shape[-1] if shape else None
+    if not shape or tuple(np.shape(weight)) != (c,) or tuple(np.shape(bias)) != (c,):
+        raise ValueError(f"{what}: x {shape} needs weight and bias of shape ({c},), got "
+                         f"{tuple(np.shape(weight))} and {tuple(np.shape(bias))}")
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
@@ -686,7 +726,8 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
 
 
 def layer_norm_np(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:
-    """LayerNorm in plain NumPy (what the model computes), in x's dtype."""
+    """LayerNorm in plain NumPy (what the model computes), in x's dtype. Its arguments are checked
+    by layer_norm_forward (floating arrays x (..., C), weight and bias (C,), eps > 0)."""
     return layer_norm_forward(x, weight, bias, eps)[0]
 
 
@@ -721,6 +762,7 @@ def layer_norm_forward(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
 
     x (..., C); weight, bias (C,). Returns (y (..., C), xhat (..., C) the normalised x,
     rstd (..., 1) = 1 / sqrt(var + eps)), all in x's dtype."""
+    _check_layer_norm_arrays(x, weight, bias, eps, "layer_norm_forward")
     ### BEGIN SOLUTION
     mean = x.mean(axis=-1, keepdims=True)
     centered = x - mean
@@ -735,6 +777,11 @@ def layer_norm_backward(g: np.ndarray, xhat: np.ndarray, rstd: np.ndarray,
                         weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of LayerNorm from the upstream gradient g (..., C) and the forward's saved xhat
     (..., C) and rstd (..., 1). Returns (dx (..., C), dweight (C,), dbias (C,))."""
+    shapes = tuple(np.shape(a) for a in (g, xhat, rstd, weight))
+    if (len(shapes[0]) == 0 or shapes[1] != shapes[0] or shapes[2] != shapes[0][:-1] + (1,)
+            or shapes[3] != shapes[0][-1:]):
+        raise ValueError(f"layer_norm_backward: g, xhat, rstd, weight must be (..., C), (..., C), (..., 1), (C,); "
+                         f"got g {shapes[0]}, xhat {shapes[1]}, rstd {shapes[2]}, weight {shapes[3]}")
     ### BEGIN SOLUTION
     lead = tuple(range(g.ndim - 1))
     dweight = (g * xhat).sum(axis=lead)
@@ -803,8 +850,10 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+            setattr(self, name, check_int("GPTConfig", name, getattr(self, name), 1))
+        self.ln_eps = check_number("GPTConfig", "ln_eps", self.ln_eps, 0.0)
+        if self.ln_eps <= 0:
+            raise ValueError(f"GPTConfig: ln_eps must be > 0, got {self.ln_eps}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPTConfig: n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if self.attention not in ATTENTION_IMPLS:
@@ -823,11 +872,14 @@ class Embedding(Module):
         self.weight = Parameter((rng.standard_normal((num, dim)) * 0.02).astype(np.float32))
 
     def forward(self, idx: Any) -> Tensor:
-        idx = np.asarray(idx)
+        given, idx = idx, np.asarray(idx) if not isinstance(idx, (str, bytes)) else np.asarray(0.5)
         n = self.weight.shape[0]
-        if idx.dtype.kind not in "iu" or (idx.size and (idx.min() < 0 or idx.max() >= n)):
-            raise ValueError(f"Embedding({n}, {self.weight.shape[1]}): ids must be integers in [0, {n}), got "
-                             f"dtype {idx.dtype}" + (f", values {idx.min()}..{idx.max()}" if idx.size else ""))
+        if idx.dtype.kind not in "iu":
+            raise TypeError(f"Embedding({n}, {self.weight.shape[1]}): idx must be integer ids in [0, {n}), got "
+                            f"{describe(given)}")
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise ValueError(f"Embedding({n}, {self.weight.shape[1]}): idx must be integer ids in [0, {n}), got "
+                             f"dtype {idx.dtype}, values {idx.min()}..{idx.max()}")
         return self.weight[idx]
 
 
@@ -876,6 +928,7 @@ def evaluate_loss(model: Module, ids: np.ndarray, n_windows: int | None = None, 
     progress bar over the batches (all 726 validation windows take tens of seconds)."""
     from tqdm.auto import tqdm
 
+    _check_vocab_ids("evaluate_loss", "ids", ids, model.config.vocab_size)
     x, y = eval_windows(ids, model.config.block_size, n_windows)
     if len(x) == 0:
         raise ValueError(f"evaluate_loss: need more than block_size={model.config.block_size} ids, got {len(ids)}")
@@ -1049,6 +1102,9 @@ def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int =
     and evaluations alone, not the progress bar (progress=True, labelled desc) between them."""
     from tqdm.auto import tqdm
 
+    _check_vocab_ids("train_gpt", "train_ids", train_ids, model.config.vocab_size)
+    if val_ids is not None:
+        _check_vocab_ids("train_gpt", "val_ids", val_ids, model.config.vocab_size)
     rng = np.random.default_rng(seed)
     optimizer = Adam(model.parameters(), lr=lr)
     history: dict[str, Any] = {"loss": [], "val_step": [], "val_loss": []}
@@ -1082,7 +1138,10 @@ def train_gpt(model: "GPT", train_ids: np.ndarray, steps: int, batch_size: int =
 def check_sampling(what: str, max_new_tokens: int | None = None, temperature: float = 0.0,
                    top_k: int | None = None) -> None:
     """Errors naming the argument and its value unless max_new_tokens is an integer >= 0, temperature
-    a finite number >= 0 and top_k None or an integer >= 1 (what generate and its kin accept)."""
+    a finite number >= 0 and top_k None or an integer >= 1 (what generate and its kin accept).
+    `what` names the function checking (a str)."""
+    if what.__class__ is not str:
+        raise TypeError(f"check_sampling: what must be a str (the function checking), got {describe(what)}")
     if max_new_tokens is not None:
         check_size(what, "max_new_tokens", max_new_tokens, 0)
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, (int, float, np.integer, np.floating)):
@@ -2136,3 +2195,75 @@ for n_ in (512, 1024, 2048, 4096):
 #   Attention with IO-Awareness*, NeurIPS 2022.
 # - T. Dao, *FlashAttention-2: Faster Attention with Better Parallelism and Work Partitioning*, 2023;
 #   T. Dao, D. Haziza, F. Massa, G. Sizov, *Flash-Decoding for long-context inference*, 2023.
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import (Array, Attrs, Count, Instance, Optional, Size, TensorLike,  # noqa: E402
+                              validate_public)
+
+_KERNEL_IO = Array(ndim=3, dtypes=KERNEL_DTYPES, axes="(G, N, d)")
+_CUDA_IO = Array(ndim=3, dtypes=np.float32, axes="(G, N, d)")
+_ATTENTION_RULES = {
+    "check_qkv": {name: Attrs("shape", "dtype") for name in "qkv"},
+    "no_keys": {name: Instance(Tensor, must="a minitorch Tensor") for name in "qkv"},
+    "attention": {name: TensorLike(dtypes="float") for name in "qkv"},
+    "attention_np": {name: Array(dtypes="float") for name in "qkv"},
+    "attention_flops": {**{name: Count for name in ("b", "h", "nq", "nk", "d")}, "dv": Optional(Count)},
+    "attention_score_bytes": {**{name: Count for name in ("b", "h", "nq", "nk")}, "itemsize": Size},
+    "column_blocks": {"x": Array(ndim=2), "width": Size},
+    "online_softmax": {"x": Array(ndim=2)},
+    "online_softmax_stats": {"blocks": Instance(Iterable, must="an iterable of (rows, w) arrays")},
+    "flash_attention_forward": {**{name: _KERNEL_IO for name in "qkv"}, "threads": Optional(Size)},
+    "flash_attention_backward": {**{name: _KERNEL_IO for name in ("q", "k", "v", "o", "do")},
+                                 "lse": Array(ndim=2, dtypes=KERNEL_DTYPES, axes="(G, Nq)"), "threads": Optional(Size)},
+    "flash_attention": {name: TensorLike(dtypes=KERNEL_DTYPES) for name in "qkv"},
+    "flash_cuda_program": {"head_dim": Size},
+    "flash_cuda_launch": {"g": Size, "nq": Size},
+    "flash_attention_emulated": {name: _CUDA_IO for name in "qkv"},
+    "flash_attention_cuda": {name: _CUDA_IO for name in "qkv"},
+    "attention_cupy_unfused": {name: _CUDA_IO for name in "qkv"},
+}
+# In the lesson's notebook one namespace holds both modules, and validate_public wraps a function once:
+# there the gpt cell below applies both modules' rules.
+if __name__ == "minitorch.attention":
+    validate_public(globals(), _ATTENTION_RULES)
+
+
+# %%
+#| export gpt
+#| given
+from minitorch.checks import (Array, Attrs, Choice, Count, Fraction, Instance, Optional, Positive, Size,  # noqa: E402
+                              Unchecked, validate_public)
+
+_IDS = Array(ndim=1, dtypes="int")
+_FLOATS = Array(dtypes="float")
+_TENSOR = Instance(Tensor, must="a minitorch Tensor")
+_WINDOWS = Array(ndim=2, dtypes="int", axes="(B, T)")
+validate_public(globals(), {**globals().get("_ATTENTION_RULES", {}), **{
+    "split_ids": {"ids": _IDS, "val_fraction": Fraction},
+    "get_batch": {"ids": _IDS, "batch_size": Size, "block_size": Size},
+    "eval_windows": {"ids": _IDS},
+    "bigram_loss": {"train_ids": _IDS, "eval_ids": _IDS, "vocab_size": Size, "alpha": Positive},
+    "layer_norm": {"x": _TENSOR, "weight": _TENSOR, "bias": _TENSOR, "eps": Positive},
+    # the NumPy LayerNorm runs on lesson 11's inner loop: layer_norm_forward checks in its body
+    "layer_norm_np": {"x": Unchecked(), "weight": Unchecked(), "bias": Unchecked(), "eps": Unchecked()},
+    "gelu": {"x": _TENSOR},
+    "layer_norm_forward": {"x": Unchecked(), "weight": Unchecked(), "bias": Unchecked(), "eps": Unchecked()},
+    "check_sampling": {n: Unchecked() for n in ("what", "max_new_tokens", "temperature", "top_k")},  # its job
+    "layer_norm_backward": {"g": _FLOATS, "xhat": _FLOATS, "rstd": _FLOATS, "weight": _FLOATS},
+    "Embedding": {"num": Size, "dim": Size},
+    "LayerNorm": {"dim": Size, "eps": Positive},
+    "LayerNorm.forward": {"x": _TENSOR},
+    "evaluate_loss": {"model": Attrs("config", "eval", "train"), "ids": _IDS, "n_windows": Optional(Size),
+                      "batch_size": Size},
+    "load_checkpoint": {"attention": Choice(*ATTENTION_IMPLS)},
+    "load_tiny_gpt": {"attention": Choice(*ATTENTION_IMPLS)},
+    "GPT": {"seed": Count},
+    "GPT.forward": {"idx": _WINDOWS, "targets": Optional(_WINDOWS)},
+    "lr_schedule": {"step": Count, "steps": Size, "lr": Positive, "warmup": Count, "min_ratio": Fraction},
+    "train_gpt": {"train_ids": _IDS, "steps": Size, "batch_size": Size, "lr": Positive, "warmup": Count, "seed": Count,
+                  "val_ids": Optional(_IDS), "eval_every": Size, "eval_windows": Optional(Size)},
+    "generate": {"idx": Array(ndim=(1, 2), dtypes="int", axes="(B, t) or (t,)")},
+}})

@@ -51,6 +51,7 @@ from numba.extending import overload
 
 from minitorch.attention import check_size
 from minitorch.autograd import Tensor
+from minitorch.checks import check_array, describe
 from minitorch.nn import Linear, Module
 
 # %%
@@ -146,8 +147,9 @@ def get_format(fmt: str | FloatFormat) -> FloatFormat:
     """FORMATS[fmt] for a name, fmt itself for a FloatFormat; ValueError naming the known ones."""
     if isinstance(fmt, FloatFormat):
         return fmt
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown float format {fmt!r}; known: {sorted(FORMATS)}")
+    if not isinstance(fmt, str) or fmt not in FORMATS:
+        raise (ValueError if isinstance(fmt, str) else TypeError)(
+            f"get_format: fmt must be a FloatFormat or one of {', '.join(map(repr, FORMATS))}, got {describe(fmt)}")
     return FORMATS[fmt]
 
 # %% [markdown]
@@ -245,7 +247,7 @@ def encode_bits(x: np.ndarray, fmt: str | FloatFormat, saturate: bool = False) -
     f = get_format(fmt)
     x = np.asarray(x)
     if x.dtype != np.float32:
-        raise TypeError(f"encode_bits expects float32, got {x.dtype}: convert first (x.astype(np.float32)); "
+        raise TypeError(f"encode_bits: x must be float32, got dtype {x.dtype}: convert first (x.astype(np.float32)); "
                         "float64 -> float32 -> narrow rounds twice, which can differ from rounding once")
     u = x.view(np.uint32).astype(np.int64)
     E, M = f.exp_bits, f.man_bits
@@ -273,7 +275,8 @@ def encode_bits(x: np.ndarray, fmt: str | FloatFormat, saturate: bool = False) -
 
 
 def round_to_format(x: np.ndarray, fmt: str | FloatFormat, saturate: bool = False) -> np.ndarray:
-    """x (float32) rounded to `fmt` and returned as float32: decode_bits(encode_bits(x))."""
+    """`x` rounded to `fmt` and returned as float32: decode_bits(encode_bits(x)). x has any shape and
+    any real dtype (float16, float64 and integers are converted to float32 first)."""
     return decode_bits(encode_bits(np.asarray(x, dtype=np.float32), fmt, saturate), fmt)
 
 # %% tags=["check"]
@@ -432,7 +435,8 @@ def cast(x: Tensor, fmt: str | FloatFormat, saturate: bool = False) -> Tensor:
 
 def mixed_forward(model: Module, x: np.ndarray, fmt: str | None) -> Tensor:
     """Lesson 03's MLP (a Sequential of Linear and activations) run with every operand and result
-    rounded to `fmt`; fmt=None runs it in float32."""
+    rounded to `fmt`; fmt=None runs it in float32. `x` has any real dtype (float16 and float64 are
+    converted to float32 first)."""
     h = Tensor(np.asarray(x, dtype=np.float32))
     if fmt is None:
         return model(h)
@@ -549,20 +553,20 @@ plt.show()
 
 # %%
 #| export
-def check_block(shape: tuple[int, ...], block: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The block shape with -1 (and None: the whole tensor) resolved; ValueError unless every
-    block size is >= 1 and divides the tensor's size on its axis."""
+def check_block(shape: tuple[int, ...], block: tuple[int, ...] | None, what: str = "quantize") -> tuple[int, ...]:
+    """The block shape with -1 (and None: the whole tensor) resolved; ValueError (naming `what`, the
+    block and x's shape) unless block has one size per axis of x, each -1 or >= 1 dividing x's size."""
     shape = tuple(int(n) for n in shape)
     if block is None:
         return shape
     block = tuple(int(b) for b in block)
     if len(block) != len(shape):
-        raise ValueError(f"block {block} has {len(block)} dimensions but the tensor has shape {shape}")
+        raise ValueError(f"{what}: block {block} has {len(block)} axes but x has {len(shape)} (shape {shape})")
     block = tuple(n if b == -1 else b for b, n in zip(block, shape))
     bad = [i for i, (b, n) in enumerate(zip(block, shape)) if b < 1 or n % b]
     if bad:
         i = bad[0]
-        raise ValueError(f"block {block} does not divide shape {shape}: axis {i} has size {shape[i]}, "
+        raise ValueError(f"{what}: block {block} does not divide x's shape {shape}: axis {i} has size {shape[i]}, "
                          f"block size {block[i]}" + (" (choose a group size that divides it)" if block[i] > 0 else ""))
     return block
 
@@ -570,9 +574,10 @@ def check_block(shape: tuple[int, ...], block: tuple[int, ...] | None) -> tuple[
 def check_finite_float(what: str, x: Any, name: str = "x") -> np.ndarray:
     """x as a NumPy array; TypeError unless it is floating, ValueError (how many, the first one and
     where) if it holds a NaN or an inf: no scale can represent them."""
-    x = np.asarray(x)
-    if x.dtype.kind != "f":
-        raise TypeError(f"{what}: {name} must be a float array (float32 or float64), got dtype {x.dtype}")
+    arr = np.asarray(x) if not isinstance(x, (str, bytes)) and x is not None else None
+    if arr is None or arr.dtype.kind != "f":
+        raise TypeError(f"{what}: {name} must be a float array (float32 or float64), got {describe(x)}")
+    x = arr
     bad = ~np.isfinite(x)
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
@@ -583,8 +588,10 @@ def check_finite_float(what: str, x: Any, name: str = "x") -> np.ndarray:
 
 def check_qparams(what: str, shape: tuple[int, ...], scale: Any, zero_point: Any) -> None:
     """ValueError naming the shapes unless scale and zero_point have one entry per block of a tensor
-    of `shape` (as many axes, each dividing the tensor's), and the scales are finite and > 0."""
-    scale, zero_point = np.asarray(scale), np.asarray(zero_point)
+    of `shape` (as many axes, each dividing the tensor's), and the scales are finite and > 0;
+    TypeError unless scale is a real and zero_point an integer array."""
+    scale = check_array(what, "scale", scale, dtypes="real")
+    zero_point = check_array(what, "zero_point", zero_point, dtypes="int")
     shape = tuple(shape)
     if (scale.shape != zero_point.shape or scale.ndim != len(shape)
             or any(ns < 1 or n % ns for n, ns in zip(shape, scale.shape))):
@@ -599,12 +606,18 @@ def check_qparams(what: str, shape: tuple[int, ...], scale: Any, zero_point: Any
 def check_matmul_shapes(what: str, x: np.ndarray, w: np.ndarray) -> None:
     """ValueError naming both shapes unless x (T, K) @ w (K, N) fits."""
     if x.ndim != 2 or w.ndim != 2 or x.shape[1] != w.shape[0]:
-        raise ValueError(f"{what}: shape mismatch {x.shape} @ {w.shape} (need (T, K) @ (K, N))")
+        raise ValueError(f"{what}: shape mismatch {x.shape} @ {w.shape} (need x (T, K) @ w (K, N), got x of "
+                         f"{x.ndim} axes {x.shape} and w of {w.ndim} axes {w.shape})")
 
 
 def expand_blocks(s: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """A per-block array s (one entry per block) repeated to the full `shape`."""
+    """A per-block array s (one entry per block) repeated to the full `shape` (an axis of one block
+    stays of size 1: it broadcasts); ValueError unless s has one axis per entry of shape, each of a
+    size that divides shape's."""
     s = np.asarray(s)
+    if s.ndim != len(shape) or any(ns < 1 or n % ns for ns, n in zip(s.shape, shape)):
+        raise ValueError(f"expand_blocks: s must have one entry per block of shape {tuple(shape)} (as many axes, each "
+                         f"size dividing shape's), got s of shape {s.shape}")
     for axis, (ns, n) in enumerate(zip(s.shape, shape)):
         if ns != n and ns != 1:
             s = np.repeat(s, n // ns, axis=axis)
@@ -614,7 +627,7 @@ def expand_blocks(s: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 def qrange(bits: int, symmetric: bool) -> tuple[int, int]:
     """(qmin, qmax) for `bits`-bit signed integers: symmetric (-(2^(b-1)-1), 2^(b-1)-1), else the full range."""
     if not 2 <= bits <= 8:
-        raise ValueError(f"bits must be between 2 and 8, got {bits}")
+        raise ValueError(f"qrange: bits must be between 2 and 8, got {bits}")
     qmax = (1 << (bits - 1)) - 1
     return (-qmax if symmetric else -qmax - 1), qmax
 
@@ -684,7 +697,7 @@ def quantize_with(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, bits
 
 
 def quantize(x: np.ndarray, bits: int = 8, symmetric: bool = True, block: tuple[int, ...] | None = None) -> QTensor:
-    """Quantize float array x (any shape) blockwise: symmetric absmax or asymmetric with a zero point.
+    """Quantize a float array x of any shape blockwise: symmetric absmax or asymmetric with a zero point.
 
     block: the block shape (None = one block, -1 = the whole axis); each block gets a float32
     scale and an int32 zero point. Returns a QTensor. x must be non-empty and finite (checked here)."""
@@ -930,15 +943,18 @@ def gemm_int8_kernel(a, bt, c):
                     c[i, j] = int8_dot(ai, bt[j])
 
 
-def check_int8_operands(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
-    """a (M, K), b (K, N) int8 NumPy arrays; TypeError/ValueError naming dtypes and shapes."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.dtype != np.int8 or b.dtype != np.int8:
-        raise TypeError(f"matmul_int8 expects int8 operands, got {a.dtype} and {b.dtype}")
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"matmul_int8 shape mismatch: {a.shape} @ {b.shape} (need (M, K) @ (K, N))")
+def check_int8_operands(a: np.ndarray, b: np.ndarray, what: str = "matmul_int8",
+                        names: tuple[str, str] = ("a", "b")) -> tuple[np.ndarray, np.ndarray]:
+    """a (M, K), b (K, N) int8 NumPy arrays; TypeError/ValueError naming `what` (the caller), the
+    operand (`names`: the caller's parameters), its dtype and shape."""
+    for name, v, axes in ((names[0], a, "(M, K)"), (names[1], b, "(K, N)")):
+        if not isinstance(v, np.ndarray) or v.dtype != np.int8 or v.ndim != 2:
+            bad = TypeError if not isinstance(v, np.ndarray) or v.dtype != np.int8 else ValueError
+            raise bad(f"{what}: {name} must be an int8 NumPy array of 2 axes {axes}, got {describe(v)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{what}: shape mismatch: {names[0]} {a.shape} @ {names[1]} {b.shape} (need (M, K) @ (K, N))")
     if a.shape[1] > MAX_K_INT32:
-        raise ValueError(f"matmul_int8: K = {a.shape[1]} > {MAX_K_INT32} could overflow the int32 accumulator")
+        raise ValueError(f"{what}: K = {a.shape[1]} > {MAX_K_INT32} could overflow the int32 accumulator")
     return a, b
 
 
@@ -1165,7 +1181,7 @@ def gemm_int8_pairs(a, b, c, mc, kc2):
 def matmul_int8_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact: the explicit-pairs kernel (`vpmaddwd`)
     in lesson 06's packed, blocked loops on all Numba threads. K <= MAX_K_INT32."""
-    a, b = check_int8_operands(a, b)
+    a, b = check_int8_operands(a, b, "matmul_int8_pairs")
     m, n = a.shape[0], b.shape[1]
     c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.int32)
     if m and n and a.shape[1]:
@@ -1315,7 +1331,8 @@ extern "C" __global__ void int8_gemm_dp4a(const int* __restrict__ A4, const int*
 
 
 def pack_k4(a: np.ndarray, xp: Any = np) -> Any:
-    """a (R, K) int8 -> (R, ceil(K/4)) int32: four consecutive k per word (zero-padded), little-endian."""
+    """a (R, K) int8 -> (R, ceil(K/4)) int32: four consecutive k per word (zero-padded), little-endian.
+    xp: the array module of a (NumPy, or CuPy for arrays on the GPU)."""
     r, k = a.shape
     k4 = -(-k // 4)
     padded = xp.zeros((r, 4 * k4), dtype=xp.int8)
@@ -1347,7 +1364,7 @@ def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The same kernel on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
     from course.cuda_c import emulate
 
-    a, b = check_int8_operands(a, b)
+    a, b = check_int8_operands(a, b, "int8_gemm_dp4a_emulated")
     m, n = a.shape[0], b.shape[1]
     a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
     c = np.zeros((m, n), np.int32)
@@ -1467,7 +1484,7 @@ def systolic_matmul(x: np.ndarray, w: np.ndarray, rows: int = 4, cols: int = 4) 
     Returns (y (M, N) int32, cycles = ceil(K/rows) * ceil(N/cols) * (M + rows + cols - 2))."""
     rows, cols = check_size("systolic_matmul", "rows", rows, 1), check_size("systolic_matmul", "cols", cols, 1)
     ### BEGIN SOLUTION
-    x, w = check_int8_operands(x, w)
+    x, w = check_int8_operands(x, w, "systolic_matmul", ("x", "w"))
     M, K = x.shape
     N = w.shape[1]
     kt, nt = -(-K // rows), -(-N // cols)
@@ -1787,7 +1804,12 @@ def smoothquant_scales(x_absmax: np.ndarray, w: np.ndarray, alpha: float = 0.5) 
 
 
 def smooth(x: np.ndarray, w: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(x / s, s[:, None] * w): the same product x @ w, with the difficulty moved from x to w."""
+    """(x / s, s[:, None] * w): the same product x @ w, with the difficulty moved from x to w.
+    x (T, K), w (K, N), s (K,) finite and > 0."""
+    if x.shape[1] != w.shape[0] or s.shape != (w.shape[0],):
+        raise ValueError(f"smooth: x (T, K), w (K, N) and s (K,) must agree, got x {x.shape}, w {w.shape}, s {s.shape}")
+    if not np.all(np.isfinite(s) & (s > 0)):
+        raise ValueError(f"smooth: s must be finite and > 0, got {s[~(np.isfinite(s) & (s > 0))][:4].tolist()}")
     return x / s, w * s[:, None]
 
 # %% tags=["check"]
@@ -2106,3 +2128,77 @@ if HAVE_GPT:
 # The W8A8 per-channel row is graded (exercise 10.9's tests): within 0.005 nats of fp32 on 16
 # validation windows (measured difference 0.0018). A forgotten zero-point correction costs
 # +7.7 nats there; a scale on the wrong axis does not even broadcast.
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import (AnyOf, Array, Attrs, Choice, Count, Fraction, Instance, Int, Number,  # noqa: E402
+                              Optional, Rule, Seq, Size, validate_public)
+from minitorch.optim import _Params  # noqa: E402
+
+
+class _Names(Rule):
+    """Names of layers: an iterable of str (a list, tuple or set), not one str."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(v, str) for v in value):
+            return
+        raise TypeError(f"{what}: {name} must be a list, tuple or set of layer names (str), got {describe(value)}")
+
+
+class _Shape(Rule):
+    """A shape: a sequence of sizes >= 0, or one size."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        (Seq(Count) if isinstance(value, (list, tuple, np.ndarray)) else Count)(what, name, value)
+
+
+_FMT = AnyOf(Choice(*FORMATS), Instance(FloatFormat))
+_FLOATS = Array(dtypes=("float32", "float64"))
+_MATRIX = Array(ndim=2, dtypes=("float32", "float64"))
+_INT8_MATRIX = Array(ndim=2, dtypes="int8")
+_BITS = Int(2, 8)
+_THRESHOLD = Number(0, finite=False)  # inf: no outlier column (the pure int8 path); 0: every column
+validate_public(globals(), {
+    "get_format": {"fmt": _FMT},
+    "decode_bits": {"bits": Array(dtypes="int"), "fmt": _FMT},
+    "encode_bits": {"x": Array(dtypes="float32"), "fmt": _FMT},
+    "round_to_format": {"x": Array(dtypes="real"), "fmt": _FMT},
+    "DynamicLossScaler": {"init_scale": Number(0, lo_open=True), "growth_factor": Number(1),
+                          "backoff_factor": Number(0, 1, lo_open=True, hi_open=True), "growth_interval": Size},
+    "DynamicLossScaler.unscale_": {"params": _Params()},
+    "DynamicLossScaler.step": {"optimizer": Attrs("step"), "params": _Params()},
+    "cast": {"x": Instance(Tensor, must="a minitorch Tensor"), "fmt": _FMT},
+    "mixed_forward": {"model": Attrs("layers"), "x": Array(dtypes="real"), "fmt": Optional(_FMT)},
+    "check_block": {"shape": Seq(Count), "block": Optional(Seq(Int(-1)))},
+    "check_qparams": {"shape": Seq(Count)},
+    "expand_blocks": {"s": Array(), "shape": Seq(Count)},
+    "qrange": {"bits": _BITS},
+    "quantize_with": {"x": _FLOATS, "scale": Array(dtypes="real"), "zero_point": Array(dtypes="int"), "bits": _BITS},
+    "quantize": {"x": _FLOATS, "bits": _BITS, "block": Optional(Seq(Int(-1)))},
+    "pack_int4": {"q": Array(dtypes="int")},
+    "unpack_int4": {"packed": Array(ndim=1, dtypes="uint8"), "shape": _Shape()},
+    "matmul_int8": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "matmul_int8_pairs": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "pack_k4": {"a": _INT8_MATRIX, "xp": Attrs("zeros", "ascontiguousarray", "int8", "int32")},
+    "dp4a_launch": {"m": Size, "n": Size},
+    "int8_gemm_dp4a": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "int8_gemm_dp4a_emulated": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "systolic_tile": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
+    "systolic_matmul": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
+    "QuantLinear": {"weight": _MATRIX, "bias": Optional(Array(ndim=1, dtypes=("float32", "float64"))),
+                    "mode": Choice(*MODES), "granularity": Choice("channel", "tensor", "group"),
+                    "group_size": Optional(Size)},
+    "quantize_model": {"skip": _Names()},
+    "w8a8_matmul": {"x": _MATRIX, "w": _MATRIX},
+    "llm_int8_matmul": {"x": _MATRIX, "w": _MATRIX, "threshold": _THRESHOLD},
+    "smoothquant_scales": {"x_absmax": Array(ndim=1, dtypes=("float32", "float64")), "w": _MATRIX,
+                           "alpha": Fraction},
+    "smooth": {"x": _MATRIX, "w": _MATRIX, "s": Array(ndim=1, dtypes=("float32", "float64"))},
+    "quantize_w4_group": {"w": _MATRIX, "group_size": Optional(Size)},
+    "awq_search": {"x": _MATRIX, "w": _MATRIX},
+    "FormatLinear": {"fmt": _FMT},
+    "InputScaledLinear": {"inner": Attrs("weight_bytes", "__call__"), "s": Array(ndim=1, dtypes="real")},
+    "LLMInt8Linear": {"threshold": _THRESHOLD},
+})

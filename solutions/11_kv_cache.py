@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from minitorch.attention import causal_mask, check_size
+from minitorch.checks import check_array, check_instance, check_int, describe
 from minitorch.gpt import GELU_C, GPT, check_sampling, layer_norm_np, load_tiny_gpt
 
 # %% [markdown]
@@ -109,6 +110,10 @@ def count_macs() -> Iterator[MacCounter]:
 
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b (NumPy broadcasting rules), counting prod(out.shape) * a.shape[-1] multiply-adds."""
+    # the model's inner loop: the common case of the check is a few attribute reads, inline
+    if not (a.__class__ is np.ndarray and b.__class__ is np.ndarray and a.dtype.kind in "fiu"
+            and b.dtype.kind in "fiu"):
+        check_array("matmul", "a", a, dtypes="real"), check_array("matmul", "b", b, dtypes="real")
     out = a @ b
     if _COUNTERS:
         macs = int(np.prod(out.shape, dtype=np.int64)) * a.shape[-1]
@@ -164,8 +169,11 @@ def random_gpt_weights(vocab_size: int = 103, block_size: int = 64, n_layer: int
                        dtype: Any = np.float64) -> GPTWeights:
     """A GPT of the given shape with random weights (N(0, 0.02^2) matrices, LayerNorm 1 and 0,
     small random biases): for tests and for timing at contexts the trained model does not have."""
-    rng = np.random.default_rng(seed)
     n_kv_head = n_head if n_kv_head is None else n_kv_head
+    if n_embd % n_head or n_head % n_kv_head:
+        raise ValueError(f"random_gpt_weights: n_embd={n_embd} must be a multiple of n_head={n_head}, and n_head of "
+                         f"n_kv_head={n_kv_head}")
+    rng = np.random.default_rng(seed)
     hd = n_embd // n_head
     shapes = {"wte.weight": (vocab_size, n_embd), "wpe.weight": (block_size, n_embd),
               "ln_f.weight": (n_embd,), "ln_f.bias": (n_embd,)}
@@ -190,14 +198,22 @@ def random_gpt_weights(vocab_size: int = 103, block_size: int = 64, n_layer: int
 
 def linear(x: np.ndarray, params: dict[str, np.ndarray], name: str) -> np.ndarray:
     """x (..., in) @ params[name.weight] (in, out) + params[name.bias] -> (..., out)."""
+    if not (x.__class__ is np.ndarray and x.dtype.kind in "fiu" and params.__class__ is dict and name.__class__ is str):
+        check_array("linear", "x", x, dtypes="real"), check_instance("linear", "params", params, dict)
+        check_instance("linear", "name", name, str)
+    if name + ".weight" not in params:
+        raise ValueError(f"linear: name {name!r} is not a layer of params (no {name + '.weight'!r})")
     return matmul(x, params[name + ".weight"]) + params[name + ".bias"]
 
 
-def check_attention_inputs(what: str, q: Any, k: Any, v: Any, mask: Any = None) -> np.ndarray | None:
+def _check_attention_inputs(what: str, q: Any, k: Any, v: Any, mask: Any = None) -> np.ndarray | None:
     """ValueError naming the shapes unless q (B, Hq, Tq, hd) and k, v (B, Hkv, Tk, hd) fit, Hq a
-    multiple of Hkv >= 1; TypeError unless mask is None or boolean, ValueError unless it broadcasts
-    to (B, Hq, Tq, Tk). Returns the mask broadcast to that shape (or None)."""
-    shapes = tuple(np.shape(a) for a in (q, k, v))
+    multiple of Hkv >= 1; TypeError unless q, k, v are float arrays and mask is None or boolean,
+    ValueError unless it broadcasts to (B, Hq, Tq, Tk). Returns the mask broadcast to that shape (or None)."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            raise TypeError(f"{what}: {name} must be a floating NumPy array (B, H, T, hd), got {describe(a)}")
+    shapes = (q.shape, k.shape, v.shape)
     (sq, sk, sv) = shapes
     if (len(sq) != 4 or len(sk) != 4 or sk != sv or sq[0] != sk[0] or sq[-1] != sk[-1] or sk[1] == 0
             or sq[1] % sk[1]):
@@ -205,9 +221,9 @@ def check_attention_inputs(what: str, q: Any, k: Any, v: Any, mask: Any = None) 
                          f"Hkv, got q {sq}, k {sk}, v {sv}")
     if mask is None:
         return None
-    mask = np.asarray(mask)
-    if mask.dtype != np.bool_:
-        raise TypeError(f"{what}: the mask must be boolean (True = may attend), got dtype {mask.dtype}")
+    given, mask = mask, np.asarray(mask) if not isinstance(mask, (str, bytes)) else None
+    if mask is None or mask.dtype != np.bool_:
+        raise TypeError(f"{what}: the mask must be boolean (True = may attend), got {describe(given)}")
     scores = (sq[0], sq[1], sq[2], sk[2])
     try:
         return np.broadcast_to(mask, scores)
@@ -221,7 +237,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None 
     h uses key/value head h // (Hq // Hkv) (the K/V heads are repeated). mask: boolean,
     broadcastable to (B, Hq, Tq, Tk), True where a query may see a key. Returns (B, Hq, Tq, hd)
     in q's dtype; a query that sees no key (every query when Tk = 0) gets zeros."""
-    mask = check_attention_inputs("attend", q, k, v, mask)
+    mask = _check_attention_inputs("attend", q, k, v, mask)
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
@@ -236,19 +252,32 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """Lesson 09's gelu_np (tanh form) with x * x * x for x ** 3: NumPy computes a float32 x ** 3
-    through powf, about 100x slower than two multiplies here. Same value to rounding."""
+    through powf, about 100x slower than two multiplies here. Same value to rounding, in x's dtype
+    (any float, float16 included)."""
     return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + 0.044715 * (x * x * x))))
 
 
 def embed(W: GPTWeights, idx: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Token plus position embeddings: idx (B, T) ids at positions pos ((T,) or (B, T)) -> (B, T, C)."""
+    """Token plus position embeddings: idx (B, T) ids at positions pos ((T,) or (B, T)) -> (B, T, C).
+    Ids lie in [0, vocab_size), positions in [0, block_size)."""
+    idx, pos = np.asarray(idx), np.asarray(pos)
+    for name, a, n in (("idx", idx, W.vocab_size), ("pos", pos, W.block_size)):
+        if a.size and (a.min() < 0 or a.max() >= n):
+            raise ValueError(f"embed: {name} must lie in [0, {n}), got values {a.min()}..{a.max()}")
     return W.params["wte.weight"][idx] + W.params["wpe.weight"][pos]
+
+
+def _layer_index(W: GPTWeights, i: Any, what: str) -> int:
+    """i as an int if it is a layer index of W (0 <= i < n_layer); TypeError or ValueError naming it otherwise."""
+    if i.__class__ is int and 0 <= i < W.n_layer:
+        return i
+    return check_int(what, "i", i, 0, W.n_layer - 1)
 
 
 def layer_qkv(W: GPTWeights, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Layer i's LayerNorm 1 and q, k, v projections of the residual stream x (B, T, C):
     q (B, n_head, T, hd), k and v (B, n_kv_head, T, hd)."""
-    p, pre = W.params, f"blocks.{i}."
+    p, pre = W.params, f"blocks.{_layer_index(W, i, 'layer_qkv')}."
     h = layer_norm_np(x, p[pre + "ln1.weight"], p[pre + "ln1.bias"], W.ln_eps)
     b, t, _ = x.shape
     q = linear(h, p, pre + "attn.q").reshape(b, t, W.n_head, -1).transpose(0, 2, 1, 3)
@@ -260,7 +289,7 @@ def layer_qkv(W: GPTWeights, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndar
 def layer_finish(W: GPTWeights, i: int, x: np.ndarray, o: np.ndarray) -> np.ndarray:
     """The rest of layer i: x + proj(merged heads of o (B, H, T, hd)), then + MLP(LayerNorm 2).
     Returns the new residual stream (B, T, C)."""
-    p, pre = W.params, f"blocks.{i}."
+    p, pre = W.params, f"blocks.{_layer_index(W, i, 'layer_finish')}."
     b, _, t, _ = o.shape
     x = x + linear(o.transpose(0, 2, 1, 3).reshape(b, t, -1), p, pre + "attn.proj")
     h = layer_norm_np(x, p[pre + "ln2.weight"], p[pre + "ln2.bias"], W.ln_eps)
@@ -273,14 +302,29 @@ def lm_head(W: GPTWeights, x: np.ndarray) -> np.ndarray:
     return matmul(h, W.params["wte.weight"].T)
 
 
-def check_ids(W: GPTWeights, idx: Any, what: str) -> np.ndarray:
-    """idx as a (B, T) int64 array of ids in [0, vocab_size), T >= 1; ValueError otherwise."""
-    idx = np.asarray(idx)
+def check_ids(W: GPTWeights, idx: Any, what: str, name: str = "idx") -> np.ndarray:
+    """idx as a (B, T) int64 array of ids in [0, vocab_size), T >= 1; ValueError naming `what`, `name`
+    and the value otherwise."""
+    given, idx = idx, np.asarray(idx) if not isinstance(idx, (str, bytes)) else np.asarray(0.5)
     if idx.ndim != 2 or idx.shape[1] < 1 or idx.dtype.kind not in "iu" or \
             (idx.size and (idx.min() < 0 or idx.max() >= W.vocab_size)):
-        raise ValueError(f"{what}: expected a (B, T) integer array of token ids in [0, {W.vocab_size}) with "
-                         f"T >= 1, got shape {idx.shape} dtype {idx.dtype}")
+        values = f", values {idx.min()}..{idx.max()}" if idx.size and idx.dtype.kind in "iuf" else ""
+        raise ValueError(f"{what}: {name} must be a (B, T) integer array of token ids in [0, {W.vocab_size}) with "
+                         f"T >= 1, got {describe(given)}{values}")
     return idx.astype(np.int64, copy=False)
+
+
+def _token_ids(W: GPTWeights, ids: Any, what: str, name: str) -> np.ndarray:
+    """ids (a 1-D array or list of token ids, at least one) as a 1-D int64 array; TypeError or ValueError
+    naming `what`, `name` and the value unless they are integers in [0, vocab_size)."""
+    arr = np.asarray(ids) if isinstance(ids, (list, tuple, range, np.ndarray, np.integer)) else None
+    if arr is None or arr.dtype.kind not in "iu":
+        raise TypeError(f"{what}: {name} must be a 1-D array or list of integer token ids, got {describe(ids)}")
+    if arr.ndim != 1 or arr.size < 1 or arr.min() < 0 or arr.max() >= W.vocab_size:
+        values = f", values {arr.min()}..{arr.max()}" if arr.size else ""
+        raise ValueError(f"{what}: {name} must be a 1-D array of at least one token id in [0, {W.vocab_size}), "
+                         f"got {describe(ids)} ({arr.ndim} axes{values})")
+    return arr.astype(np.int64, copy=False)
 
 
 def gpt_forward(W: GPTWeights, idx: Any, attend_fn: Any = None,
@@ -306,7 +350,10 @@ def gpt_forward(W: GPTWeights, idx: Any, attend_fn: Any = None,
 
 
 def lm_loss(W: GPTWeights, x: np.ndarray, y: np.ndarray, attend_fn: Any = None, batch_size: int = 64) -> float:
-    """Mean cross-entropy (nats per token) of the model predicting y (B, T) from x (B, T)."""
+    """Mean cross-entropy (nats per token) of the model predicting y (B, T) from x (B, T) (token ids)."""
+    if np.shape(x) != np.shape(y):
+        raise ValueError(f"lm_loss: x and y must have one shape (B, T), got x {np.shape(x)} and y {np.shape(y)}")
+    check_ids(W, x, "lm_loss", "x"), check_ids(W, y, "lm_loss", "y")
     total = 0.0
     for s in range(0, len(x), batch_size):
         logits = gpt_forward(W, x[s:s + batch_size], attend_fn).astype(np.float64)
@@ -370,8 +417,7 @@ class KVCache:
                  dtype: Any = np.float64):
         for name, value in (("n_layer", n_layer), ("batch", batch), ("n_kv_head", n_kv_head),
                             ("max_len", max_len), ("head_dim", head_dim)):
-            if int(value) < 1:
-                raise ValueError(f"KVCache: {name} must be >= 1, got {value}")
+            check_int("KVCache", name, value, 1)
         shape = (n_layer, batch, n_kv_head, max_len, head_dim)
         self.k = np.zeros(shape, dtype)
         self.v = np.zeros(shape, dtype)
@@ -396,8 +442,10 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
     def reset(self, rows: Any = None) -> None:
-        """Forget the rows (default all): their lengths become 0."""
-        self.lengths[slice(None) if rows is None else np.asarray(rows)] = 0
+        """Forget the rows (default all; else row indices in [0, batch)): their lengths become 0."""
+        if rows is not None and np.size(rows) and (np.min(rows) < 0 or np.max(rows) >= self.batch):
+            raise ValueError(f"KVCache.reset: rows must be row indices in [0, {self.batch}), got {describe(rows)}")
+        self.lengths[slice(None) if rows is None else np.asarray(rows, dtype=np.int64)] = 0
 
 # %% [markdown]
 # ### Exercise 11.1: a forward step that reads and writes the cache
@@ -471,9 +519,24 @@ def forward_cached(W: GPTWeights, cache: KVCache, idx: Any, rows: Any = None) ->
 
 # %%
 #| export
+def _vector(what: str, name: str, a: Any, kinds: str = "fiu") -> None:
+    """TypeError or ValueError naming `what`, `name` and the value unless a is a 1-D NumPy array of
+    the dtype kinds (real numbers by default). The sampling loop's check: its common case is a few
+    attribute reads, cheaper than a checking wrapper."""
+    if a.__class__ is np.ndarray and a.ndim == 1 and a.dtype.kind in kinds:
+        return
+    ok = isinstance(a, np.ndarray) and a.dtype.kind in kinds
+    raise (ValueError if ok else TypeError)(
+        f"{what}: {name} must be a 1-D NumPy array of {'real numbers' if kinds == 'fiu' else 'floats'}, got "
+        f"{describe(a)} ({np.ndim(a)} axes)")
+
+
 def token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Next-token probabilities (float64, last axis) from logits: softmax(logits / temperature);
-    temperature 0 puts all the mass on the most likely token (greedy); temperature >= 0."""
+    """Next-token probabilities, in float64 along the last axis, from logits of any real dtype (float16
+    too): softmax(logits / temperature); temperature 0 puts all the mass on the most likely token
+    (greedy); temperature >= 0."""
+    if not (logits.__class__ is np.ndarray and logits.dtype.kind in "fiu"):  # the sampling loop: checks inline
+        check_array("token_probs", "logits", logits, dtypes="real")
     check_sampling("token_probs", None, temperature)
     logits = np.asarray(logits, dtype=np.float64)
     if temperature == 0:
@@ -486,12 +549,25 @@ def token_probs(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 def draw(p: np.ndarray, rng: np.random.Generator) -> int:
     """One index drawn from the distribution p (1-D, sums to 1) with one uniform number (inverse
     CDF; the same law as rng.choice(len(p), p=p), several times faster for small p)."""
+    _vector("draw", "p", p, "f")
+    if rng.__class__ is not np.random.Generator:
+        check_instance("draw", "rng", rng, np.random.Generator)
     cdf = np.cumsum(p)
+    if not 0 < cdf[-1] < math.inf or p.min() < 0:
+        raise ValueError(f"draw: p must be a distribution (finite, >= 0, a positive sum), got {describe(p)} "
+                         f"with values {p.min()}..{p.max()}")
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(p) - 1))
 
 
 def sample_token(logits: np.ndarray, temperature: float, rng: np.random.Generator | None) -> int:
-    """One token id from logits (vocab,): argmax for temperature 0, else draw(token_probs(...))."""
+    """One token id from logits (vocab,): argmax for temperature 0, else draw(token_probs(...)), which
+    needs rng (a np.random.Generator)."""
+    _vector("sample_token", "logits", logits)
+    if not (temperature.__class__ in (float, int) and 0 <= temperature < math.inf):
+        check_sampling("sample_token", None, temperature)
+    if rng is None and temperature != 0 or rng is not None and rng.__class__ is not np.random.Generator:
+        raise TypeError(f"sample_token: rng must be a np.random.Generator (None only at temperature 0), got "
+                        f"{describe(rng)}")
     if temperature == 0:
         return int(np.argmax(logits))
     return draw(token_probs(logits, temperature), rng)
@@ -508,9 +584,7 @@ def generate(W: GPTWeights, prompt: Any, max_new_tokens: int, use_cache: bool = 
     use_cache=False runs gpt_forward on the whole window every step. With return_logits, also the
     logits (vocab,) each step sampled from. max_new_tokens >= 0, temperature >= 0."""
     check_sampling("generate", max_new_tokens, temperature)
-    prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
-    if len(prompt) < 1:
-        raise ValueError("generate: the prompt needs at least one token")
+    prompt = _token_ids(W, prompt, "generate", "prompt")
     keep = W.block_size // 2 if keep is None else int(keep)
     if not 1 <= keep <= W.block_size:
         raise ValueError(f"generate: keep must lie in [1, {W.block_size}], got {keep}")
@@ -540,7 +614,7 @@ def decode_latencies(W: GPTWeights, prompt: Any, n_new: int, use_cache: bool = T
     len(prompt) + n_new must fit W.block_size."""
     import time
 
-    tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
+    tokens = [int(t) for t in _token_ids(W, prompt, "decode_latencies", "prompt")]
     if len(tokens) + n_new > W.block_size:
         raise ValueError(f"decode_latencies: {len(tokens)} + {n_new} tokens do not fit block_size={W.block_size}")
     cache, out = KVCache.for_model(W), np.empty(n_new)
@@ -803,7 +877,7 @@ def grouped_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndar
     Reads each key/value head once for its whole group: no copy of k or v per query head. Do the
     two products through matmul(). The inputs and mask are checked (and Tk = 0, where every output
     is 0, answered) before your code runs."""
-    mask = check_attention_inputs("grouped_attention", q, k, v, mask)
+    mask = _check_attention_inputs("grouped_attention", q, k, v, mask)
     if k.shape[2] == 0:
         return np.zeros(q.shape, q.dtype)  # no keys at all: every query sees nothing
     ### BEGIN SOLUTION
@@ -963,6 +1037,11 @@ print(f"this cell took {time.perf_counter() - t_cell:.0f} s")
 #| exercise 11.4
 class OutOfBlocks(RuntimeError):
     """The KV cache has not enough free blocks for a request."""
+
+
+class UnknownSequence(KeyError, ValueError):
+    """A sequence id the paged cache does not hold (a KeyError, as a dict's missing key is, and a
+    ValueError, as every refused argument of minitorch is)."""
 
 
 class BlockAllocator:
@@ -1135,8 +1214,9 @@ class PagedKVCache:
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, block_size: int, num_blocks: int,
                  dtype: Any = np.float64):
-        if int(block_size) < 1 or int(num_blocks) < 1:
-            raise ValueError(f"PagedKVCache: block_size and num_blocks must be >= 1, got {block_size}, {num_blocks}")
+        for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
+                            ("block_size", block_size), ("num_blocks", num_blocks)):
+            check_int("PagedKVCache", name, value, 1)
         self.block_size = int(block_size)
         shape = (n_layer, int(num_blocks), n_kv_head, self.block_size, head_dim)
         self.k = np.zeros(shape, dtype)
@@ -1157,9 +1237,10 @@ class PagedKVCache:
     def num_free(self) -> int:
         return self.allocator.num_free
 
-    def _table(self, seq: Any) -> list[int]:
+    def _table(self, seq: Any, name: str = "seq") -> list[int]:
         if seq not in self.tables:
-            raise KeyError(f"no sequence {seq!r} in the paged cache (it holds {sorted(self.tables, key=str)})")
+            raise UnknownSequence(f"PagedKVCache: {name} {seq!r} is no sequence of the paged cache (it holds "
+                                  f"{sorted(self.tables, key=str)})")
         return self.tables[seq]
 
     def add(self, seq: Any) -> None:
@@ -1170,6 +1251,15 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """Store k, v (n_kv_head, n, head_dim) of one layer at the n flat slots."""
+        n_layer, n_blocks, hkv, bs, hd = self.k.shape
+        check_int("PagedKVCache.write", "layer", layer, 0, n_layer - 1)
+        if slots.size and (slots.min() < 0 or slots.max() >= n_blocks * bs):
+            raise ValueError(f"PagedKVCache.write: slots must lie in [0, {n_blocks * bs}), got values "
+                             f"{slots.min()}..{slots.max()}")
+        for name, a in (("k", k), ("v", v)):
+            if np.shape(a) != (hkv, len(slots), hd):
+                raise ValueError(f"PagedKVCache.write: {name} must be (n_kv_head, n, head_dim) = "
+                                 f"{(hkv, len(slots), hd)} for {len(slots)} slots, got {describe(a)}")
         blocks, offsets = np.divmod(np.asarray(slots, dtype=np.int64), self.block_size)
         self.k[layer, blocks, :, offsets] = np.swapaxes(k, 0, 1)
         self.v[layer, blocks, :, offsets] = np.swapaxes(v, 0, 1)
@@ -1219,6 +1309,7 @@ class PagedKVCache:
 
     def fork(self, parent: Any, child: Any) -> None:
         """A new sequence `child` sharing all of parent's blocks (and its length)."""
+        self._table(parent, "parent")
         ### BEGIN SOLUTION
         table = self._table(parent)
         if child in self.tables:
@@ -1340,10 +1431,18 @@ class Request:
     preemptions: int = 0
 
     def __post_init__(self) -> None:
-        self.prompt = np.asarray(self.prompt, dtype=np.int64).reshape(-1)
-        if len(self.prompt) < 1 or self.max_new_tokens < 1:
-            raise ValueError(f"Request {self.id}: needs a prompt of >= 1 token and max_new_tokens >= 1, "
-                             f"got {len(self.prompt)} and {self.max_new_tokens}")
+        check_int("Request", "id", self.id, 0)
+        for name, lo in (("max_new_tokens", 1), ("arrival", 0), ("seed", 0), ("preemptions", 0)):
+            setattr(self, name, check_int("Request", name, getattr(self, name), lo))
+        prompt = np.asarray(self.prompt) if isinstance(self.prompt, (list, tuple, range, np.ndarray)) else None
+        if prompt is None or prompt.dtype.kind not in "iu" or prompt.ndim != 1 or len(prompt) < 1 or prompt.min() < 0:
+            raise (TypeError if prompt is None or prompt.dtype.kind not in "iu" else ValueError)(
+                f"Request {self.id}: prompt must be a 1-D array of at least one token id (>= 0), got "
+                f"{describe(self.prompt)}")
+        if not isinstance(self.output, list):
+            raise TypeError(f"Request {self.id}: output must be a list of the tokens generated, got "
+                            f"{describe(self.output)}")
+        self.prompt = prompt.astype(np.int64, copy=False)
         self.rng = np.random.default_rng(self.seed)
 
     @property
@@ -1362,7 +1461,9 @@ def paged_forward(W: GPTWeights, cache: PagedKVCache, seqs: Sequence[Any], chunk
     (1, sum t_i, C) matrix; attention is per sequence, through its block table. Returns (len(seqs),
     vocab): the logits of each chunk's last token. OutOfBlocks (nothing changed) if the cache
     cannot hold the new tokens."""
-    chunks = [np.asarray(c, dtype=np.int64).reshape(-1) for c in chunks]
+    if len(chunks) != len(seqs) or not seqs:
+        raise ValueError(f"paged_forward: seqs and chunks must have one length >= 1, got {len(seqs)} and {len(chunks)}")
+    chunks = [_token_ids(W, c, "paged_forward", f"chunks[{i}]") for i, c in enumerate(chunks)]
     need = sum(cache.blocks_needed(s, len(c)) for s, c in zip(seqs, chunks))
     if need > cache.num_free:
         raise OutOfBlocks(f"paged_forward: the step needs {need} blocks, {cache.num_free} are free")
@@ -1605,8 +1706,10 @@ class CachedLM:
         self.W, self.cache, self.calls = W, KVCache.for_model(W), 0
 
     def append(self, tokens: Any) -> np.ndarray:
+        """Feed tokens (1-D ids): their logits (t, vocab) in float64."""
+        tokens = _token_ids(self.W, tokens, "CachedLM.append", "tokens")
         self.calls += 1
-        return forward_cached(self.W, self.cache, np.asarray(tokens, dtype=np.int64).reshape(1, -1))[0].astype(np.float64)
+        return forward_cached(self.W, self.cache, tokens.reshape(1, -1))[0].astype(np.float64)
 
     def truncate(self, n: int) -> None:
         if not 0 <= n <= len(self):
@@ -1625,8 +1728,9 @@ class RecomputeLM:
         self.W, self.tokens, self.calls = W, [], 0
 
     def append(self, tokens: Any) -> np.ndarray:
+        """Feed tokens (1-D ids): their logits (t, vocab) in float64."""
+        new = [int(t) for t in _token_ids(self.W, tokens, "RecomputeLM.append", "tokens")]
         self.calls += 1
-        new = [int(t) for t in np.asarray(tokens).reshape(-1)]
         self.tokens += new
         return gpt_forward(self.W, np.array([self.tokens]))[0, -len(new):].astype(np.float64)
 
@@ -1643,14 +1747,26 @@ class BigramLM:
     """Next-token log-probabilities from counts of pairs in train_ids (add-alpha smoothing)."""
 
     def __init__(self, train_ids: np.ndarray, vocab_size: int, alpha: float = 0.1):
+        if train_ids.size and (train_ids.min() < 0 or train_ids.max() >= vocab_size):
+            raise ValueError(f"BigramLM: train_ids must lie in [0, vocab_size={vocab_size}), got values "
+                             f"{train_ids.min()}..{train_ids.max()}")
+        self.vocab_size = vocab_size
         counts = np.full((vocab_size, vocab_size), alpha)
         np.add.at(counts, (train_ids[:-1], train_ids[1:]), 1.0)
         self.logp = np.log(counts / counts.sum(axis=1, keepdims=True))
         self.n, self.calls = 0, 0
 
     def append(self, tokens: Any) -> np.ndarray:
+        """Feed tokens (1-D ids): log-probabilities of the next token after each (t, vocab)."""
+        arr = np.asarray(tokens) if isinstance(tokens, (list, tuple, range, np.ndarray)) else None
+        if arr is None or arr.dtype.kind not in "iu" or arr.ndim != 1 or not arr.size or arr.min() < 0 \
+                or arr.max() >= self.vocab_size:
+            raise (TypeError if arr is None or arr.dtype.kind not in "iu" else ValueError)(
+                f"BigramLM.append: tokens must be a 1-D array of at least one id in [0, {self.vocab_size}), got "
+                f"{describe(tokens)}" + (f", values {arr.min()}..{arr.max()}" if arr is not None and arr.size
+                                         and arr.dtype.kind in "iu" else ""))
         self.calls += 1
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        tokens = arr.astype(np.int64, copy=False)
         self.n += len(tokens)
         return self.logp[tokens]
 
@@ -1664,7 +1780,9 @@ class BigramLM:
 
 
 def truncate_layers(W: GPTWeights, n_layer: int) -> GPTWeights:
-    """The model's first n_layer layers with its embeddings, final LayerNorm and output layer."""
+    """The model's first n_layer layers (1 <= n_layer <= W.n_layer) with its embeddings, final LayerNorm
+    and output layer."""
+    n_layer = check_int("truncate_layers", "n_layer", n_layer, 1, W.n_layer)
     keep = {k: v for k, v in W.params.items() if not k.startswith("blocks.") or int(k.split(".")[1]) < n_layer}
     return replace(W, params=keep, n_layer=n_layer)
 
@@ -1856,3 +1974,108 @@ for name, factory in drafts.items():
 # - H. Touvron et al., *Llama 2: Open Foundation and Fine-Tuned Chat Models*, 2023; A. Q. Jiang
 #   et al., *Mistral 7B*, 2023; T. Brown et al., *Language Models are Few-Shot Learners*,
 #   NeurIPS 2020 (model configurations).
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import (Array, Attrs, Count, Func, Instance, NonNegative, Optional, Positive, Rule,  # noqa: E402
+                              Seq, Size, Unchecked, validate_public)
+
+
+class _FloatDType(Rule):
+    """A floating dtype: what np.dtype reads as one (np.float32, "float64", np.dtype("float16"))."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        try:
+            ok = value is not None and np.dtype(value).kind == "f"
+        except TypeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{what}: {name} must be a floating dtype (np.float32, np.float64, ...), got "
+                            f"{describe(value)}")
+
+
+class _SeqId(Rule):
+    """A sequence id of the paged cache: anything hashable but a bool (True would be the id 1)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        try:
+            ok = hash(value) is not None and value.__class__ not in (bool, np.bool_)
+        except TypeError:  # unhashable: a list, a dict, an array
+            ok = False
+        if not ok:
+            raise TypeError(f"{what}: {name} must be a hashable sequence id (not a bool), got {describe(value)}")
+
+
+class _Axes(Array):
+    """Array's rule; a refusal for the number of axes also says how many the value has (a NumPy
+    scalar has none, and its repr shows no shape)."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        try:
+            Array.__call__(self, what, name, value)
+        except ValueError as exc:
+            raise ValueError(f"{exc} ({np.ndim(value)} axes)") from None
+
+
+_DTYPE, _SEQ = _FloatDType(), _SeqId()
+_IDS, _FLOATS = _Axes(ndim=1, dtypes="int"), Array(dtypes="float")
+_HEADS = Array(ndim=4, dtypes="float", axes="(B, H, T, hd)")
+_ROWS = Optional(Array(ndim=(0, 1), dtypes="int"))
+_MODEL = Attrs("append", "truncate", "__len__")
+validate_public(globals(), {
+    "GPTWeights.astype": {"dtype": _DTYPE},
+    "gpt_weights": {"dtype": _DTYPE},
+    "load_tiny_weights": {"dtype": _DTYPE},
+    "random_gpt_weights": {**{n: Size for n in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")},
+                           "n_kv_head": Optional(Size), "seed": Count, "dtype": _DTYPE},
+    # the model's inner loop checks in its bodies, at the cost of a few attribute reads per array
+    "matmul": {"a": Unchecked(), "b": Unchecked()},
+    "linear": {"x": Unchecked(), "params": Unchecked(), "name": Unchecked()},
+    "attend": {"q": Unchecked(), "k": Unchecked(), "v": Unchecked(), "mask": Unchecked()},
+    "embed": {"idx": Array(ndim=2, dtypes="int", axes="(B, T)"), "pos": Array(ndim=(1, 2), dtypes="int")},
+    "layer_qkv": {"x": Array(ndim=3, dtypes="float", axes="(B, T, C)")},
+    "layer_finish": {"x": Array(ndim=3, dtypes="float", axes="(B, T, C)"), "o": _HEADS},
+    "lm_head": {"x": _FLOATS},
+    "gpt_forward": {"attend_fn": Optional(Func())},
+    "lm_loss": {"x": Array(ndim=2, dtypes="int", axes="(B, T)"), "y": Array(ndim=2, dtypes="int", axes="(B, T)"),
+                "attend_fn": Optional(Func()), "batch_size": Size},
+    "KVCache": {**{n: Size for n in ("n_layer", "batch", "n_kv_head", "max_len", "head_dim")}, "dtype": _DTYPE},
+    "KVCache.for_model": {"batch": Size, "max_len": Optional(Size)},
+    "KVCache.reset": {"rows": _ROWS},
+    "forward_cached": {"rows": _ROWS},
+    # the sampling loop checks in its bodies (a few attribute reads in the common case)
+    "token_probs": {"logits": Unchecked(), "temperature": Unchecked()},
+    "draw": {"p": Unchecked(), "rng": Unchecked()},
+    "sample_token": {"logits": Unchecked(), "temperature": Unchecked(), "rng": Unchecked()},
+    "decode_latencies": {"n_new": Size},
+    "kv_cache_bytes": {n: Unchecked() for n in ("n_layer", "n_kv_head", "head_dim", "tokens", "bytes_per_element",
+                                               "batch")},
+    "decode_step_cost": {**{n: Size for n in ("n_params", "n_layer", "n_head", "n_kv_head", "head_dim", "batch")},
+                         "context": Count, "bytes_per_param": Positive, "bytes_per_element": Positive},
+    "grouped_attention": {"q": Unchecked(), "k": Unchecked(), "v": Unchecked(), "mask": Unchecked()},
+    "BlockAllocator": {"num_blocks": Size},
+    "paged_attention": {"q": _FLOATS, "k_pool": _FLOATS, "v_pool": _FLOATS,
+                        "block_table": Array(ndim=2, dtypes="int", axes="(b, max_blocks)"),
+                        "lengths": _Axes(ndim=1, dtypes="int", axes="(b,)")},
+    "PagedKVCache": {**{n: Size for n in ("n_layer", "n_kv_head", "head_dim", "block_size", "num_blocks")},
+                     "dtype": _DTYPE},
+    "PagedKVCache.for_model": {"block_size": Size, "num_blocks": Size},
+    "PagedKVCache.add": {"seq": _SEQ},
+    "PagedKVCache.write": {"slots": _IDS, "k": _FLOATS, "v": _FLOATS},
+    "PagedKVCache.block_table": {"seqs": Seq(_SEQ)},
+    "PagedKVCache.blocks_needed": {"seq": _SEQ, "n": Count},
+    "PagedKVCache.append": {"seq": _SEQ, "n": Count},
+    "PagedKVCache.fork": {"parent": _SEQ, "child": _SEQ},
+    "PagedKVCache.free": {"seq": _SEQ},
+    "PagedKVCache.gather": {"seq": _SEQ},
+    "paged_forward": {"cache": Attrs("blocks_needed", "append", "write"), "seqs": Seq(_SEQ)},
+    "Scheduler": {"num_blocks": Size, "block_size": Size, "max_running": Optional(Size), "temperature": NonNegative},
+    "Scheduler.run": {"requests": Seq(Instance(Request)), "max_steps": Size},
+    "BigramLM": {"train_ids": _IDS, "vocab_size": Size, "alpha": Positive},
+    "speculative_rule": {"p": _Axes(ndim=1, dtypes=(np.float32, np.float64)),
+                         "q": _Axes(ndim=1, dtypes=(np.float32, np.float64))},
+    "speculative_generate": {"target": _MODEL, "draft": _MODEL, "prompt": _IDS, "max_new_tokens": Count, "k": Count,
+                             "temperature": NonNegative},
+})

@@ -76,6 +76,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from minitorch import checks as _checks
 from minitorch.autograd import Tensor, no_grad, topo_order, unbroadcast
 from minitorch.comm import Communicator, Work, chunk_bounds
 from minitorch.nn import Module, Parameter, cross_entropy
@@ -91,15 +92,21 @@ def check_received(comm: Communicator, got: np.ndarray, held: np.ndarray, src: i
     this lesson check on receipt: every message must have the dtype of what the receiver holds
     (and, unless same_size=False as in an all-gather, the same number of elements). Ranks that
     called a collective with different sizes or dtypes fail on the first rank that receives a
-    message that does not fit, before anything is added; no extra message, no extra byte."""
-    got = np.asarray(got)
-    held = np.asarray(held)
+    message that does not fit, before anything is added; no extra message, no extra byte.
+
+    It runs once per message of a ring, so its arguments are checked here, not by a wrapper: the
+    common case (two arrays, a rank, a name) costs a few type tests."""
+    if not (type(got) is np.ndarray and type(held) is np.ndarray and type(src) is int  # noqa: E721
+            and type(what) is str and type(same_size) is bool and hasattr(comm, "size")  # noqa: E721
+            and 0 <= src < comm.size):
+        _check_received_args(comm, got, held, src, what, same_size)
+        got, held = np.asarray(got), np.asarray(held)
     if got.dtype != held.dtype or (same_size and got.size != held.size):
         mine = f"{held.size} element(s) of {held.dtype}"
         theirs = f"{got.size} element(s) of {got.dtype}"
         raise ValueError(
-            f"{what}: rank {comm.rank} holds {mine} here but rank {src} sent {theirs}: every rank "
-            f"must call the collective with an array of the same size and dtype")
+            f"{what}: rank {comm.rank} got {theirs} from rank {src}, but the piece held here has {mine}: "
+            f"every rank must call the collective with an array of the same size and dtype")
     return got
 
 # %% [markdown]
@@ -249,6 +256,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from minitorch import checks as _checks
+from minitorch.checks import describe
+
 DEFAULT_ALPHA = 5e-6       # seconds per message (latency)
 DEFAULT_BETA = 1e-10       # seconds per byte (1 / bandwidth): 10 GB/s
 DEFAULT_FLOP_RATE = 1e11   # flop/s of one simulated rank
@@ -309,7 +319,10 @@ class Event:
 
 def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """Split range(n) into `parts` contiguous (lo, hi) pieces, the first n % parts of them one
-    longer (np.array_split's rule). chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]."""
+    longer (np.array_split's rule). chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)].
+    (Every collective calls it: its arguments are checked here, on a fast path, not by a wrapper.)"""
+    if not (type(n) is int and type(parts) is int):  # noqa: E721
+        n, parts = _checks.check_int("chunk_bounds", "n", n), _checks.check_int("chunk_bounds", "parts", parts)
     if parts < 1 or n < 0:
         raise ValueError(f"chunk_bounds needs n >= 0 and parts >= 1, got n={n}, parts={parts}")
     q, extra = divmod(n, parts)
@@ -333,9 +346,9 @@ def _message_array(array: Any, rank: int, copy: bool = True) -> np.ndarray:
     if hasattr(array, "numpy") and not isinstance(array, np.ndarray):
         raise TypeError(f"rank {rank}: send() takes a NumPy array, got a {type(array).__name__}; "
                         "send t.numpy() for a Tensor")
-    a = np.asarray(array)
-    if a.dtype.kind not in "biufc":
-        raise TypeError(f"rank {rank}: send() takes numeric NumPy arrays, got dtype {a.dtype}")
+    a = np.asarray(array) if array is not None and not isinstance(array, (str, bytes)) else None
+    if a is None or a.dtype.kind not in "biufc":
+        raise TypeError(f"rank {rank}: send()'s array must be a numeric NumPy array, got {describe(array)}")
     return np.array(a, copy=True, order="C") if copy else np.asarray(a, order="C")
 
 
@@ -385,10 +398,10 @@ def _irecv_buffer(out: Any, rank: int) -> np.ndarray:
     if isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable and out.dtype.kind in "biufc":
         return out
     if not isinstance(out, np.ndarray):
-        raise TypeError(f"rank {rank}: irecv() receives into a NumPy array (allocate it with np.empty), "
-                        f"got a {type(out).__name__}")
+        raise TypeError(f"rank {rank}: irecv() receives into out, a NumPy array (allocate it with np.empty), "
+                        f"got {describe(out)}")
     if out.dtype.kind not in "biufc":
-        raise TypeError(f"rank {rank}: irecv() receives numeric arrays, got dtype {out.dtype}")
+        raise TypeError(f"rank {rank}: irecv() receives into out, a numeric array, got dtype {out.dtype}")
     if not out.flags.writeable:
         raise ValueError(f"rank {rank}: irecv() needs a writable array, got a read-only one of shape {out.shape}")
     raise ValueError(f"rank {rank}: irecv() receives into a C-contiguous array (a block of rows, a[i:j]), got a "
@@ -448,6 +461,8 @@ class Communicator:
     def sendrecv(self, array: np.ndarray, dst: int, src: int, tag: int = 0, recvtag: int | None = None) -> np.ndarray:
         """send(array, dst, tag), then recv(src, recvtag or tag): one step of a ring or a shift. May
         return only once rank dst has received the message (the simulator always waits for that)."""
+        self._check_rank(src, "src")  # the receive's rank and tag, before anything is sent
+        self._check_tag(tag if recvtag is None else recvtag)
         self.send(array, dst, tag)
         return self.recv(src, tag if recvtag is None else recvtag)
 
@@ -617,6 +632,8 @@ class SimComm(Communicator):
     engine = "sim"
 
     def __init__(self, rank: int, world: _SimWorld):
+        if not 0 <= rank < world.size:
+            raise ValueError(f"SimComm: rank must be in [0, {world.size}) (the world's size), got {rank}")
         self.rank, self.size, self._w = rank, world.size, world
         self.alpha, self.beta, self.flop_rate = world.alpha, world.beta, world.flop_rate
         self._clock = {"main": 0.0, "comm": 0.0}
@@ -690,6 +707,8 @@ class SimComm(Communicator):
         sendrecv may wait for its receiver (the MPI engine does for an array over its inline limit,
         which it sends without a copy), so the simulator always waits: a program that relies on
         sendrecv returning first fails here, at every size, with a deadlock report."""
+        self._check_rank(src, "src")  # the receive's rank and tag, before anything is sent
+        self._check_tag(tag if recvtag is None else recvtag)
         msg = self._post(array, dst, tag)
         got = self.recv(src, tag if recvtag is None else recvtag)
         self._block(f"sendrecv(dst={dst}, tag={tag}) until rank {dst} receives its message", lambda: msg.taken,
@@ -909,6 +928,10 @@ class RunResult:
         return [s["bytes_sent"] for s in self.stats]
 
     def events(self, rank: int | None = None, kind: str | None = None, stream: str | None = None) -> list[Event]:
+        """The events of the timeline on rank `rank` (0..nranks-1), of `kind` (any kind a rank's
+        compute(kind=...) named too) and of `stream` ("main" or "comm"); None: any."""
+        if rank is not None and not 0 <= rank < self.nranks:
+            raise ValueError(f"RunResult.events: rank must be in [0, {self.nranks}) (the run's ranks), got {rank}")
         return [e for e in self.timeline if (rank is None or e.rank == rank) and (kind is None or e.kind == kind)
                 and (stream is None or e.stream == stream)]
 
@@ -1118,11 +1141,14 @@ def _engine_code() -> set:
     return codes
 
 
+_CHECKS = _checks.__file__  # the argument checks' wrappers (minitorch.checks): not the user's code
+
+
 def _user_frame(frame: Any) -> str:
     """'<file>, line N in <function>: `<source line>`' for the innermost frame of `frame`'s stack
     that is not the simulator's own code or the threading module's."""
     engine = _engine_code()
-    while frame is not None and (frame.f_code in engine or frame.f_code.co_filename == threading.__file__
+    while frame is not None and (frame.f_code in engine or frame.f_code.co_filename in (threading.__file__, _CHECKS)
                                  or getattr(frame.f_code, "co_qualname", "").startswith("SubComm.")):
         frame = frame.f_back
     if frame is None or getattr(frame.f_code, "co_qualname", "") == "_run_sim.<locals>.body":
@@ -2019,7 +2045,8 @@ def _mpi_where(stack_file: Path) -> str:
         return ""
     for line in text.splitlines():  # most recent call first; the main thread's stack comes last
         m = re.match(r'\s*File "(.*)", line (\d+) in (\S+)', line)
-        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "threading.py")) and "mpi4py" not in m.group(1) \
+        if m and not m.group(1).endswith(("minitorch/comm.py", "minitorch\\comm.py", "minitorch/checks.py",
+                                          "minitorch\\checks.py", "threading.py")) and "mpi4py" not in m.group(1) \
                 and m.group(3) not in ("_mpi_worker", "<module>"):
             file, lineno, name = m.group(1), int(m.group(2)), m.group(3)
             return f"{_file_label(file)}, line {lineno} in {name}" + (
@@ -2053,8 +2080,9 @@ def _watch_launcher(pid: int, job: Path, rank: int, main: int) -> None:
 
 
 def _user_line(frame: Any) -> tuple[str, int, str] | None:
-    """(file, line, function) of the innermost frame outside this module, mpi4py and threading."""
-    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__)
+    """(file, line, function) of the innermost frame outside this module, minitorch.checks, mpi4py and
+    threading."""
+    while frame is not None and (frame.f_code.co_filename in (__file__, threading.__file__, _CHECKS)
                                  or "mpi4py" in frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None or frame.f_code.co_name in ("_mpi_worker", "<module>"):
@@ -2236,6 +2264,27 @@ except DeadlockError as exc:
 # %%
 #| export
 #| exercise 12.1
+def _check_received_args(comm: Any, got: Any, held: Any, src: Any, what: Any, same_size: Any) -> None:
+    """check_received's arguments, off its fast path: each refused by name."""
+    _checks.Attrs("rank", "size", "send", "recv")("check_received", "comm", comm)
+    for name, value in (("got", got), ("held", held)):
+        _checks.check_array("check_received", name, value)
+    _checks.check_int("check_received", "src", src, 0, comm.size - 1)
+    _checks.Str()("check_received", "what", what)
+    _checks.check_bool("check_received", "same_size", same_size)
+
+
+def check_batch(what: str, X: np.ndarray, y: np.ndarray) -> None:
+    """A ValueError naming `what` unless X (B, d) and y (B,) have one row per label and the labels
+    are >= 0 (cross_entropy checks them against the number of classes): checked on every rank
+    before a step sends anything."""
+    if len(X) != len(y):
+        raise ValueError(f"{what}: X and y must have one row per label, got X of shape {np.shape(X)} and y of "
+                         f"shape {np.shape(y)}")
+    if len(y) and np.min(y) < 0:
+        raise ValueError(f"{what}: y must hold class indices >= 0, got {int(np.min(y))} at index {int(np.argmin(y))}")
+
+
 def naive_allreduce(comm: Communicator, x: np.ndarray) -> np.ndarray:
     """Elementwise sum over ranks of `x`, returned on every rank (a new array, x's shape and dtype).
 
@@ -2675,8 +2724,10 @@ def dp_train_step(comm: Communicator, model: Module, optimizer: Any, X: np.ndarr
     cross_entropy(model(rows), labels) * rows / B (skipped when it has no rows), sums every
     parameter's gradient over the ranks with allreduce(comm, grad) (each Parameter once; zeros
     where this rank has no gradient), sets p.grad to the sum and calls optimizer.step().
-    X is cast to the parameters' dtype and the zeros have it too: a float32 model all-reduces
-    float32. Returns this rank's scaled loss (they sum to the loss of the global batch)."""
+    X (of any real dtype: float16 or float64 too) is cast to the parameters' dtype and the zeros
+    have it too: a float32 model all-reduces float32. Returns this rank's scaled loss (they sum to
+    the loss of the global batch)."""
+    check_batch("dp_train_step", X, y)  # given: before anything is sent
     ### BEGIN SOLUTION
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]
@@ -2898,6 +2949,7 @@ def dp_train_step_overlap(comm: Communicator, model: Module, optimizer: Any, X: 
     flattened gradients go to comm.launch(allreduce, flat) once all of them are ready and
     buckets 0..k-1 are launched. Then wait for every bucket, set each p.grad to its summed
     slice, optimizer.step(). Returns this rank's scaled loss."""
+    check_batch("dp_train_step_overlap", X, y)  # given: before anything is sent
     ### BEGIN SOLUTION
     params = model.parameters()
     buckets = make_buckets(params, bucket_bytes)
@@ -3088,6 +3140,7 @@ class ZeroAdam:
 
     def set_params(self, flat: np.ndarray) -> None:
         """Make the model's parameters views of the full flat vector `flat` (numel elements)."""
+        flat = np.asarray(flat)
         if flat.size != self.numel:
             raise ValueError(f"set_params: expected {self.numel} elements, got {flat.size}")
         offset = 0
@@ -3193,6 +3246,7 @@ check("12.6")
 def zero_train_step(comm: Communicator, model: Module, zero: ZeroAdam, X: np.ndarray, y: np.ndarray) -> tuple[float, dict]:
     """gather_params, forward and backward on this rank's rows (loss scaled by rows / B),
     reduce_gradients, step. Returns (this rank's scaled loss, zero.memory() before the step)."""
+    check_batch("zero_train_step", X, y)
     zero.gather_params()
     B = len(X)
     lo, hi = chunk_bounds(B, comm.size)[comm.rank]
@@ -3460,3 +3514,125 @@ plt.show()
 # nets with sublinear memory cost*, arXiv:1604.06174, 2016. L. Dalcin, R. Paz, P. Kler,
 # A. Cosimo, *Parallel distributed computing using Python*, Advances in Water Resources 34(9),
 # 2011 (mpi4py).
+
+
+# %%
+#| export comm
+#| given
+from minitorch.checks import (Attrs, Choice, Func, Instance, Int, NonNegative, Optional, Positive,  # noqa: E402
+                              Seq, Size, Str, Unchecked, validate_public)
+
+# What a message costs in Python is what a small all-to-all or ring costs (see MPIComm), so the
+# point-to-point methods check their arguments themselves, on a fast path: a rank or tag is
+# refused by _check_rank / _check_tag, an array by _message_array / _irecv_buffer, a list of
+# requests by _requests, each naming the argument and the value, before anything is sent.
+_COMM = Attrs("rank", "size", "send", "recv")
+
+
+def _comm_rules(namespace: dict, rules: dict) -> dict:
+    """`rules` plus a duck-typed rule (an object with `rank`, `size`, `send`, `recv`) for every parameter
+    hinted `Communicator` of the public functions and methods `namespace` (a module's globals)
+    defines: a communicator is accepted from whichever copy of this module made it (the package's
+    in an MPI rank, a lesson script's own classes when the lesson is loaded as a script)."""
+    import inspect
+
+    out = {key: dict(value) for key, value in rules.items()}
+    module = namespace.get("__name__")
+
+    def add(key: str, fn: Callable) -> None:
+        for pname, param in inspect.signature(fn).parameters.items():
+            hint = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+            if hint.replace(" ", "") in ("Communicator", "Communicator|None"):
+                out.setdefault(key, {}).setdefault(pname, Optional(_COMM) if "None" in hint else _COMM)
+
+    for name, obj in list(namespace.items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != module:
+            continue
+        if inspect.isfunction(obj):
+            add(name, obj)
+        elif inspect.isclass(obj):
+            for mname, member in vars(obj).items():
+                raw = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                if (not mname.startswith("_") or mname == "__init__") and inspect.isfunction(raw) \
+                        and raw.__code__.co_filename != "<string>":
+                    add(name if mname == "__init__" else f"{name}.{mname}", raw)
+    return out
+
+
+_OWN = Unchecked()
+_P2P = {"send": ("array", "dst", "tag"), "recv": ("src", "tag"), "sendrecv": ("array", "dst", "src", "tag", "recvtag"),
+        "isend": ("array", "dst", "tag"), "irecv": ("out", "src", "tag"), "waitall": ("requests",)}
+_ENGINES = (Communicator, SimComm, SubComm, MPIComm)
+_COMPUTE = {"seconds": Optional(NonNegative), "flops": Optional(NonNegative), "kind": Str(), "label": Str()}
+_LAUNCH = {"fn": Func()}
+validate_public(globals(), _comm_rules(globals(), {
+    **{f"{cls.__name__}.{method}": {name: _OWN for name in names}
+       for cls in _ENGINES for method, names in _P2P.items() if method in vars(cls)},
+    **{f"{cls.__name__}.compute": _COMPUTE for cls in _ENGINES if "compute" in vars(cls)},
+    **{f"{cls.__name__}.launch": _LAUNCH for cls in _ENGINES if "launch" in vars(cls)},
+    "chunk_bounds": {"n": _OWN, "parts": _OWN},  # every collective calls it: it checks its arguments itself
+    "Work": {"result": _OWN, "done": NonNegative},
+    "Request": {"kind": Choice("isend", "irecv"), "peer": Int(0), "tag": Int(0), "out": _OWN, "req": _OWN,
+                "t": NonNegative},
+    "Communicator.group": {"ranks": Seq(Int(), min_len=1)},
+    "SubComm": {"ranks": Seq(Int(), min_len=1)},
+    "SimComm": {"rank": Int(0)},
+    "MPIComm": {"mpi_comm": Attrs("Get_rank", "Get_size", "Split_type", "Isend", "Irecv")},
+    "RunResult.events": {"rank": Optional(Int()), "kind": Optional(Str()), "stream": Optional(Choice("main", "comm"))},
+    "RunResult.plot": {"ax": Optional(Attrs("broken_barh", "set_yticks")), "title": Optional(Str())},
+    "plot_timeline": {"result": Instance(RunResult), "ax": Optional(Attrs("broken_barh", "set_yticks")),
+                      "title": Optional(Str())},
+    "run": {"fn": Func(), "nranks": Size, "engine": Choice("sim", "mpi"), "alpha": NonNegative,
+            "beta": NonNegative, "flop_rate": Positive, "timeout": Optional(Positive)},
+}))
+
+
+# %%
+#| export
+#| given
+from minitorch.checks import (Array, Attrs, Choice, Count, Func, Instance, Int, NonNegative,  # noqa: E402
+                              Positive, Rule, Seq, Size, Unchecked, validate_public)
+from minitorch.comm import _comm_rules  # noqa: E402
+from minitorch.optim import _Betas  # noqa: E402
+
+class _Numbers(Rule):
+    """Array()'s rule (an array-like of real numbers), with a fast path for an ndarray: the collectives
+    run once per gradient of every training step."""
+
+    def __call__(self, what: str, name: str, value: Any) -> None:
+        if type(value) is not np.ndarray or value.dtype.kind not in "biuf":  # noqa: E721
+            _ARRAY(what, name, value)
+
+
+_TENSOR, _ARRAY, _NUMBERS = Instance(Tensor, must="a minitorch Tensor"), Array(), _Numbers()
+_X, _Y = Array(ndim=2, dtypes="real", axes="(B, d)"), Array(ndim=1, dtypes="int", axes="(B,)")
+_OPTIMIZER = Attrs("zero_grad", "step")
+validate_public(globals(), _comm_rules(globals(), {
+    # once per message of a ring: its arguments are checked in its body, on a fast path
+    "check_received": {name: Unchecked() for name in ("comm", "got", "held", "src", "what", "same_size")},
+    "naive_allreduce": {"x": _NUMBERS},
+    "ring_reduce_scatter": {"x": _NUMBERS},
+    "ring_allgather": {"chunk": _NUMBERS},
+    "ring_allreduce": {"x": _NUMBERS},
+    "mpi4py_ring_allreduce": {"world": Attrs("Sendrecv", "Get_size", "Get_rank")},
+    "mpi_best_seconds": {"ops": Seq(Func(), min_len=1), "budget": Positive, "trials": Size},
+    "allreduce_timings": {"sizes": Seq(Int(8), min_len=1), "budget": Positive},
+    "collective_cost": {"name": Choice(*COLLECTIVES), "nbytes": NonNegative, "nranks": Size, "alpha": NonNegative,
+                        "beta": NonNegative},
+    "check_batch": {"X": _X, "y": _Y},
+    "dp_train_step": {"optimizer": _OPTIMIZER, "X": _X, "y": _Y},
+    "op_flops": {"node": _TENSOR},
+    "charge_forward": {"loss": _TENSOR},
+    "backward_with_hooks": {"loss": _TENSOR},
+    "make_buckets": {"params": Seq(_TENSOR)},
+    "dp_train_step_overlap": {"optimizer": _OPTIMIZER, "X": _X, "y": _Y},
+    "zero_memory_per_rank": {"num_params": NonNegative, "nranks": Size, "K": Count},
+    "ZeroAdam": {"lr": Positive, "betas": _Betas(), "eps": NonNegative},
+    "ZeroAdam.set_params": {"flat": Array(ndim=1, dtypes="real")},
+    "zero_train_step": {"X": _X, "y": _Y},
+    "stored_activation_bytes": {"loss": _TENSOR},
+    "free_graph": {"root": _TENSOR},
+    "Block": {"width": Size},
+    "checkpoint": {"x": _TENSOR, "params": Seq(_TENSOR)},
+    "checkpointed_forward": {"layers": Seq(Func()), "x": _TENSOR},
+}))

@@ -853,6 +853,25 @@ def test_quantlinear_zero_point_matters(lesson):
 
 
 @pytest.mark.exercise("10.9")
+@pytest.mark.parametrize("granularity", ["channel", "tensor"])
+def test_quantlinear_zero_point_correction_does_not_overflow_int32(lesson, granularity):
+    """A layer 100,003 inputs wide (under MAX_K_INT32 = 131,071, so the int8 GEMM's int32 sums are
+    exact) with positive weights and positive activations: q_w = 127 everywhere, z_x = -128 and
+    q_x = 127, so acc = 127 * 127 * K = 1.61e9 fits int32, z_x colsum = -128 * 127 * K = -1.63e9
+    fits too, but acc - z_x colsum = 255 * 127 * K = 3.24e9 does not. Correcting in int32 wraps
+    around to a negative y; the oracle is the exact product in float64."""
+    k, n = 100_003, 3
+    w = np.full((k, n), 0.01, np.float32) * np.array([1.0, 2.0, 0.5], np.float32)
+    x = np.full((2, k), 0.5, np.float32) * np.array([[1.0], [3.0]], np.float32)
+    y = quant_linear(lesson, w, None, mode="w8a8", granularity=granularity)(Tensor(x)).numpy()
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    assert y.dtype == np.float32 and y.shape == (2, n), f"expected float32 (2, {n}), got {y.dtype} {y.shape}"
+    np.testing.assert_allclose(y, exact, rtol=1e-2,
+                               err_msg=f"W8A8 ({granularity}), K = {k}: acc - z_x colsum = 255 * 127 * K exceeds "
+                                       "int32 (2^31 - 1): compute the zero-point correction in int64 (or float64)")
+
+
+@pytest.mark.exercise("10.9")
 def test_quantlinear_rejects_a_bias_and_group_that_do_not_fit(lesson):
     """A bias of the wrong shape used to be accepted and fail only at forward; group_size_for(0)
     raised 'max() arg is an empty sequence'."""

@@ -9,6 +9,7 @@ lesson's matmul(), memory by tracemalloc; hypothesis drives the allocator and th
 with random operation sequences (derandomised).
 """
 
+import inspect
 import math
 import tracemalloc
 
@@ -803,7 +804,8 @@ def test_paged_attention_names_bad_shapes_and_block_ids(lesson):
 @pytest.fixture
 def ref_allocator(lesson, monkeypatch):
     """The paged cache's tests use the reference allocator (so they grade 11.6 alone)."""
-    monkeypatch.setitem(lesson.PagedKVCache.__init__.__globals__, "BlockAllocator", RefAllocator)
+    # the module's globals (inspect.unwrap: not those of a checking wrapper)
+    monkeypatch.setitem(inspect.unwrap(lesson.PagedKVCache.__init__).__globals__, "BlockAllocator", RefAllocator)
 
 
 def snapshot(cache):
@@ -962,7 +964,7 @@ def test_append_that_does_not_fit_is_refused(lesson, ref_allocator):
 @pytest.fixture
 def ref_paging(lesson, monkeypatch):
     """The scheduler's tests use the reference paged cache and paged attention (11.7 alone)."""
-    names = lesson.Scheduler.__init__.__globals__
+    names = inspect.unwrap(lesson.Scheduler.__init__).__globals__  # the module's, not a checking wrapper's
     monkeypatch.setitem(names, "PagedKVCache", RefPagedCache)
     monkeypatch.setitem(names, "paged_attention", ref_paged_attention)
     monkeypatch.setitem(names, "OutOfBlocks", MemoryError)

@@ -69,7 +69,12 @@ def oracle_allreduce(comm, x):
     if comm.rank == 0:
         total = x.copy()
         for r in range(1, comm.size):
-            total += comm.recv(r, tag=7)
+            part = comm.recv(r, tag=7)
+            if part.shape != x.shape:
+                raise AssertionError(f"all-reduce: rank {r} contributed an array of shape {part.shape}, rank 0 one of "
+                                     f"shape {x.shape}: the ranks all-reduced different arrays at the same time (their "
+                                     "buckets in different orders?)")
+            total += part
         for r in range(1, comm.size):
             comm.send(total, r, tag=7)
         return total
@@ -379,9 +384,33 @@ class Tied(Module):
         return self.out(h)
 
 
+class HeadFirst(Module):
+    """The output layer is assigned (so listed by parameters()) first but used last: the backward pass
+    finishes its gradients first, so the buckets that hold it (the last ones: buckets walk the
+    parameters from last to first) are complete before the buckets of the input layer."""
+
+    def __init__(self, rng):
+        self.head = Linear(6, 4, rng=rng)
+        self.body = Linear(3, 6, rng=rng)
+
+    def forward(self, x):
+        return self.head(self.body(x).relu())
+
+
+class InputDtypes(Module):
+    """`inner`, recording (rank, dtype) of every input it is called with in `log`."""
+
+    def __init__(self, inner, log, rank):
+        self.inner, self.log, self.rank = inner, log, rank
+
+    def forward(self, x):
+        self.log.append((self.rank, np.dtype(x.dtype).name))
+        return self.inner(x)
+
+
 def make_model(kind, seed=0, dtype=np.float64):
     rng = np.random.default_rng(seed)
-    model = Tied(rng) if kind == "tied" else MLP([3, 8, 8, 4], rng=rng)
+    model = {"tied": Tied, "headfirst": HeadFirst}[kind](rng) if kind in ("tied", "headfirst") else MLP([3, 8, 8, 4], rng=rng)
     for p in model.parameters():
         p.data = p.data.astype(dtype)
     return model
@@ -431,6 +460,43 @@ def check_float32_step(lesson, step_fn, what, **extra):
                     f"{what}, float32 model, {n} ranks: rank {r}'s parameter {i} is {got.dtype} after the step, expected float32"
                 np.testing.assert_allclose(got, want.data, rtol=1e-4, atol=1e-5,
                                            err_msg=f"{what}, float32 model, {n} ranks: rank {r}'s parameter {i}")
+
+
+def input_dtype_job(comm, step_fn, param_dtype, x_dtype, B, log, **extra):
+    """Two steps of a `param_dtype` model on `x_dtype` batches; the model logs the dtype of its input."""
+    model = InputDtypes(make_model("mlp", dtype=param_dtype), log, comm.rank)
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(2, B):
+        step_fn(comm, model, opt, X.astype(x_dtype), y, oracle_allreduce, **extra)
+    return [p.data.copy() for p in model.parameters()]
+
+
+def check_input_cast(lesson, step_fn, what, **extra):
+    """The step casts its rows to the parameters' dtype before the forward pass: a float32 model fed
+    NumPy's default float64 must compute in float32 (else its forward runs in float64 and only the
+    gradients are rounded back), and a float64 model fed float32 data computes in float64."""
+    for param_dtype, x_dtype in [(np.float32, np.float64), (np.float64, np.float32)]:
+        p_name, x_name = np.dtype(param_dtype).name, np.dtype(x_dtype).name
+        log = []
+        res = sim(lesson, input_dtype_job, 3, step_fn, param_dtype, x_dtype, 10, log, **extra)
+        for r in range(3):
+            got = [d for rank, d in log if rank == r]
+            assert got == [p_name, p_name], \
+                f"{what}, {p_name} parameters, {x_name} batches, rank {r}: the model should be called twice (2 steps) " \
+                f"with {p_name} rows (cast X to the parameters' dtype), it was called with {got}"
+        model = make_model("mlp", dtype=param_dtype)
+        opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for X, y in batches(2, 10):
+            loss = cross_entropy(model(Tensor(X.astype(x_dtype).astype(param_dtype))), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        tol = 1e-5 if param_dtype == np.float32 else 1e-12
+        for r, params in enumerate(res.results):
+            for i, (got, want) in enumerate(zip(params, model.parameters())):
+                assert got.dtype == param_dtype, f"{what}: rank {r}'s parameter {i} is {got.dtype}, expected {p_name}"
+                np.testing.assert_allclose(got, want.data, rtol=tol, atol=tol,
+                                           err_msg=f"{what}, {p_name} model on {x_name} data, rank {r}, parameter {i}")
 
 
 def batches(steps, B, seed=0):
@@ -507,6 +573,11 @@ def test_dp_equals_single_process(lesson, kind, n, B):
 @pytest.mark.exercise("12.4")
 def test_dp_float32_model_all_reduces_float32(lesson):
     check_float32_step(lesson, lesson.dp_train_step, "dp_train_step")
+
+
+@pytest.mark.exercise("12.4")
+def test_dp_casts_its_input_to_the_parameters_dtype(lesson):
+    check_input_cast(lesson, lesson.dp_train_step, "dp_train_step")
 
 
 # ---------------------------------------------------------------- 12.5 bucketing and overlap
@@ -632,6 +703,38 @@ def test_step_waits_for_every_bucket(lesson):
 def test_overlap_float32_model_all_reduces_float32(lesson, cap):
     check_float32_step(lesson, lesson.dp_train_step_overlap, f"dp_train_step_overlap(bucket_bytes={cap})",
                        bucket_bytes=cap)
+
+
+@pytest.mark.exercise("12.5")
+@pytest.mark.parametrize("cap", [64, 10**9])
+def test_overlap_casts_its_input_to_the_parameters_dtype(lesson, cap):
+    check_input_cast(lesson, lesson.dp_train_step_overlap, f"dp_train_step_overlap(bucket_bytes={cap})",
+                     bucket_bytes=cap)
+
+
+@pytest.mark.exercise("12.5")
+@pytest.mark.parametrize("cap", [1, 80])
+@pytest.mark.parametrize("n,B", [(2, 30), (3, 2)])
+def test_buckets_are_launched_in_order_when_a_later_one_completes_first(lesson, cap, n, B):
+    """HeadFirst lists its output layer first, so that layer's gradients, ready first in the backward
+    pass, sit in the last buckets. DDP launches bucket k only after buckets 0..k-1 (every rank must
+    all-reduce the same bucket at the same time): the all-reduces must come in bucket order, not in
+    the order the buckets complete. (3, 2): a rank without rows launches them all after the pass."""
+    model = make_model("headfirst")
+    nbytes = [p.data.nbytes for p in model.parameters()]
+    buckets = oracle_buckets(nbytes, cap)
+    sizes = [sum(nbytes[i] for i in b) // 8 for b in buckets]
+    log = []
+    res = sim(lesson, overlap_job, n, lesson.dp_train_step_overlap, "headfirst", B, cap, log, flop_rate=1e9)
+    for r in range(n):
+        got = [size for rank, _, size in log if rank == r]
+        assert got == sizes * 2, \
+            f"bucket_bytes={cap}, parameters (head.weight, head.bias, body.weight, body.bias) of {nbytes} bytes, " \
+            f"buckets {buckets} of {sizes} elements: rank {r} should all-reduce them in bucket order (each of 2 " \
+            f"steps), {sizes * 2}; it launched {got} (the head's buckets complete first, but wait for the earlier ones)"
+    want, _ = single_process("headfirst", "sgd", 2, B)
+    assert_ranks_identical(res.results, f"HeadFirst, {n} ranks")
+    assert_params_close(res.results[0], want, f"dp_train_step_overlap, HeadFirst, {n} ranks, bucket_bytes={cap}")
 
 
 # ---------------------------------------------------------------- 12.6 ZeRO

@@ -12,6 +12,7 @@ them as a group) and must agree with the simulator bit for bit."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from fractions import Fraction
 
@@ -927,7 +928,8 @@ def test_ring_attention_backward(lesson, causal):
 def counting_attention_np(lesson, monkeypatch, blocks):
     """Replace the attention_np that ring_attention calls by one that logs (query block, number of
     keys) and calls the original. The query block is matched to a rank by value (`blocks`)."""
-    original = lesson.ring_attention.__globals__["attention_np"]
+    namespace = inspect.unwrap(lesson.ring_attention).__globals__  # under any functools.wraps wrapper
+    original = namespace["attention_np"]
     calls = []
 
     def counting(q, k, *args, **kwargs):
@@ -935,7 +937,7 @@ def counting_attention_np(lesson, monkeypatch, blocks):
         owner = [r for r, b in enumerate(blocks) if b.shape == q_arr.shape and np.array_equal(b, q_arr)]
         calls.append((owner[0] if owner else None, np.asarray(k).shape[-2]))
         return original(q, k, *args, **kwargs)
-    monkeypatch.setitem(lesson.ring_attention.__globals__, "attention_np", counting)
+    monkeypatch.setitem(namespace, "attention_np", counting)
     return calls
 
 
@@ -1145,6 +1147,52 @@ def test_best_plan_breaks_exact_ties_as_documented(lesson):
             f"best_plan, model {model} on {n} ranks with every plan at 0 s: ties go to the smaller memory, then the " \
             f"smaller (tp, pp, m): expected {want} ({oracle_estimate(model, cd, want)[0]:.0f} bytes), got {got} " \
             f"({est.memory:.0f} bytes)"
+
+
+TIE_CASES = [  # (the key that must decide, {plan: (memory, time)}, the plan it picks); other plans: (1, 10)
+    ("time", {(1, 4, 1, 8): (90.0, 1.0), (4, 1, 1, 1): (10.0, 2.0)}, (1, 4, 1, 8)),
+    ("memory", {(1, 4, 1, 8): (50.0, 1.0), (4, 1, 1, 1): (60.0, 1.0)}, (1, 4, 1, 8)),
+    ("tp", {(1, 1, 4, 8): (50.0, 1.0), (2, 2, 1, 1): (50.0, 1.0)}, (1, 1, 4, 8)),
+    ("pp", {(2, 1, 2, 4): (50.0, 1.0), (1, 1, 4, 1): (50.0, 1.0)}, (2, 1, 2, 4)),
+    ("m", {(1, 1, 4, 8): (50.0, 1.0), (1, 1, 4, 2): (50.0, 1.0)}, (1, 1, 4, 2)),
+    ("memory <= cluster.memory", {(1, 4, 1, 8): (100.0, 1.0), (1, 2, 2, 8): (100.0 + 1e-9, 0.5),
+                                  (4, 1, 1, 1): (10.0, 2.0)}, (1, 4, 1, 8)),
+]
+
+
+@pytest.mark.exercise("13.7")
+@pytest.mark.parametrize("key,table,want", TIE_CASES, ids=[c[0] for c in TIE_CASES])
+def test_best_plan_tie_order_key_by_key(lesson, monkeypatch, key, table, want):
+    """The documented order (time, memory, tp, pp, m), each key deciding one case on its own. Real
+    estimates almost never tie on time and memory between plans of different tp or pp, so the test
+    stands in for estimate_plan (best_plan estimates every candidate with it) with designed numbers:
+    in the "tp" case the plan with the smaller tp has the larger pp and m, in the "pp" case the smaller
+    pp has the larger m, so any other order of the later keys picks the other plan. The cluster has
+    100 bytes per rank: a plan that needs exactly 100 fits."""
+    model, n = (4, 64, 4, 32, 8), 4
+    ms, cs, _ = specs(lesson, model, n, memory=100.0)
+    valid = set(all_plans(model, n))
+    assert set(table) <= valid
+    seen = []
+
+    def estimate(m, c, plan):
+        got = (plan.dp, plan.tp, plan.pp, plan.m)
+        if got not in valid:
+            raise ValueError(f"{plan} is not a valid plan")
+        seen.append(got)
+        mem, t = table.get(got, (1.0, 10.0))
+        return lesson.Estimate(mem, t)
+    # the namespace best_plan looks estimate_plan up in (under any functools.wraps wrapper: a validation layer)
+    monkeypatch.setitem(inspect.unwrap(lesson.best_plan).__globals__, "estimate_plan", estimate)
+    plan, est = lesson.best_plan(ms, cs)
+    assert valid <= set(seen), f"best_plan should estimate every valid plan; it skipped {sorted(valid - set(seen))}"
+    got = (plan.dp, plan.tp, plan.pp, plan.m)
+    rows = ", ".join(f"(dp, tp, pp, m) = {pl}: {mem:g} bytes, {t:g} s" for pl, (mem, t) in table.items())
+    assert got == want, \
+        f"estimates {rows} (every other plan 1 byte, 10 s), 100 bytes per rank: the fastest plan that fits " \
+        f"(memory <= 100), ties to the smaller memory, then the smaller tp, then pp, then m: expected {want} " \
+        f"(decided by {key}), got {got}"
+    assert (est.memory, est.time) == table[want], f"best_plan should return the estimate of {want}, {table[want]}, got {est}"
 
 
 @pytest.mark.exercise("13.7")

@@ -12,7 +12,11 @@ ranks, then on 2 of them as a group) and must agree with the simulator bit for b
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
+import traceback
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +34,24 @@ ALPHA, BETA = 3e-6, 2e-10
 
 def sim(lesson, fn, nranks, *args, alpha=ALPHA, beta=BETA, **kwargs):
     return lesson.run(fn, nranks, *args, engine="sim", alpha=alpha, beta=beta, **kwargs)
+
+
+@contextlib.contextmanager
+def raises(kind, match):
+    """pytest.raises(kind, match=match); an exception of another kind fails naming both (pytest.raises
+    alone would let it through as if the test had crashed), where it was raised and its notes."""
+    try:
+        with pytest.raises(kind, match=match) as info:
+            yield info
+    except Exception as exc:  # noqa: BLE001 - any other exception is the student's, reported
+        if isinstance(exc, kind) or (isinstance(exc, AssertionError) and str(exc).startswith("Regex pattern")) \
+                or (isinstance(exc, NotImplementedError) and str(exc).startswith("Exercise ")):  # a stub: not attempted
+            raise
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" (raised at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+        notes = "".join(f"\n{n}" for n in getattr(exc, "__notes__", ()))
+        raise AssertionError(f"expected {kind.__name__} matching {match!r}, got {type(exc).__name__}: {exc}{where}"
+                             f"{notes}") from exc
 
 
 # ---------------------------------------------------------------- oracles (NumPy and autograd, by the test)
@@ -70,7 +92,7 @@ class OGate(NamedTuple):
 def oracle_gate(logits, k, bias=None):
     probs = softmax(logits, axis=-1)
     experts = topk_np(probs.numpy(), k)
-    mask = np.zeros(probs.shape)
+    mask = np.zeros(probs.shape, probs.dtype)  # the logits' dtype: a float32 layer stays float32
     np.put_along_axis(mask, experts, 1.0, axis=1)
     masked = probs * mask
     full = masked / masked.sum(axis=-1, keepdims=True) if k > 1 else masked
@@ -112,7 +134,7 @@ def oracle_grouped_matmul(x, sizes, w):
     lo = 0
     for e, n in enumerate(np.asarray(sizes).tolist()):
         if n:
-            place = np.zeros((r, n))
+            place = np.zeros((r, n), x.dtype)
             place[lo:lo + n] = np.eye(n)
             part = Tensor(place) @ (x[lo:lo + n] @ w[e])
             out = part if out is None else out + part
@@ -123,7 +145,7 @@ def oracle_grouped_matmul(x, sizes, w):
 
 
 def oracle_scatter(src, index, n):
-    onehot = np.zeros((n, src.shape[0]))
+    onehot = np.zeros((n, src.shape[0]), src.dtype)
     onehot[np.asarray(index, int), np.arange(src.shape[0])] = 1.0
     return Tensor(onehot) @ src
 
@@ -340,14 +362,100 @@ def test_update_bias(lesson):
 @pytest.mark.exercise("16.1")
 def test_router_bad_input(lesson):
     for k in (0, 5):
-        with pytest.raises(ValueError, match=r"k"):
+        with raises(ValueError, match=r"k"):
             lesson.top_k_gating(Tensor(np.zeros((3, 4))), k)
-    with pytest.raises(ValueError, match=r"shape|dimension"):
+    with raises(ValueError, match=r"shape|dimension"):
         lesson.top_k_gating(Tensor(np.zeros(4)), 1)
-    with pytest.raises(ValueError, match=r"bias"):
+    with raises(ValueError, match=r"bias"):
         lesson.top_k_gating(Tensor(np.zeros((3, 4))), 1, bias=np.zeros(3))
-    with pytest.raises(ValueError, match=r"expert"):
+    with raises(ValueError, match=r"expert"):
         lesson.load_balancing_loss(Tensor(np.full((2, 3), 1 / 3)), np.array([[0], [3]]))
+
+
+def separated_logits(t, e, seed, dtype):
+    """Logits whose every row is a permutation of 0, 0.7, ..., 0.7 (E-1) plus a shift: no two
+    probabilities within float32 rounding of each other, so the top-k is the same in any dtype."""
+    rng = np.random.default_rng(seed)
+    rows = np.array([rng.permutation(e) for _ in range(t)]).reshape(t, e)
+    return (rows * 0.7 + rng.standard_normal((t, 1))).astype(dtype)
+
+
+@pytest.mark.exercise("16.1")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_router_keeps_the_logits_dtype(lesson, dtype):
+    tol = 1e-6 if dtype == np.float32 else 1e-12
+    name = np.dtype(dtype).name
+    logits = separated_logits(7, 5, seed=8, dtype=dtype)
+    p = softmax_np(logits)
+    for k in (1, 2, 5):
+        g = lesson.top_k_gating(Tensor(logits), k)
+        assert g.probs.dtype == dtype and g.weights.dtype == dtype, \
+            f"{name} logits, k={k}: probs and weights must be {name}, got {g.probs.dtype} and {g.weights.dtype}"
+        want = topk_np(p, k)
+        np.testing.assert_array_equal(np.asarray(g.experts), want, err_msg=f"{name} logits, k={k}: the k most probable")
+        close(g.probs, p, f"{name} logits: probs", tol)
+        close(g.weights, weights_np(p, want), f"{name} logits, k={k}: weights", tol)
+    aux = lesson.load_balancing_loss(g.probs, np.asarray(g.experts))
+    z = lesson.router_z_loss(Tensor(logits))
+    assert aux.dtype == dtype and z.dtype == dtype, \
+        f"{name} router: the losses must be {name} too, got load_balancing_loss {aux.dtype}, router_z_loss {z.dtype}"
+    bias = np.array([0.0, 0.25, -0.5, 0.0], dtype)
+    load = np.array([4, 6, 5, 5])  # mean 5: experts 2 and 3 exactly at the mean
+    got = lesson.update_bias(bias, load, 0.125)
+    assert np.asarray(got).dtype == dtype, f"update_bias of a {name} bias must return {name}, got {np.asarray(got).dtype}"
+    np.testing.assert_array_equal(got, np.array([0.125, 0.125, -0.5, 0.0], dtype),
+                                  err_msg="loads [4, 6, 5, 5], mean 5: expert 0 up by rate, expert 1 down, experts 2 "
+                                          "and 3 (exactly at the mean) unchanged")
+
+
+@pytest.mark.exercise("16.1")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("value,text", [(np.inf, "inf"), (np.nan, "nan"), (-np.inf, "-inf")])
+def test_top_k_gating_refuses_non_finite_logits(lesson, dtype, value, text):
+    """softmax of a +inf logit is NaN (inf - inf), and the top-k of NaNs is arbitrary: refuse it."""
+    logits = np.zeros((3, 4), dtype)
+    logits[1, 2] = value
+    logits[2, 0] = value
+    with raises(ValueError, match=rf"top_k_gating: logits must be finite, got {re.escape(text)} at token 1, expert 2$"):
+        lesson.top_k_gating(Tensor(logits), 2)
+
+
+@pytest.mark.exercise("16.1")
+def test_top_k_gating_ties_after_the_bias(lesson):
+    """Zero logits: every probability is exactly 1/4, so the bias alone decides, with exact ties."""
+    for bias, k, want in [([0.0, 0.5, 0.5, 0.25], 2, [1, 2]), ([0.0, 0.5, 0.5, 0.25], 3, [1, 2, 3]),
+                          ([0.5, 0.0, 0.5, 0.0], 2, [0, 2]), ([0.0, 0.25, 0.0, 0.25], 3, [1, 3, 0])]:
+        g = lesson.top_k_gating(Tensor(np.zeros((2, 4))), k, bias=np.array(bias))
+        got = np.asarray(g.experts).tolist()
+        assert got == [want, want], f"probabilities 1/4 each, bias {bias}, k={k}: the largest p + bias, ties to the " \
+                                    f"lowest index, best first: expected {[want, want]}, got {got}"
+        close(g.weights, np.full((2, k), 1 / k), f"bias {bias}, k={k}: the weights ignore the bias (each 1/k)")
+
+
+@pytest.mark.exercise("16.1")
+def test_router_logits_have_two_readers_and_two_outputs(lesson):
+    """MoEGPT reads a layer's logits twice (the gate, then the z-loss) and uses both outputs of one
+    gate (weights in the layer, probs in the auxiliary loss): top_k_gating must leave its logits
+    alone, and the gradients of every use must add up."""
+    rng = np.random.default_rng(31)
+    logits = rng.standard_normal((6, 5)) * 2
+    kept = logits.copy()
+    t = Tensor(logits.copy(), requires_grad=True)
+    g2 = lesson.top_k_gating(t, 2)
+    assert np.array_equal(t.numpy(), kept), \
+        "top_k_gating changed its logits in place (e.g. subtracting the row max for stability): the z-loss reads " \
+        "them afterwards"
+    m = kept.max(axis=1)
+    want_z = np.mean((m + np.log(np.exp(kept - m[:, None]).sum(axis=1))) ** 2)
+    close(lesson.router_z_loss(t).numpy().reshape(()), want_z, "the z-loss of the logits after the gate read them")
+    c2, c, c1 = rng.standard_normal((6, 2)), rng.standard_normal((6, 5)), rng.standard_normal((6, 1))
+
+    def two_gates(z):
+        a = lesson.top_k_gating(z, 2)
+        b = lesson.top_k_gating(z, 1)
+        return ((a.weights * c2).sum() + (a.probs * c).sum() + (b.weights * c1).sum()
+                + lesson.load_balancing_loss(a.probs, np.asarray(a.experts)) + lesson.router_z_loss(z))
+    grad_check(two_gates, logits)
 
 
 # ---------------------------------------------------------------- 16.2 dispatch, capacity, grouped GEMM
@@ -457,14 +565,74 @@ def test_combine_uses_token_order(lesson):
 
 @pytest.mark.exercise("16.2")
 def test_dispatch_bad_input(lesson):
-    with pytest.raises(ValueError, match=r"\[0, 3\)|expert"):
+    with raises(ValueError, match=r"\[0, 3\)|expert"):
         lesson.dispatch(np.array([[0], [3]]), 3)
-    with pytest.raises(ValueError, match=r"2-D|shape"):
+    with raises(ValueError, match=r"2-D|shape"):
         lesson.dispatch(np.array([0, 1]), 3)
-    with pytest.raises(ValueError, match=r"capacity"):
+    with raises(ValueError, match=r"capacity"):
         lesson.dispatch(np.array([[0]]), 3, -1)
-    with pytest.raises(ValueError, match=r"group_sizes|rows"):
+    with raises(ValueError, match=r"group_sizes|rows"):
         lesson.grouped_gemm(np.ones((4, 2)), np.array([1, 2]), np.ones((2, 2, 3)))
+
+
+@pytest.mark.exercise("16.2")
+def test_dispatch_capacity_bounds(lesson):
+    """Loads 3, 2, 1: capacity 3 is exactly expert 0's load (nothing dropped), 2 exactly expert 1's
+    (only expert 0 drops, its last assignment), 0 drops everything (0 is a capacity, not "none")."""
+    experts = np.array([[0], [1], [0], [0], [2], [1]])
+    for cap, dropped in [(3, 0), (2, 1), (1, 3), (0, 6), (None, 0)]:
+        d = lesson.dispatch(experts, 3, cap)
+        want = oracle_dispatch(experts, 3, cap)
+        same_dispatch(d, want, f"loads [3, 2, 1], capacity {cap}: an expert keeps an assignment while it holds fewer "
+                               "than `capacity` rows")
+        assert int(d.dropped) == dropped, f"loads [3, 2, 1], capacity {cap}: {dropped} dropped, got {d.dropped}"
+
+
+@pytest.mark.exercise("16.2")
+def test_dispatch_and_combine_a_token_that_names_one_expert_twice(lesson):
+    """dispatch takes any (T, k) ids: token 0 names expert 0 twice, token 2 expert 2 twice. Both rows
+    go to the expert, in slot order, and combine adds both back; experts is read, not changed."""
+    experts = np.array([[0, 0], [1, 0], [2, 2]])
+    before = experts.copy()
+    d = lesson.dispatch(experts, 3)
+    same_dispatch(d, oracle_dispatch(experts, 3), "experts [[0, 0], [1, 0], [2, 2]]")
+    assert np.array_equal(experts, before), f"dispatch changed its experts argument to {experts.tolist()}"
+    y = np.arange(1.0, 7.0)[:, None] * np.array([[1.0, 10.0]])
+    weights = np.array([[0.5, 0.25], [1.0, 2.0], [3.0, 4.0]])
+    want = np.zeros((3, 2))
+    od = oracle_dispatch(experts, 3)
+    for r, (t, j) in enumerate(zip(od.token, od.slot)):
+        want[t] += weights[t, j] * y[r]
+    close(lesson.combine(y, d, weights, 3), want, "combine adds both rows of a token that names an expert twice")
+
+
+@pytest.mark.exercise("16.2")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sizes", [[0, 3, 0, 2], [1], [0, 0]])
+def test_grouped_gemm_and_combine_keep_the_dtype(lesson, dtype, sizes):
+    name, tol = np.dtype(dtype).name, 1e-6 if dtype == np.float32 else 1e-12
+    rng = np.random.default_rng(len(sizes) + sum(sizes))
+    r = sum(sizes)
+    x, w = rng.standard_normal((r, 3)).astype(dtype), rng.standard_normal((len(sizes), 3, 2)).astype(dtype)
+    y = lesson.grouped_gemm(x, np.array(sizes), w)
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int)
+    want = np.zeros((r, 2))
+    for e in range(len(sizes)):
+        want[bounds[e]:bounds[e + 1]] = x[bounds[e]:bounds[e + 1]].astype(np.float64) @ w[e]
+    assert np.asarray(y).dtype == dtype, \
+        f"grouped_gemm of {name} rows and weights (group sizes {sizes}) must return {name}, got {np.asarray(y).dtype}"
+    close(y, want, f"grouped_gemm in {name}, group sizes {sizes}", tol)
+    experts = np.repeat(np.arange(len(sizes)), sizes)[:, None]  # token t went to the expert of row t
+    d = oracle_dispatch(experts, len(sizes))
+    weights = rng.uniform(0.5, 1.5, (r, 1)).astype(dtype)
+    out = lesson.combine(np.asarray(y), d, weights, r)
+    assert np.asarray(out).dtype == dtype, \
+        f"combine of {name} rows and weights must return {name}, got {np.asarray(out).dtype}"
+    close(out, want * weights, f"combine in {name}, {r} tokens", tol)
+    dropped = oracle_dispatch(experts, len(sizes), 0)
+    nothing = lesson.combine(np.zeros((0, 2), dtype), dropped, weights, r)
+    assert np.asarray(nothing).dtype == dtype and np.array_equal(nothing, np.zeros((r, 2))), \
+        f"capacity 0, every assignment dropped: combine returns {r} rows of {name} zeros, got {nothing!r}"
 
 
 # ---------------------------------------------------------------- 16.3 the MoE layer with autograd
@@ -508,9 +676,9 @@ def test_scatter_rows_values_and_gradient(lesson):
     g = rng.standard_normal((5, 3))
     out.backward(g)
     close(st_.grad, g[index], "the gradient of scatter_rows is the gather g[index]")
-    with pytest.raises(ValueError, match=r"index"):
+    with raises(ValueError, match=r"index"):
         lesson.scatter_rows(Tensor(src), np.array([0, 1, 2, 3, 4, 5]), 5)
-    with pytest.raises(ValueError, match=r"group_sizes"):
+    with raises(ValueError, match=r"group_sizes"):
         lesson.grouped_matmul(Tensor(np.ones((4, 2))), np.array([1, 2]), Tensor(np.ones((2, 2, 3))))
 
 
@@ -540,7 +708,7 @@ def test_moe_layer_equals_dense_reference_values_and_every_gradient(lesson, t, c
 def test_moe_layer_gradient_check_and_shapes(lesson):
     ops = oracle_ops(lesson, lesson.grouped_matmul, lesson.scatter_rows)
     layer = make_layer(lesson, 3, 3, 2, 4, seed=1, ops=ops)
-    with pytest.raises(ValueError, match=r"n_embd|shape"):
+    with raises(ValueError, match=r"n_embd|shape"):
         layer(Tensor(np.ones((2, 4))))
     x = np.random.default_rng(2).standard_normal((2, 3, 3))
     out = layer(Tensor(x))
@@ -590,6 +758,96 @@ def test_moe_layer_with_capacity_drops_to_the_residual(lesson):
     d = oracle_dispatch(topk_np(softmax_np(x @ router), k), e, cap)
     assert d.dropped > 0
     close(out, want, f"capacity factor 1.0 (capacity {cap}): dropped tokens output 0 (the residual carries them)")
+
+
+def recording_ops(lesson, caps):
+    """The test's router and dispatch (oracles) with the layer's grouped_matmul and scatter_rows; the
+    capacity each forward passes to ops.dispatch is appended to caps."""
+    def dispatch(experts, n_experts, capacity=None):
+        caps.append(capacity)
+        return oracle_dispatch(experts, n_experts, capacity)
+    return lesson.MoEOps(oracle_gate, dispatch, lesson.grouped_matmul, lesson.scatter_rows)
+
+
+@pytest.mark.exercise("16.3")
+@pytest.mark.parametrize("shape,cf,cap", [((3, 5), 1.0, 8), ((3, 5), 1.25, 10), ((2, 6), 1.0, 6), ((15,), 1.0, 8)])
+def test_moe_layer_capacity_counts_every_token_of_the_batch(lesson, shape, cf, cap):
+    """capacity = ceil(cf * N * k / E) with N every token of the call: for x (B, T, C), N = B * T. With
+    E = 4, k = 2: (3, 5) tokens at cf 1.0 give 8 (T alone would give 3, B alone 2); (2, 6) at cf 1.0
+    give exactly 6, not 7."""
+    c, e, k = 4, 4, 2
+    caps = []
+    layer = make_layer(lesson, c, e, k, 5, seed=sum(shape), ops=recording_ops(lesson, caps), capacity_factor=cf)
+    router, w1, w2 = layer_np(lesson, layer)
+    layer.router.data[...] = router + np.array([1.5, 0.5, 0, 0])  # uneven: the capacity drops rows
+    x = np.random.default_rng(7).standard_normal((*shape, c)) + 0.5
+    out = layer(Tensor(x))
+    n = math.prod(shape)
+    assert caps == [cap], \
+        f"x of shape {x.shape}: {n} tokens, capacity factor {cf}, E={e}, k={k}: ops.dispatch should get capacity " \
+        f"ceil({cf} * {n} * {k} / {e}) = {cap} (every token of the call, not one batch row or one position); got {caps}"
+    want = dense_np(x.reshape(n, c), layer.router.numpy(), w1, w2, k, cap)
+    assert oracle_dispatch(topk_np(softmax_np(x.reshape(n, c) @ layer.router.numpy()), k), e, cap).dropped > 0
+    close(out.numpy().reshape(n, c), want, f"x {x.shape}, capacity {cap}: the layer drops what dispatch drops")
+    assert out.shape == x.shape, f"the output has x's shape {x.shape}, got {out.shape}"
+
+
+@pytest.mark.exercise("16.3")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_moe_layer_and_its_ops_keep_the_dtype(lesson, dtype):
+    name, tol = np.dtype(dtype).name, 2e-6 if dtype == np.float32 else 1e-12
+    rng = np.random.default_rng(12)
+    x, w = rng.standard_normal((5, 3)).astype(dtype), rng.standard_normal((3, 3, 2)).astype(dtype)
+    xt, wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    y = lesson.grouped_matmul(xt, np.array([2, 0, 3]), wt)
+    assert y.dtype == dtype, f"grouped_matmul of {name} x and w must return {name}, got {y.dtype}"
+    close(y, np.concatenate([x[:2].astype(np.float64) @ w[0], x[2:].astype(np.float64) @ w[2]]),
+          f"grouped_matmul in {name}", tol)
+    y.backward(np.ones((5, 2), dtype))
+    assert xt.grad.dtype == dtype and wt.grad.dtype == dtype, f"{name} gradients, got {xt.grad.dtype}, {wt.grad.dtype}"
+    empty = lesson.grouped_matmul(Tensor(np.zeros((0, 3), dtype)), np.array([0, 0, 0]), Tensor(w))
+    assert empty.shape == (0, 2) and empty.dtype == dtype, \
+        f"grouped_matmul of no rows: ({0}, 2) {name}, got {empty.shape} {empty.dtype}"
+    s = lesson.scatter_rows(Tensor(x), np.array([3, 0, 3, 1, 0]), 4)
+    assert s.dtype == dtype, f"scatter_rows of {name} rows must return {name}, got {s.dtype}"
+    none = lesson.scatter_rows(Tensor(np.zeros((0, 3), dtype)), np.zeros(0, np.int64), 2)
+    assert none.shape == (2, 3) and none.dtype == dtype and not none.numpy().any(), \
+        f"scatter_rows of no rows into 2: a (2, 3) {name} zero array, got {none.shape} {none.dtype}"
+    layer = lesson.MoEMLP(4, 3, 2, 5, np.random.default_rng(2), dtype=dtype, init=0.5, proj_init=0.5,
+                          ops=oracle_ops(lesson, lesson.grouped_matmul, lesson.scatter_rows))
+    router, w1, w2 = (a.astype(np.float64) for a in layer_np(lesson, layer))
+    for xs in [(6, 4), (1, 4), (0, 4), (2, 3, 4), (2, 0, 4)]:
+        xx = rng.standard_normal(xs).astype(dtype)
+        out = layer(Tensor(xx))
+        assert out.dtype == dtype and out.shape == xs, \
+            f"a {name} MoEMLP given {name} x of shape {xs} returns {name} of the same shape, got {out.dtype} {out.shape}"
+        flat = xx.reshape(-1, 4).astype(np.float64)
+        if len(flat):
+            close(out.numpy().reshape(-1, 4), dense_np(flat, router, w1, w2, 2), f"{name} MoEMLP, x {xs}", 1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.exercise("16.3")
+def test_moe_layer_applied_twice_gets_both_gradients(lesson):
+    """One layer used twice in one graph, y = layer(layer(x)) + x: every gradient is the sum over
+    both uses (nothing the backward needs may live in the layer, which the second call overwrites)."""
+    ops = oracle_ops(lesson, lesson.grouped_matmul, lesson.scatter_rows)
+    layer = make_layer(lesson, 4, 4, 2, 5, seed=21, ops=ops)
+    x = np.random.default_rng(22).standard_normal((9, 4))
+    xt = Tensor(x, requires_grad=True)
+    out = layer(layer(xt)) + xt
+    g = np.random.default_rng(23).standard_normal((9, 4))
+    out.backward(g)
+    ref = [Tensor(a, requires_grad=True) for a in (x, *layer_np(lesson, layer))]
+    want = dense_tensor(dense_tensor(ref[0], *ref[1:], 2), *ref[1:], 2) + ref[0]
+    want.backward(g)
+    close(out, want.numpy(), "layer(layer(x)) + x vs the dense reference")
+    for name, got, w in zip(["x", "router", "w1", "w2"], [xt, layer.router, layer.w1, layer.w2], ref):
+        assert got.grad is not None, f"layer applied twice: no gradient reached {name}"
+        close(got.grad, w.grad.numpy(), f"layer applied twice: the gradient of {name} sums both uses")
+    first = layer_np(lesson, layer)
+    assert np.array_equal(np.asarray(layer.last.dispatch.group_sizes), oracle_dispatch(
+        topk_np(softmax_np(dense_np(x, *first, 2) @ first[0]), 2), 4).group_sizes), \
+        "MoEMLP.last must record the second (the last) forward"
 
 
 # ---------------------------------------------------------------- 16.4 all-to-all
@@ -751,19 +1009,56 @@ def test_exchange_counts_and_mismatch(lesson):
     def wrong_recv(comm, a2a, counts, xs):
         r = comm.rank
         return a2a(comm, xs[r], counts[r], bad[:, r] + (r == 1))
-    with pytest.raises(ValueError, match=r"rank 1.*rank \d|rank \d.*rank 1"):
+    own = int(counts[1, 1])
+    with raises(ValueError, match=rf"rank 1\b.*send_counts\[1\] = {own}\b.*recv_counts\[1\] = {own + 1}\b"):
         sim(lesson, wrong_recv, 3, lesson.all_to_all, counts, xs)
 
     def wrong_send(comm, a2a):
         return a2a(comm, np.ones((5, 2)), [2, 2], [2, 2])
-    with pytest.raises(ValueError, match=r"send"):
+    with raises(ValueError, match=r"send_counts"):
         sim(lesson, wrong_send, 2, lesson.all_to_all)
+
+    def too_few_counts(comm, a2a):
+        return a2a(comm, np.ones((2, 2)), [2], [2])
+    with raises(ValueError, match=r"counts"):
+        sim(lesson, too_few_counts, 2, lesson.all_to_all)
 
     def alone(comm, a2a):
         x = np.ones((3, 2))
         return np.shares_memory(a2a(comm, x, [3], [3]), x)
     assert not sim(lesson, alone, 1, lesson.all_to_all).results[0], \
         "on one rank all_to_all must still return a new array, not a view of x"
+
+
+def round_trip_job(comm, a2a, counts, xs, dtype):
+    """All-to-all there and back (counts swapped) on one tag, twice in a row."""
+    r = comm.rank
+    x = xs[r].astype(dtype)
+    before = x.copy()
+    there = a2a(comm, x, counts[r], counts[:, r])
+    back = a2a(comm, there, counts[:, r], counts[r])
+    again = a2a(comm, x, counts[r], counts[:, r])
+    return x, before, there, back, again
+
+
+@pytest.mark.exercise("16.4")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_to_all_round_trip_and_empty_exchanges(lesson, dtype):
+    name = np.dtype(dtype).name
+    for n in (1, 2, 3):
+        for counts, xs in [a2a_case(n, seed=90 + n), (np.zeros((n, n), np.int64), [np.zeros((0, 3))] * n)]:
+            res = sim(lesson, round_trip_job, n, lesson.all_to_all, counts, xs, dtype)
+            for r, (x, before, there, back, again) in enumerate(res.results):
+                what = f"{n} ranks, send counts {counts.tolist()}, {name}, rank {r}"
+                want = a2a_reference(counts, [a.astype(dtype) for a in xs], r)
+                assert there.dtype == dtype and there.shape == want.shape and np.array_equal(there, want), \
+                    f"{what}: expected {want.shape} {name}\n{want}\ngot {there.shape} {there.dtype}\n{there}"
+                assert np.array_equal(again, want), f"{what}: the same all-to-all a second time gave\n{again}"
+                assert back.dtype == dtype and np.array_equal(back, before), \
+                    f"{what}: all-to-all there and back (counts swapped) must give x again:\n{before}\ngot\n{back}"
+                assert np.array_equal(x, before), f"{what}: all_to_all changed its input"
+                assert not np.shares_memory(there, x) and not np.shares_memory(again, x), \
+                    f"{what}: the result must be a new array (the own block copied), not a view of x"
 
 
 # ---------------------------------------------------------------- 16.5 expert parallelism
@@ -832,7 +1127,7 @@ def test_expert_parallel_equals_one_process(lesson, n, e, k):
     close(router_sum, ref[1].grad.numpy(), f"EP on {n} ranks: the router gradients summed over ranks")
     if n == 2:
         bad = make_layer(lesson, 4, 3, 1, 5, seed=0, ops=oracle_ops(lesson))
-        with pytest.raises(ValueError, match=r"3 experts.*2 ranks"):
+        with raises(ValueError, match=r"3 experts.*2 ranks"):
             sim(lesson, ep_bad_job, 2, lesson.ExpertParallelMoE, bad)
 
 
@@ -936,6 +1231,156 @@ def test_ep_dp_training_equals_one_process(lesson, dp, ep):
         close(w2, params[2].numpy()[j * el:(j + 1) * el], f"{what}: its experts' w2")
     first = [sum(res.results[r][0][s] for r in range(n)) for s in range(steps)]
     close(np.array(first), np.array(want_losses), "the ranks' losses add up to the one-process loss at every step")
+
+
+def logging_a2a(log):
+    """The test's all-to-all, logging (rank, dtype) of every floating-point array it sends."""
+    def a2a(comm, x, send_counts, recv_counts, tag=0):
+        x = np.asarray(x)
+        if x.dtype.kind == "f":
+            log.append((comm.rank, x.dtype.name))
+        return oracle_a2a(comm, x, send_counts, recv_counts, tag)
+    return a2a
+
+
+def a2a_op_dtype_job(comm, op, counts, xs, cs, dtype):
+    """Forward in dtype; the loss multiplies by float64 constants, so a float64 gradient reaches the op."""
+    log = []
+    x = Tensor(xs[comm.rank].astype(dtype), requires_grad=True)
+    out = op(comm, x, counts[comm.rank], counts[:, comm.rank], logging_a2a(log))
+    (out * Tensor(cs[comm.rank])).sum().backward()
+    return out.numpy(), x.grad.numpy(), log
+
+
+@pytest.mark.exercise("16.5")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_to_all_op_sends_the_dtype_of_its_input_both_ways(lesson, dtype):
+    name = np.dtype(dtype).name
+    n = 3
+    counts, xs = a2a_case(n, seed=41)
+    cs = [np.random.default_rng(r).standard_normal((counts[:, r].sum(), 3)) for r in range(n)]
+    res = sim(lesson, a2a_op_dtype_job, n, lesson.all_to_all_op, counts, xs, cs, dtype)
+    for r, (out, gx, log) in enumerate(res.results):
+        assert out.dtype == dtype and gx.dtype == dtype, f"rank {r}: {name} in, {name} out and gradient; got " \
+                                                         f"{out.dtype}, {gx.dtype}"
+        close(out, a2a_reference(counts, [a.astype(dtype) for a in xs], r), f"rank {r}: all_to_all_op forward")
+        close(gx, a2a_reference(counts.T, [c.astype(dtype) for c in cs], r), f"rank {r}: the gradient sent home",
+              1e-6 if dtype == np.float32 else 1e-12)
+        assert log == [(r, name), (r, name)], \
+            f"rank {r}: the forward and the backward all-to-all should each send {name} (a {name} input's gradient " \
+            f"is {name}, even where the loss was computed in float64: cast it); sent {[d for _, d in log]}"
+
+
+def ep_float_job(comm, EP, layer, xs):
+    log = []
+    ep = EP(comm, layer, a2a=logging_a2a(log))
+    x = Tensor(xs[comm.rank], requires_grad=True)
+    out = ep(x)
+    out.sum().backward()
+    return out.numpy(), ep.w1.grad.numpy(), log
+
+
+@pytest.mark.exercise("16.5")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_expert_parallel_keeps_the_layer_dtype(lesson, dtype):
+    name = np.dtype(dtype).name
+    n, e, k, c = 2, 4, 2, 4
+    layer = lesson.MoEMLP(c, e, k, 5, np.random.default_rng(5), dtype=dtype, init=0.5, proj_init=0.5,
+                          ops=oracle_ops(lesson))
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((t, c)).astype(dtype) for t in (6, 3)]
+    res = sim(lesson, ep_float_job, n, lesson.ExpertParallelMoE, layer, xs)
+    router, w1, w2 = (a.astype(np.float64) for a in layer_np(lesson, layer))
+    want = dense_np(np.concatenate(xs).astype(np.float64), router, w1, w2, k)
+    lo = 0
+    for r, (out, g_w1, log) in enumerate(res.results):
+        assert out.dtype == dtype and g_w1.dtype == dtype, \
+            f"EP of a {name} layer on {name} tokens, rank {r}: output and gradients {name}, got {out.dtype}, {g_w1.dtype}"
+        close(out, want[lo:lo + len(xs[r])], f"EP in {name}, rank {r}", 1e-5 if dtype == np.float32 else 1e-12)
+        lo += len(xs[r])
+        assert log and {d for _, d in log} == {name}, \
+            f"EP of a {name} layer, rank {r}: every all-to-all of rows should send {name}; sent {[d for _, d in log]}"
+
+
+@pytest.mark.exercise("16.5")
+@pytest.mark.parametrize("n", [2, 4])
+def test_expert_parallel_layer_applied_twice(lesson, n):
+    """ep(ep(x)): two forward passes of one EP layer in one graph, then one backward through both:
+    eight all-to-alls of rows per rank, every gradient the sum over both uses."""
+    layer, xs, gs = ep_case(lesson, n, 4, 2, seed=55, t_per_rank=(5, 0, 7, 3))
+
+    def job(comm, EP, layer, xs, gs):
+        ep = EP(comm, layer, a2a=oracle_a2a)
+        x = Tensor(xs[comm.rank], requires_grad=True)
+        out = ep(ep(x))
+        out.backward(gs[comm.rank])
+        return out.numpy(), x.grad.numpy(), ep.w1.grad.numpy(), ep.w2.grad.numpy(), ep.router.grad.numpy()
+    res = sim(lesson, job, n, lesson.ExpertParallelMoE, layer, xs, gs)
+    ref = [Tensor(a, requires_grad=True) for a in (np.concatenate(xs), *layer_np(lesson, layer))]
+    out = dense_tensor(dense_tensor(ref[0], *ref[1:], 2), *ref[1:], 2)
+    out.backward(np.concatenate(gs))
+    lo, el = 0, 4 // n
+    for r, (y, gx, g1, g2, gr) in enumerate(res.results):
+        hi = lo + len(xs[r])
+        what = f"ep(ep(x)) on {n} ranks, rank {r}"
+        close(y, out.numpy()[lo:hi], f"{what}: output vs one process")
+        close(gx, ref[0].grad.numpy()[lo:hi], f"{what}: gradient of its tokens (both uses)")
+        close(g1, ref[2].grad.numpy()[r * el:(r + 1) * el], f"{what}: gradient of its experts' w1 (both uses)")
+        close(g2, ref[3].grad.numpy()[r * el:(r + 1) * el], f"{what}: gradient of its experts' w2 (both uses)")
+        lo = hi
+    close(sum(r[4] for r in res.results), ref[1].grad.numpy(), f"ep(ep(x)) on {n} ranks: router gradients summed")
+
+
+def ep_dp_dtype_job(comm, EP, step, ep_dp_groups, layer, xs, ys):
+    log = []
+    ep_group, dp_group = ep_dp_groups(comm, 2)
+    model = EP(ep_group, layer, a2a=logging_a2a(log))
+    reduced = []
+
+    def allreduce(c, x):
+        reduced.append(np.asarray(x).dtype.name)
+        return oracle_allreduce(c, x)
+
+    def loss_fn(out, y):
+        diff = out - y
+        return (diff * diff).sum() * (1.0 / 14)
+    for s in range(2):
+        step(comm, dp_group, model, xs[s][comm.rank], ys[s][comm.rank], loss_fn, 0.3, allreduce)
+    return [p.numpy() for p in (model.router, model.w1, model.w2)], sorted({d for _, d in log}), sorted(set(reduced))
+
+
+@pytest.mark.exercise("16.5")
+def test_ep_dp_step_casts_its_input_to_the_parameters_dtype(lesson):
+    """A float32 EP x DP model fed float64 data (NumPy's default) must cast it, as lesson 12's
+    dp_train_step does: otherwise every all-to-all sends float64 rows, twice the bytes."""
+    n, e, k, c = 4, 4, 2, 4
+    layer = lesson.MoEMLP(c, e, k, 5, np.random.default_rng(8), dtype=np.float32, init=0.5, proj_init=0.5,
+                          ops=oracle_ops(lesson))
+    rng = np.random.default_rng(9)
+    sizes = (5, 3, 0, 6)
+    xs = [[rng.standard_normal((t, c)) for t in sizes] for _ in range(2)]
+    ys = [[rng.standard_normal((t, c)) for t in sizes] for _ in range(2)]
+    res = sim(lesson, ep_dp_dtype_job, n, lesson.ExpertParallelMoE, lesson.ep_dp_train_step, lesson.ep_dp_groups,
+              layer, xs, ys)
+    params = [Tensor(a.astype(np.float64), requires_grad=True) for a in layer_np(lesson, layer)]
+    for s in range(2):
+        for p in params:
+            p.zero_grad()
+        diff = dense_tensor(Tensor(np.concatenate(xs[s]).astype(np.float32).astype(np.float64)), *params, k) \
+            - np.concatenate(ys[s])
+        ((diff * diff).sum() * (1.0 / 14)).backward()
+        for p in params:
+            p.data -= 0.3 * p.grad.data
+    for r, (got, sent, reduced) in enumerate(res.results):
+        assert sent == ["float32"], \
+            f"EP x DP with float32 parameters and float64 x, rank {r}: the all-to-alls sent {sent}; cast x to the " \
+            "parameters' dtype before the forward pass"
+        assert reduced == ["float32"], f"rank {r}: the gradient all-reduces got {reduced}, expected float32"
+        mine = slice(r % 2 * 2, r % 2 * 2 + 2)  # ep = 2: rank r holds experts of EP position r % 2
+        for name, g, w, sl in zip(["router", "w1", "w2"], got, params, [slice(None), mine, mine]):
+            want = w.numpy()[sl]
+            assert g.dtype == np.float32, f"rank {r}: {name} must stay float32, got {g.dtype}"
+            close(g, want, f"EP x DP in float32, rank {r}: {name} after 2 steps", 1e-5)
 
 
 # ---------------------------------------------------------------- MPI: the same cases on real processes
@@ -1051,14 +1496,14 @@ def test_best_ep_picks_the_fastest_that_fits_and_changes_with_the_node(lesson):
         assert ep == want, f"nodes of {node}: (memory GB, time s) per ep {({e: (round(a / 1e9, 1), round(b, 3)) for e, (a, b) in table.items()})}: " \
                            f"the fastest that fits in 80 GB is ep={want}, got ep={ep}"
     tight = lesson.ClusterSpec(n_ranks=64, memory=20e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9)
-    with pytest.raises(ValueError, match=r"GB"):
+    with raises(ValueError, match=r"GB"):
         lesson.best_ep(m, tight)
-    with pytest.raises(ValueError, match=r"ep"):
+    with raises(ValueError, match=r"ep"):
         lesson.estimate_ep(m, tight, 3)
 
 
 @pytest.mark.exercise("16.6")
-@pytest.mark.parametrize("which,n", [(0, 8), (0, 4), (1, 6)])
+@pytest.mark.parametrize("which,n", [(0, 8), (0, 4), (1, 6), (0, 1)])
 def test_estimate_ep_matches_the_simulator(lesson, which, n):
     model = planner_specs(lesson)[which]
     cl = lesson.ClusterSpec(n_ranks=n, memory=1e12, flop_rate=1e9, alpha=5e-6, beta=1e-9)
@@ -1069,6 +1514,56 @@ def test_estimate_ep_matches_the_simulator(lesson, which, n):
         est = lesson.estimate_ep(model, cl, ep)
         assert math.isclose(est.time, sim_t, rel_tol=1e-6), \
             f"{model.name} on {n} ranks, ep={ep}: the simulator's step takes {sim_t:.9g} s, the estimate says {est.time:.9g} s"
+
+
+@pytest.mark.exercise("16.6")
+def test_best_ep_breaks_exact_ties_by_the_smaller_ep_and_fits_at_the_bound(lesson):
+    """Free links (alpha = beta = 0 in and between nodes): every ep takes exactly the compute time,
+    so the tie rule alone decides among the ep that fit: the smaller ep, not the smaller memory. The
+    memories here are whole numbers of bytes, and a plan that needs exactly the memory there is fits."""
+    small = planner_specs(lesson)[0]
+    free = dict(n_ranks=8, flop_rate=2.0 ** 30, alpha=0.0, beta=0.0, node_size=8, alpha_node=0.0, beta_node=0.0)
+    mem = {ep: ep_formula(small, 8, ep, 2.0 ** 30, {"node": (0, 0), "net": (0, 0)}, 8)[0] for ep in (1, 2, 4, 8)}
+    assert all(m == int(m) for m in mem.values())
+    times = {ep: lesson.estimate_ep(small, lesson.ClusterSpec(memory=1e15, **free), ep).time for ep in (1, 2, 4, 8)}
+    assert len(set(times.values())) == 1, f"with free links every ep takes the compute time alone, got {times}"
+    for memory, want in [(1e15, 1), (mem[1], 1), (mem[1] - 1, 2), (mem[2], 2), (mem[4] + 1, 4), (mem[8], 8)]:
+        ep, est = lesson.best_ep(small, lesson.ClusterSpec(memory=memory, **free))
+        assert ep == want, \
+            f"every ep equally fast, memory per ep {mem} bytes, cluster memory {memory:.0f}: the ep that fit are " \
+            f"{[e for e in mem if mem[e] <= memory]} (memory <= the cluster's), and a tie goes to the smaller ep: " \
+            f"expected {want}, got {ep}"
+    with raises(ValueError, match=r"GB"):
+        lesson.best_ep(small, lesson.ClusterSpec(memory=mem[8] - 1, **free))
+    m = lesson.MIXTRAL_8X7B
+    links = {"node": (3.4e-6, 1 / 450e9), "net": (14e-6, 1 / 50e9)}
+    four = {ep: ep_formula(m, 64, ep, 400e12, links, 4) for ep in (1, 2, 4, 8)}
+    assert four[4][1] < four[8][1] and four[4][0] == int(four[4][0])
+    for memory, want in [(four[4][0], 4), (four[4][0] - 1, 8)]:
+        cl = lesson.ClusterSpec(n_ranks=64, memory=memory, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9, node_size=4,
+                                alpha_node=3.4e-6, beta_node=1 / 450e9)
+        ep, _ = lesson.best_ep(m, cl)
+        assert ep == want, f"Mixtral 8x7B on 64 H100s in nodes of 4, {memory:.0f} bytes per GPU: ep=4 needs exactly " \
+                           f"{four[4][0]:.0f} and is faster than ep=8: expected ep={want}, got {ep}"
+
+
+@pytest.mark.exercise("16.6")
+def test_estimate_ep_one_rank_and_bad_ep(lesson):
+    small = planner_specs(lesson)[0]
+    one = lesson.ClusterSpec(n_ranks=1, memory=1e15, flop_rate=1e9, alpha=5e-6, beta=1e-9)
+    est = lesson.estimate_ep(small, one, 1)
+    mem, t = ep_formula(small, 1, 1, 1e9, {"node": (5e-6, 1e-9), "net": (5e-6, 1e-9)}, 1)
+    assert math.isclose(est.memory, mem, rel_tol=1e-12) and math.isclose(est.time, t, rel_tol=1e-12), \
+        f"one rank: 16 bytes per parameter ({mem:.0f}) and the compute alone ({t:.6g} s, no all-to-all, no " \
+        f"all-reduce), got {est.memory:.0f} bytes, {est.time:.6g} s"
+    assert lesson.best_ep(small, one)[0] == 1, "one rank: ep = 1"
+    m = lesson.MIXTRAL_8X7B
+    cl = lesson.ClusterSpec(n_ranks=64, memory=80e9, flop_rate=400e12, alpha=14e-6, beta=1 / 50e9)
+    for ep in (0, 16, 3):  # below 1; divides the 64 ranks but not the 8 experts; divides neither
+        with raises(ValueError, match=r"ep"):
+            lesson.estimate_ep(m, cl, ep)
+    with raises(ValueError, match=r"ep"):
+        lesson.estimate_ep(m, one, 2)  # more ranks than the cluster has
 
 
 @pytest.mark.exercise("16.5")

@@ -1,0 +1,90 @@
+"""Lesson 06's given code that no exercise test calls (minitorch.simd_matmul): reading the machine code,
+the dot and matmul wrappers, packing, the BLIS blocking and the timing helpers. Small inputs, each
+checked against what the function promises (and each call feeds the validation walk)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from minitorch import simd_matmul as sm
+
+
+def test_asm_of_compiles_and_returns_the_listing():
+    x = np.ones(8, np.float32)
+    asm = sm.asm_of(sm.dot_kernel, x, x)
+    assert isinstance(asm, str) and asm.count("\n") > 10, "asm_of must return the assembly listing"
+    assert (numba.typeof(x), numba.typeof(x)) in sm.dot_kernel.signatures
+    with pytest.raises(TypeError, match=r"asm_of: fn must be a Numba-compiled function.*len"):
+        sm.asm_of(len, x)
+
+
+def test_dot_promotes_and_checks():
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(37).astype(np.float32), rng.standard_normal(37)
+    got = sm.dot(x, y)
+    assert got == pytest.approx(float(x.astype(np.float64) @ y), rel=1e-12), "float32 . float64 is float64"
+    with pytest.raises(ValueError, match=r"dot: x and y .*\(37,\).*\(5,\)"):
+        sm.dot(x, y[:5])
+    with pytest.raises(TypeError, match="dot: x and y must be float32 or float64.*int64"):
+        sm.dot(np.arange(3), np.arange(3))
+
+
+def test_pack_operands_pads_to_the_block():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal((7, 4)).astype(np.float32)
+    ap, bt = sm.pack_operands(a, b)
+    assert ap.shape == (8, 7) and bt.shape == (6, 7), (ap.shape, bt.shape)
+    assert ap.flags.c_contiguous and bt.flags.c_contiguous
+    np.testing.assert_array_equal(ap[:5], a)
+    np.testing.assert_array_equal(bt[:4], b.T)
+    assert not ap[5:].any() and not bt[4:].any(), "the padding rows must be zero"
+    ap2, bt2 = sm.pack_operands(a, b, mr=5, nr=2)
+    assert ap2.shape == (5, 7) and bt2.shape == (4, 7)
+    with pytest.raises(ValueError, match="pack_operands: mr must be an integer >= 1, got 0"):
+        sm.pack_operands(a, b, mr=0)
+
+
+def test_matmul_simd_matches_numpy():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((9, 13)), rng.standard_normal((13, 7))  # one compile of the loop nest: ~4 s
+    np.testing.assert_allclose(sm.matmul_simd(a, b), a @ b, rtol=1e-12, atol=1e-12)
+    with pytest.raises(TypeError, match="matmul_simd: kernel must be a Numba-compiled function"):
+        sm.matmul_simd(a, b, kernel=np.dot)
+    with pytest.raises(ValueError, match=r"matmul_simd: shape mismatch: a \(9, 13\) @ b \(7, 13\)"):
+        sm.matmul_simd(a, b.T)
+
+
+def test_blis_blocking_values_and_errors():
+    assert sm.blis_blocking(1024**2) == (48, 1024)
+    assert sm.blis_blocking(64 * 1024, mc=12) == (12, 256)
+    with pytest.raises(TypeError, match="blis_blocking: mc must be a positive integer, got '6'"):
+        sm.blis_blocking(1024**2, mc="6")
+    with pytest.raises(ValueError, match="blis_blocking: need l2_bytes a positive integer, got l2_bytes=nan"):
+        sm.blis_blocking(float("nan"))
+
+
+def test_best_apart_times_each_kernel():
+    calls = {"a": 0, "b": 0}
+
+    def bump(name):
+        calls[name] += 1
+
+    best = sm.best_apart({"a": lambda: bump("a"), "b": lambda: bump("b")}, rounds=2, repeat=2, pause=0.0)
+    assert set(best) == {"a", "b"} and all(0 <= t < 1 for t in best.values()), best
+    assert calls == {"a": 6, "b": 6}, f"2 rounds of (1 untimed + 2 timed) calls each, got {calls}"
+    with pytest.raises(TypeError, match=r"best_apart: kernels must map names to callables, got kernels\['x'\] = 3"):
+        sm.best_apart({"x": 3}, pause=0.0)
+
+
+def test_blis_peak_and_peak_rate_on_one_thread():
+    rate = sm.blis_peak(1, kc=16, calls=20)
+    assert rate > 0, f"blis_peak must be a positive GFLOP/s, got {rate}"
+    kc = 16
+    ap, bp = np.ones((1, 6 * kc), np.float32), np.ones((1, 16 * kc), np.float32)
+    c = np.zeros((1, 6 * 16), np.float32)
+    assert sm.peak_rate(sm.blis_kernel_calls, ap, bp, c, 3, 2 * 6 * 16 * kc) > 0
+    np.testing.assert_array_equal(c[0], np.full(6 * 16, 6 * 3 * kc, np.float32))  # warm-up + 5 runs, 3 calls each
+    with pytest.raises(ValueError, match=r"peak_rate: ap, bp and c must have one row per thread"):
+        sm.peak_rate(sm.blis_kernel_calls, ap, np.ones((2, 16 * kc), np.float32), c, 3, 1.0)
