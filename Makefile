@@ -8,22 +8,27 @@ FORCE   ?=
 # measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
 BLAS_THREADS ?= 1
 
-.PHONY: setup lab build test check browser demo bench gpucheck clean release grade-class slides serve
+.PHONY: setup lab build test check browser demo bench gpucheck clean release grade-class gradescope slides serve
 
 # The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
 PYTHON ?= python3
 # One constraints file for every platform: pins that differ carry environment markers.
 CONSTRAINTS := constraints.txt
+# GPU=0: no `gpu` extra (CuPy, NVRTC): the PTX checks of CUDA C (lessons 08-10, 14) then skip, saying why.
+GPU ?= 1
 
 setup: $(STAMP)
 
 # A progress line and the result; pip's full output goes to build/setup.log.
 $(STAMP): pyproject.toml $(CONSTRAINTS)
-	@$(PYTHON) course/setup_venv.py .venv $(CONSTRAINTS)
+	@$(PYTHON) course/setup_venv.py .venv $(CONSTRAINTS) $(if $(filter 0,$(GPU)),--cpu)
 	@touch $(STAMP)
 
+# Run as root (a container, many cloud machines), JupyterLab refuses to start without --allow-root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(STAMP)
-	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons
+	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(LAB_ARGS)
 
 build: $(STAMP)
 	$(PY) -m course.build $(if $(FORCE),--force)
@@ -50,16 +55,29 @@ demo: $(STAMP)
 	@test -n "$(L)" || (echo "usage: make demo L=05" && exit 2)
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) $(PY) -m course.maintain demo $(L)
 
-# Instructors: a repository for the class, lessons up to UPTO (its answers withheld; default: the first).
+# Instructors: a repository for the class, lessons up to UPTO, the answers of FROM..UPTO withheld (FROM
+# defaults to UPTO, UPTO to the first lesson). DEST holding an earlier release: one more commit (students
+# pull it). GRADER=dir: the private grading repository the Classroom workflow grades with.
 release: $(STAMP)
-	@test -n "$(DEST)" || (echo "usage: make release DEST=dir [UPTO=NN]" && exit 2)
-	$(PY) -m course.release "$(DEST)" $(if $(UPTO),--upto $(UPTO))
+	@test -n "$(DEST)" || (echo "usage: make release DEST=dir [FROM=NN] [UPTO=NN] [GRADER=dir] [POINTS=file]" && exit 2)
+	$(PY) -m course.release "$(DEST)" $(if $(UPTO),--upto $(UPTO)) $(if $(FROM),--from $(FROM)) \
+		$(if $(GRADER),--grader "$(GRADER)") $(if $(POINTS),--points "$(POINTS)")
 
-# Instructors: grade a folder of students' notebooks (one folder per student) into a gradebook.
+# Instructors: grade exactly the lessons named, one folder per student (or Canvas's flat download), each
+# lesson in its grading tree, the students' code isolated (course/isolation.py) -> build/grades/.
 OUT ?= build/grades
+ISOLATION ?= auto
 grade-class: $(STAMP)
-	@test -n "$(SUBMISSIONS)" || (echo "usage: make grade-class SUBMISSIONS=dir [OUT=dir]" && exit 2)
-	$(PY) -m course.classgrade "$(SUBMISSIONS)" --out "$(OUT)"
+	@test -n "$(SUBMISSIONS)" -a -n "$(LESSONS)" || (echo "usage: make grade-class SUBMISSIONS=dir LESSONS=01,02,03 [FROM=NN] [OUT=dir] [ISOLATION=auto|namespaces|uid|none] [POINTS=file] [PARTIAL=tests|all] [DEADLINE=iso] [LATE='10%/day, max 50%'] [TIMES=file.csv]" && exit 2)
+	$(PY) -m course.classgrade "$(SUBMISSIONS)" --lessons "$(LESSONS)" --out "$(OUT)" --isolation $(ISOLATION) \
+		$(if $(FROM),--from $(FROM)) $(if $(POINTS),--points "$(POINTS)") $(if $(PARTIAL),--partial $(PARTIAL)) \
+		$(if $(DEADLINE),--deadline "$(DEADLINE)") $(if $(LATE),--late "$(LATE)") $(if $(TIMES),--times "$(TIMES)")
+
+# Instructors: Gradescope's autograder bundle for lesson L (FROM=NN: lessons FROM..L) in build/gradescope/.
+gradescope: $(STAMP)
+	@test -n "$(L)" || (echo "usage: make gradescope L=NN [FROM=NN] [LATE='10%/day'] [DEADLINE=iso] [POINTS=file] [PARTIAL=tests|all]" && exit 2)
+	$(PY) -m course.gradescope build $(L) $(if $(FROM),--from $(FROM)) $(if $(LATE),--late "$(LATE)") \
+		$(if $(DEADLINE),--deadline "$(DEADLINE)") $(if $(POINTS),--points "$(POINTS)") $(if $(PARTIAL),--partial $(PARTIAL))
 
 # Lecturers: each lesson's executed demo notebook as an offline reveal.js slideshow in build/slides/
 # (runs the demo unless build/demo/ has it; reveal.js and MathJax come from the `slides` extra, installed

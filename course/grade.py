@@ -67,8 +67,16 @@ class Exercise:
         n = len(self.tests)
         skipped = sum(t["outcome"] == "skipped" for t in self.tests)
         if status == "passed":
-            return f"{n - skipped} test{'s' * (n - skipped != 1)}" + (f", {skipped} skipped (needs a GPU)" if skipped else "")
+            reasons = dict.fromkeys(_skip_reason(t["message"]) for t in self.tests if t["outcome"] == "skipped")
+            return f"{n - skipped} test{'s' * (n - skipped != 1)}" + (
+                f", {skipped} skipped ({'; '.join(reasons)})" if skipped else "")
         return ""
+
+
+def _skip_reason(message: str) -> str:
+    """A skipped test's reason in one short line ('needs a CUDA GPU: no driver', 'needs Chromium')."""
+    line = (message or "no reason given").strip().splitlines()[0].removeprefix("Skipped: ")
+    return line if len(line) <= 90 else line[:87] + "..."
 
 
 @dataclass
@@ -124,7 +132,22 @@ def _kill(proc: subprocess.Popen) -> None:
 def _watch(cmd: list[str], env: dict, report: str, limit_of, poll: float = 0.2) -> tuple[object, str]:
     """Run cmd, killing it when the unit of work it reports as running (the last "start"
     record in `report` without its "end") outlives limit_of(record). Returns (exit code or
-    "timeout", output)."""
+    "timeout", output). With MT_SANDBOX in env (class grading), cmd runs in that sandbox, able to
+    write `report` and nothing else outside it."""
+    cleanup = None
+    if env.get("MT_SANDBOX"):  # class grading: the student's code runs isolated (course/isolation.py)
+        from course.isolation import Sandbox
+
+        box = Sandbox.from_json(env["MT_SANDBOX"])
+        cmd, env, cleanup = box.prepare(cmd, {k: v for k, v in env.items() if k != "MT_SANDBOX"}, [report])
+    try:
+        return _watch_run(cmd, env, report, limit_of, poll)
+    finally:
+        if cleanup is not None:
+            cleanup()
+
+
+def _watch_run(cmd: list[str], env: dict, report: str, limit_of, poll: float) -> tuple[object, str]:
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, start_new_session=True)
@@ -204,10 +227,41 @@ def _exercise_at(lesson: Lesson, impl: str, cell: int) -> str | None:
         from course.build import exercise_cells
 
         by_id = exercise_cells(lesson)
-    if by_id.get(nb.cells[cell].get("id")):
-        return by_id[nb.cells[cell].get("id")]
-    after = [by_id.get(c.get("id")) or directives(c).get("exercise") for c in nb.cells[cell:]]
+    ids = cell_ids(lesson, nb.cells)
+    if by_id.get(ids[cell]):
+        return by_id[ids[cell]]
+    after = [by_id.get(i) or directives(c).get("exercise") for i, c in zip(ids[cell:], nb.cells[cell:])]
     return next((ex for ex in after if ex), None)
+
+
+def cell_ids(lesson: Lesson, cells) -> list[str | None]:
+    """Each cell's id. A notebook saved without ids (Colab saves nbformat 4.0-4.4) gets the ids of the
+    generated notebook's cells it lines up with: cells that open alike are matched (difflib), and a cell
+    the student rewrote, between two matched ones, stands where the generated cell stood."""
+    import difflib
+
+    ids = [c.get("id") for c in cells]
+    if all(ids):
+        return ids
+    try:
+        generated = json.loads(lesson.notebook.read_text())["cells"]
+    except (OSError, ValueError, KeyError):
+        from course.build import student_notebook
+
+        generated = student_notebook(lesson).cells
+
+    def key(c):
+        src = c.get("source", "")
+        src = "".join(src) if isinstance(src, list) else src
+        first = next((ln.strip() for ln in src.splitlines() if ln.strip()), "")
+        return f"{c.get('cell_type')}: {first}"
+
+    theirs, ours = [key(c) for c in cells], [key(c) for c in generated]
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, theirs, ours, autojunk=False).get_opcodes():
+        if op == "equal" or (op == "replace" and i2 - i1 == j2 - j1):
+            for k in range(i2 - i1):
+                ids[i1 + k] = ids[i1 + k] or generated[j1 + k].get("id")
+    return ids
 
 
 def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None = None) -> LessonResult:
@@ -302,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Lesson {lesson.stem}: no notebook at {lesson.notebook.relative_to(ROOT)} (run `make build`)\n")
             totals["missing"] = totals.get("missing", 0) + 1
             continue
+        from course.submissions import read_notebook
+
+        _, unreadable = read_notebook(lesson.notebook)
+        if unreadable:  # one line, not the same JSON error under every exercise
+            print(f"Lesson {lesson.stem}: lessons/{lesson.notebook.name} is not a readable notebook ({unreadable}). "
+                  "Restore it from a checkpoint (File > Revert Notebook to Checkpoint) or from git.\n")
+            totals["unreadable"] = totals.get("unreadable", 0) + 1
+            continue
         result = run_tests(lesson, str(lesson.notebook))
         print(scoreboard(result, f"your notebook lessons/{lesson.notebook.name}"), flush=True)
         print()
@@ -309,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             totals[ex.status] = totals.get(ex.status, 0) + 1
         if result.problems:
             totals["problems"] = totals.get("problems", 0) + 1
-    order = ["passed", "failed", "not attempted", "skipped", "no tests", "problems", "missing"]
+    order = ["passed", "failed", "not attempted", "skipped", "no tests", "problems", "missing", "unreadable"]
     print("Total: " + ", ".join(f"{totals[k]} {k}" for k in order if totals.get(k)))
-    bad = sum(totals.get(k, 0) for k in ("failed", "not attempted", "no tests", "problems", "missing"))
+    bad = sum(totals.get(k, 0) for k in ("failed", "not attempted", "no tests", "problems", "missing", "unreadable"))
     if bad:
         print("Not done yet: every exercise must pass (skipped ones need a GPU).")
     return 1 if bad else 0

@@ -1,8 +1,11 @@
 """`make setup`: create .venv with the pinned packages, saying briefly what happens.
 
-Run by the system's python3 (standard library only): python3 course/setup_venv.py VENV CONSTRAINTS.
+Run by the system's python3 (standard library only): python3 course/setup_venv.py VENV CONSTRAINTS [--cpu].
 pip's full output goes to build/setup.log; the terminal gets a progress line, the result, and on
 failure pip's error and what to do.
+
+--cpu (`make setup GPU=0`): without the `gpu` extra (CuPy and CUDA's NVRTC, nvcc and runtime wheels,
+about 1 GB on Linux; nothing elsewhere). Every lesson still runs; what then skips is CPU_ONLY_SKIPS.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LOG = ROOT / "build" / "setup.log"
 SUPPORTED = ((3, 11), (3, 12), (3, 13))
+# What a set-up without the `gpu` extra gives up (each skips with its reason; nothing fails for it).
+CPU_ONLY_SKIPS = ("the checks that compile CUDA C to PTX with NVRTC (lessons 08, 09, 10 and 14) skip, saying why; "
+                  "the CPU emulator still grades every CUDA C kernel; CuPy launches and GPU timings need a GPU "
+                  "anyway; lesson 07 (Numba's CUDA simulator) is unaffected")
+
+
+def install_spec(cpu: bool) -> str:
+    """What pip installs: the course, with the `gpu` extra unless cpu."""
+    return "." if cpu else ".[gpu]"
 
 
 def fail(msg: str) -> None:
@@ -66,11 +78,14 @@ def run_pip(py: Path, args: list[str], log, what: str) -> None:
 
 
 def main() -> None:
-    venv = ROOT / (sys.argv[1] if len(sys.argv) > 1 else ".venv")
-    constraints = sys.argv[2] if len(sys.argv) > 2 else "constraints.txt"
+    args = [a for a in sys.argv[1:] if a != "--cpu"]
+    cpu = "--cpu" in sys.argv[1:]
+    venv = ROOT / (args[0] if args else ".venv")
+    constraints = args[1] if len(args) > 1 else "constraints.txt"
     check_platform()
     print(f"Setting up {venv.name}/ with Python {platform.python_version()} ({sys.executable}) on "
-          f"{platform.system()} {platform.machine()}, pinned by {constraints} (a few minutes, once).")
+          f"{platform.system()} {platform.machine()}, pinned by {constraints}{', CPU only (GPU=0)' if cpu else ''} "
+          "(a few minutes, once).")
     LOG.parent.mkdir(exist_ok=True)
     py = venv / "bin" / "python"
     with open(LOG, "w") as log:
@@ -79,11 +94,12 @@ def main() -> None:
             fail(f"`{sys.executable} -m venv` failed (output in {LOG.relative_to(ROOT)}). On Debian and Ubuntu "
                  f"install the venv module first: sudo apt install python{sys.version_info[0]}.{sys.version_info[1]}-venv")
         run_pip(py, ["install", "--upgrade", "pip"], log, "upgrade pip")
-        run_pip(py, ["install", "-c", constraints, "-e", ".[gpu]"], log, "install the course's packages")
+        run_pip(py, ["install", "-c", constraints, "-e", install_spec(cpu)], log, "install the course's packages")
     out = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
     have = dict(l.split("==", 1) for l in out.splitlines() if "==" in l)
     key = ", ".join(f"{n} {have[n]}" for n in ("numpy", "numba", "mpi4py", "jupyterlab") if n in have)
     gpu = "CuPy and NVRTC for lessons 08-10" if "cupy-cuda12x" in have else \
+        f"CPU only (GPU=0, no CuPy/NVRTC): {CPU_ONLY_SKIPS}" if cpu else \
         "no CuPy/NVRTC wheels for this platform: lessons 08-10 grade CUDA C on the CPU emulator only"
     print(f"Done: {len(have)} packages in {venv.name}/ ({key}); {gpu}.")
 
