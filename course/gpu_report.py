@@ -6,14 +6,17 @@
 
 It runs with the machine's own Python (no virtual environment needed) and needs NumPy, Numba (with
 numba-cuda), CuPy for the machine's CUDA, pytest and hypothesis; jupytext and nbformat are not
-needed (course.percent stands in for them). Steps, each in its own process with a time limit:
+needed (course.percent stands in for them). Lesson 17 also needs Triton and PyTorch's CUDA build (GPU
+images have both: Triton comes with PyTorch); without them its gpu cells and tests skip, saying why.
+Steps, each in its own process with a time limit:
 
   env       the GPU, driver, CUDA and package versions
   tests     lesson 07 on the GPU (no simulator), lesson 08 (GPU tests, plus the NVRTC and emulator
-            tests), the emulator's machinery tests, and the GPU tests of lessons 09, 10 and 14, on
-            the reference implementation
+            tests), the emulator's machinery tests, and the GPU tests of lessons 09, 10, 14 and 17
+            (Triton kernels compiled and compared with Triton's interpreter), on the reference
+            implementation
   cells     every code cell of lessons 07 and 08 (solutions/), in order, except the check cells;
-            for lessons 09, 10 and 14 the cells a lesson loads with, then its gpu cells: the gpu
+            for lessons 09, 10, 14 and 17 the cells a lesson loads with, then its gpu cells: the gpu
             cells print the GPU figures the lessons quote
   bench     benchmarks/bench_gpu.py (every SGEMM kernel as a fraction of cuBLAS, fused vs unfused)
   sanitize  compute-sanitizer memcheck, racecheck and synccheck on every solution kernel of lessons
@@ -44,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STEPS = ("env", "tests", "cells", "bench", "sanitize")
 LIMITS = {"env": 120, "tests": 900, "cells": 1200, "bench": 1200, "sanitize": 1500}
 LESSONS = ("07_cuda_model", "08_cupy_kernels")  # every cell runs
-GPU_CELL_LESSONS = ("09_attention", "10_quantization", "14_compiler")  # loaded, then their gpu cells
+GPU_CELL_LESSONS = ("09_attention", "10_quantization", "14_compiler", "17_triton")  # loaded, then their gpu cells
 GPU_TEST_FILES = [f"tests/test_{stem}.py" for stem in GPU_CELL_LESSONS]  # their tests marked gpu
 
 
@@ -67,7 +70,7 @@ def _setup_imports() -> list[str]:
 
 def step_env() -> dict:
     info: dict = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for pkg in ("numpy", "numba", "numba_cuda", "cupy", "pytest", "hypothesis", "torch", "jupytext", "nbformat"):
+    for pkg in ("numpy", "numba", "numba_cuda", "cupy", "pytest", "hypothesis", "torch", "triton", "jupytext", "nbformat"):
         try:
             mod = __import__(pkg)
             info[pkg] = getattr(mod, "__version__", "?")
