@@ -67,6 +67,7 @@ EXEMPT: dict[tuple[str, str, str], str] = {
     ("serve.PagedKVCache.*", "n", "zero size"): "0 more tokens is valid: no slot, no block (lesson 11's tests check it)",
     ("serve.*.truncate", "n", "zero size"): "truncating a language model to 0 tokens (forgetting everything) is valid",
     ("serve.speculative_generate", "k", "zero size"): "k = 0 drafts nothing: one target token per call (plain decoding)",
+    ("serve.BlockAllocator.*", "block", "zero size"): "a block id, not a size: block 0 is the first block",
     # -- lessons 10, 12, 13 (quant, parallel, comm, model_parallel)
     **({("quant.int8_gemm_dp4a", "*", "*"): "launches a CuPy kernel, and no CUDA GPU runs it here (its rules refuse "
                                             "bad operands before CuPy is touched; the emulated kernel, "
