@@ -17,6 +17,12 @@ a tanh-GELU MLP, float32) at the tiny GPT's shape (batch 8, 64 positions, width 
 
 Times are wall time (perf_counter), the fastest of 18 runs in six interleaved rounds, on a
 machine that may be shared: read the ratios. `make bench L=compiler`.
+
+Then threads for fused kernels (the fusion note's "Threads" point): the compiled 4x-wide block with
+lesson 14's threshold (a kernel runs its rows on all cores from PARALLEL_MIN = 2**20 elements, so
+every kernel of this block runs on one core), with the threshold at 2**19 (the MLP's GELU kernel,
+8 x 64 x 1024 = 524,288 elements, then runs on all cores) and at 0 (every kernel on all cores):
+the fastest and the median of the interleaved rounds, and the load average before and after.
 """
 
 from __future__ import annotations
@@ -29,10 +35,50 @@ from minitorch.compiler import block_speed, print_speed_table
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 
 
+def threads_for_kernels(batch: int = 8, t: int = 64, c: int = 256, rounds: int = 6) -> None:
+    """Print the compiled gpt_block at (batch, t, c) with fused kernels on all cores from 2**20
+    elements (lesson 14's PARALLEL_MIN), from 2**19 and from 0, timed in interleaved rounds."""
+    import numba
+    import numpy as np
+
+    import minitorch.compiler as mc
+    from minitorch.autograd import Tensor
+    from minitorch.bench import benchmark
+
+    ws = mc.gpt_block_weights(c, 4, dtype=np.float32)
+    x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
+    args = [Tensor(x), Tensor(mc.causal_mask(t)), *map(Tensor, ws)]
+    default = mc.PARALLEL_MIN
+    variants = {f"threads from 2**{default.bit_length() - 1} elements (lesson 14)": default,
+                "threads from 2**19 (the GELU kernel too)": 1 << 19, "threads for every kernel": 0}
+    compiled = {}
+    for name, threshold in variants.items():
+        mc.PARALLEL_MIN = threshold  # read when the kernels are built, at the first call
+        try:
+            compiled[name] = mc.compile(mc.gpt_block)
+            compiled[name](*args)
+        finally:
+            mc.PARALLEL_MIN = default
+    want = compiled[next(iter(variants))](*args).data
+    for name, f in compiled.items():
+        err = float(np.abs(f(*args).data - want).max())
+        assert err < 1e-4, f"{name}: differs from the one-core block by {err}"
+    load = os.getloadavg()[0]
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, f in compiled.items():
+            times[name].append(benchmark(f, *args, repeat=3).min)
+    print(f"\nthreads for fused kernels: compiled gpt_block {(batch, t, c)}, float32, Numba {numba.get_num_threads()} "
+          f"threads, {rounds} interleaved rounds of 3 runs, load average {load:.1f} before, {os.getloadavg()[0]:.1f} after")
+    for name, ts in times.items():
+        print(f"   {name:<46} fastest {1e3 * min(ts):7.2f} ms, median {1e3 * float(np.median(ts)):7.2f} ms")
+
+
 def main(out_dir: Path | None = None) -> None:
     shapes = [(2, 64, 64), (2, 64, 256)] if SMALL else [(8, 64, 64), (8, 64, 256)]
     results = [block_speed(*shape) for shape in shapes]
     print_speed_table(results)
+    threads_for_kernels(*shapes[1], rounds=3 if SMALL else 6)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         with open(Path(out_dir) / "compiler.tsv", "w") as fh:
