@@ -122,6 +122,39 @@ EXEMPT: dict[tuple[str, str, str], str] = {
        for name in ("memory", "flop_rate")},
     ("model_parallel.split_layers", "rank", "zero size"): "rank 0 is the first stage (a rank >= p is refused)",
     # -- lessons 14-16 (compiler, server, server_kit, moe)
+    **{(f"compiler.{fn}", param, value): "the generated kernels' scalar math: inf and nan are values it must "
+                                         "compute as NumPy does (test_given_compiler checks vexp(nan) is nan, "
+                                         "vtanh(-inf) is -1); a non-number is refused by name"
+       for fn, params in (("vexp", ("x",)), ("vtanh", ("x",)), ("vrelu", ("x",)), ("vmax", ("a", "b")))
+       for param in params for value in ("nan", "inf")},
+    ("server.PrefixCache.admit", "seq", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are "
+                                              "ids), as lesson 11's PagedKVCache.add takes",
+    **{(name, "tokens", "an id of 10**9"): "the prefix cache hashes token ids and knows no vocabulary: the engine "
+                                           "refuses ids outside it when a request comes in (add_request); negative "
+                                           "ids are refused here"
+       for name in ("server.block_hashes", "server.PrefixCache.*")},
+    ("server.PrefixCache.evict", "n", "zero size"): "evicting 0 blocks is valid (the engine asks for what it is short "
+                                                    "of; lesson 15's tests check evict(0))",
+    **{(name, "n", "zero size"): "n = 0 is an empty schedule or workload, as the docstring says (lesson 15's tests "
+                                 "check poisson_arrivals(rate, 0))"
+       for name in ("server.poisson_arrivals", "server_kit.sample_workload")},
+    ("server.SamplingParams", "top_k", "zero size"): "top_k = 0 turns top-k sampling off (vLLM's 0 or -1)",
+    **{(f"server.{cls}*", "*", "*"): "lives in one asyncio event loop (its futures and mailbox): no copy of a call can "
+                                     "be made to replay it; it checks its arguments inline (once per token) and "
+                                     "test_serving_given calls it with bad ones"
+       for cls in ("TokenStream", "LoopMailbox", "TextStream")},
+    **{(name, "*", "*"): "starts (or is the main of) an engine process: a replay would start another; "
+                         "test_engine_process checks, by name, the settings it refuses before any process starts"
+       for name in ("server.EngineProcess*", "server.engine_process_main")},
+    **{(f"server.{name}", "*", "*"): "serves until Ctrl-C (make serve): test_serve_signals runs it in a process"
+       for name in ("serve", "main")},
+    ("server.RequestLog.record", "*", "*"): "the server calls it for every finished request, whose on_token "
+                                            "callback lives in the event loop (no copy to replay), so the walk "
+                                            "stops trying before a test's own call; test_serving_given checks its "
+                                            "refusals",
+    **{(f"server_kit.ServerThread.{name}", "*", "*"): "starts or stops the server's thread, which runs once: a copy "
+                                                      "of the call cannot run it again"
+       for name in ("start", "stop")},
     **{(f"moe.{name}", "*", "*"): "runs only inside the processes of an MPI run (mpi4py's COMM_WORLD), which the "
                                   "walk does not see: tests/machinery/test_given_moe.py calls it there"
        for name in ("mpi4py_all_to_all", "alltoall_timings")},

@@ -367,9 +367,11 @@ def _documented_choice(doc: str, value: str) -> bool:
     return value in quoted and len(quoted) >= 2
 
 
-def probes_for(name: str, hint: Any, default: Any, value: Any, doc: str, allows_inf: bool = False) -> list[Probe]:
+def probes_for(name: str, hint: Any, default: Any, value: Any, doc: str, allows_inf: bool = False,
+               allows_nan: bool = False) -> list[Probe]:
     """The bad values for one parameter whose valid value in the kept call was `value`; allows_inf: its
-    contract accepts infinities (a Number rule with finite=False), so inf is not among them."""
+    contract accepts infinities (a Number rule with finite=False), so inf is not among them; allows_nan:
+    it accepts NaN too (a rule with allow_nan=True: a graph's constant may be NaN)."""
     import numpy as np
 
     kinds, optional = _hint_parts(hint)
@@ -403,7 +405,8 @@ def probes_for(name: str, hint: Any, default: Any, value: Any, doc: str, allows_
     elif vk in ("int", "float") and ("float" in kinds or "int" in kinds):
         add("bool where a number", True, "True")
         add("str where a number", "0.5", "'0.5'", "str")
-        add("nan", float("nan"), "nan", in_range=True)  # never a valid number
+        if not allows_nan:
+            add("nan", float("nan"), "nan", in_range=True)  # a valid number only where the contract says so
         if not allows_inf:
             add("inf", float("inf"), "inf", in_range=True)
         add("list where a number", [value], repr([value]), "list")
@@ -560,7 +563,8 @@ def walk(harvester: Harvester, exempt: dict, scale: float = 1.0) -> Report:
             if pname in ("self", "cls") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
             value = bound.arguments.get(pname, param.default)
-            probes = probes_for(pname, param.annotation, param.default, value, doc, _allows_inf(t, pname))
+            probes = probes_for(pname, param.annotation, param.default, value, doc, _allows_inf(t, pname),
+                                _allows_nan(t, pname))
             if not probes:
                 continue
             walked.append(pname)
@@ -587,13 +591,22 @@ def walk(harvester: Harvester, exempt: dict, scale: float = 1.0) -> Report:
     return report
 
 
-def _allows_inf(t: Target, pname: str) -> bool:
-    """Whether the callable's contract (minitorch.checks) for the parameter takes infinities."""
+def _contract_rules(t: Target, pname: str) -> tuple:
+    """The rules of the callable's contract (minitorch.checks) for the parameter, Optional and AnyOf opened."""
     rule = getattr(t.func, "__contract__", {}).get(pname)
     while rule is not None and hasattr(rule, "rule"):  # Optional(...)
         rule = rule.rule
-    rules = getattr(rule, "rules", (rule,))  # AnyOf(...)
-    return any(getattr(r, "finite", True) is False for r in rules)
+    return getattr(rule, "rules", (rule,))  # AnyOf(...)
+
+
+def _allows_inf(t: Target, pname: str) -> bool:
+    """Whether the callable's contract for the parameter takes infinities (a rule with finite=False)."""
+    return any(getattr(r, "finite", True) is False for r in _contract_rules(t, pname))
+
+
+def _allows_nan(t: Target, pname: str) -> bool:
+    """Whether the callable's contract for the parameter takes NaN (a rule with allow_nan=True)."""
+    return any(getattr(r, "allow_nan", False) is True for r in _contract_rules(t, pname))
 
 
 def _walkable(t: Target) -> bool:

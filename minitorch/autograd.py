@@ -572,7 +572,7 @@ class _Device(Rule):
             raise TypeError(f"{what}: {name} must be a device name (a str such as 'cpu'), got {describe(value)}")
         try:
             get_backend(value)
-        except KeyError as exc:
+        except (KeyError, ValueError) as exc:  # lesson 01's get_backend refuses an unknown device
             raise ValueError(f"{what}: {name} must be a device with a registered backend, got {value!r} "
                              f"({exc.args[0]})") from None
 

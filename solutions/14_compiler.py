@@ -2754,6 +2754,9 @@ class _Real(Rule):
     """A real number, inf and nan included (a constant of the graph may be either: a -inf mask, the
     nan of a mean over nothing)."""
 
+    finite = False  # the validation walk's markers: inf and nan are valid values here
+    allow_nan = True
+
     def __call__(self, what: str, name: str, value: Any) -> None:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise TypeError(f"{what}: {name} must be a real number (inf and nan included), got {describe(value)}")

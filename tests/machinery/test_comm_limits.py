@@ -121,7 +121,7 @@ def test_an_interrupt_while_waiting_stops_every_rank():
 def test_the_default_limit_scales_with_the_machine(monkeypatch):
     monkeypatch.setenv("MT_TIME_SCALE", "2.5")
     seen = {}
-    monkeypatch.setattr(mc, "_run_sim", lambda *a: seen.setdefault("timeout", a[-1]))
+    monkeypatch.setattr(mc, "_run_sim", lambda *a: seen.setdefault("timeout", a[7]))
     mc.run(lambda comm: None, 2)
     assert seen["timeout"] == mc.SIM_TIME_LIMIT * 2.5
 

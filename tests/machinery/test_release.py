@@ -100,11 +100,13 @@ def test_check_cell_works_in_the_release(clone):
                                                           "checks": {"lesson": "01_tensors", "kind": "reference"}}
 
 
+@pytest.mark.timeout(600)  # measured: 40-100 s (nineteen releases built and their tests collected)
 def test_a_release_up_to_every_lesson_is_clean_and_its_tests_load(tmp_path):
     """Every UPTO=NN builds, passes check_release (which sees a withheld module named by any import
-    path, an importlib string included) and its tests load inside it. Grading each lesson's solution
-    inside its release (`python -m course.release --matrix`) runs in .ci/run; here lesson 01's, the
-    one whose tests used its own module, and the stand-in rule."""
+    path, an importlib string included) and its tests load inside it. Grading every lesson's solution
+    inside its release takes minutes per lesson: a maintainer's command before a term
+    (`python -m course.release --matrix`); here lesson 01's, the one whose tests used its own module,
+    and the stand-in rule."""
     from course.source import all_lessons
 
     keys = [le.number for le in all_lessons()]

@@ -185,6 +185,31 @@ def test_probes_follow_the_name_the_hint_and_the_docstring():
     assert {"an id of -1", "an id of 10**9", "float array where integers"} <= ids
 
 
+def test_a_contract_that_takes_inf_or_nan_is_not_probed_with_them():
+    """A rule marked finite=False (inf is valid: an intensity with no bytes) or allow_nan=True (a graph
+    constant may be NaN) tells the walk not to call those values bad; unmarked, both are probed."""
+    from course.validation_walk import Target, _allows_inf, _allows_nan
+
+    class Real(checks.Rule):
+        finite, allow_nan = False, True
+
+        def __call__(self, what, name, value):
+            pass
+
+    def f(a: float, b: float, c: float | None = None) -> float:
+        return a
+
+    wrapped = types.SimpleNamespace(__contract__={"a": Real(), "b": checks.Number(0, finite=False),
+                                                  "c": checks.Optional(Real())})
+    t = Target("m.f", "m", wrapped, None, "f")
+    assert (_allows_inf(t, "a"), _allows_nan(t, "a")) == (True, True)
+    assert (_allows_inf(t, "b"), _allows_nan(t, "b")) == (True, False)
+    assert (_allows_inf(t, "c"), _allows_nan(t, "c")) == (True, True)
+    plain = {p.label for p in probes_for("x", "float", None, 0.5, "")}
+    assert {"nan", "inf"} <= plain
+    assert not {"nan", "inf"} & {p.label for p in probes_for("x", "float", None, 0.5, "", True, True)}
+
+
 def test_a_second_validate_public_in_one_namespace_rewraps_what_its_rules_name():
     """A notebook runs the contract cells of a lesson's modules in one namespace: the first wraps
     every function by its hints; a later one with rules for a function wraps it again, from the original."""
