@@ -59,7 +59,8 @@ from minitorch.quant import matmul_int8, quantize
 from minitorch.bench import blas_limit, load_report
 from minitorch.serve import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
 from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
-from minitorch.server_kit import ServerProcess, decode_speeds, print_decode_speeds, run_load, sample_workload
+from minitorch.server_kit import (ServerProcess, decode_speeds, print_decode_speeds, process_threads, run_load,
+                                  sample_workload)
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 REPEATS = 1 if SMALL else 3                        # interleaved throughput runs (section 3)
@@ -88,7 +89,8 @@ def load_section() -> None:
     print(f"\n3. throughput, {n} requests, the server in its own process and its engine in a third (serve()'s "
           f"default) or in a thread of the server's; the fastest of {REPEATS} interleaved runs")
     print(f"{'engine':>8} {'clients':>8} {'tokens/s':>9} {'requests/s':>11} {'ratio':>6}   "
-          "CPU ms per output token: server (with its engine process), load generator")
+          "CPU ms per output token: server (with its engine process), load generator; load average and the "
+          "server's threads after the run")
     for engine_process in (True, False):
         server = ServerProcess(num_blocks=64, block_size=8, max_running=32, step_interval=0.0,
                                engine_process=engine_process)
@@ -101,7 +103,8 @@ def load_section() -> None:
                     records, duration = run_load(url, work, [0] * n, max_concurrency=clients)
                     tokens = sum(len(r["token_times"]) for r in records)
                     cpu = (1e3 * (process_cpu(server.proc.pid) - s0) / tokens,
-                           1e3 * (time.process_time() - c0) / tokens)
+                           1e3 * (time.process_time() - c0) / tokens,
+                           os.getloadavg()[0], process_threads(server.proc.pid))
                     if clients not in best or duration < best[clients][1]:
                         best[clients] = (records, duration, cpu)
             if engine_process:
@@ -111,9 +114,10 @@ def load_section() -> None:
         (one, d1, cpu1), (many, d16, cpu16) = best[1], best[16]
         t1, t16 = tokens_per_s(one, d1), tokens_per_s(many, d16)
         kind = "process" if engine_process else "thread"
-        print(f"{kind:>8} {1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}")
-        print(f"{kind:>8} {16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}"
-              + ("  (target >= 3x)" if engine_process else ""))
+        print(f"{kind:>8} {1:>8} {t1:>9.0f} {n / d1:>11.1f} {1.0:>5.1f}x   {cpu1[0]:.3f}, {cpu1[1]:.3f}; "
+              f"load {cpu1[2]:.1f}, {cpu1[3] or '?'} threads")
+        print(f"{kind:>8} {16:>8} {t16:>9.0f} {n / d16:>11.1f} {t16 / t1:>5.1f}x   {cpu16[0]:.3f}, {cpu16[1]:.3f}; "
+              f"load {cpu16[2]:.1f}, {cpu16[3] or '?'} threads" + ("  (target >= 3x)" if engine_process else ""))
         if engine_process:
             print(f"{kind:>8} {'all':>8} {tokens_per_s(burst, dsat):>9.0f} {sat:>11.1f} "
                   f"{tokens_per_s(burst, dsat) / t1:>5.1f}x  (saturating rate)")

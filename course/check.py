@@ -35,12 +35,56 @@ def check(exercise: str, names: dict | None = None) -> None:
             f"--rootdir={ROOT}", "-c", str(ROOT / "pyproject.toml"), "--import-mode=importlib",
             "--capture=sys", "--timeout-method=signal", "--tb=line", *PYTEST_ARGS]
     sink = io.StringIO()
+    progress = Progress(exercise)
     try:
         with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            pytest.main(args)
+            pytest.main(args, plugins=[progress])
     finally:
+        progress.close()
         loader.LIVE.pop(lesson.number, None)
     print(summary(exercise, list(pytest_plugin.RESULTS), sink.getvalue()))
+
+
+class Progress:
+    """A pytest plugin: a progress bar over a check's tests (tqdm.auto: a widget in JupyterLab, a line
+    on a terminal, written to the real stderr since the check captures the rest). It opens when the
+    tests are collected, advances as each ends, and shows only once the run has taken DELAY seconds,
+    so that a quick check prints nothing but its summary. A missing tqdm (or a display that fails)
+    only means no bar."""
+
+    DELAY = 2.0
+
+    def __init__(self, exercise: str):
+        self.exercise, self.bar = exercise, None
+
+    def pytest_collection_finish(self, session) -> None:  # noqa: ANN001
+        try:
+            from tqdm.auto import tqdm
+
+            class Bar(tqdm):
+                monitor_interval = 0  # no monitor thread: a check leaves no thread of its own behind
+
+            self.bar = Bar(total=len(session.items), desc=f"checking {self.exercise}", unit="test", leave=False,
+                            delay=self.DELAY, file=sys.__stderr__ or sys.stderr)
+        except Exception:  # noqa: BLE001 - no bar is better than a check that fails for it
+            self.bar = None
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:  # noqa: ANN001
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        bar, self.bar = self.bar, None
+        if bar is None:
+            return
+        try:
+            bar.close()
+        finally:  # a widget's display stays in the cell's output: clear it, so the summary stands alone
+            widget = any(cls.__module__ == "tqdm.notebook" for cls in type(bar).__mro__)  # tqdm.auto's subclasses it
+            if widget and getattr(bar, "displayed", False):
+                from IPython.display import clear_output
+
+                clear_output()
 
 
 def summary(exercise: str, results: list[dict], output: str) -> str:

@@ -5,6 +5,7 @@ engine's fused decode step (one Numba function for a whole decode step of the ti
 from __future__ import annotations
 
 import asyncio
+import http
 import json
 import math
 import socket
@@ -28,9 +29,10 @@ textarea { width: 100%; font-family: monospace; }
 <body>
 <h1>minitorch: the tiny GPT, served</h1>
 <textarea id="prompt" rows="3">The for statement</textarea>
-<p>max tokens <input id="max" type="number" value="40" min="1" max="63">
-temperature <input id="temp" type="number" value="0" min="0" step="0.1">
-<button id="go">Generate</button></p>
+<p>max tokens <input id="max" type="number" min="1" max="63" placeholder="the rest of the context" size="22">
+temperature <input id="temp" type="number" value="0" min="0" max="2" step="0.1">
+<button id="go">Generate</button>
+<input id="key" type="password" placeholder="API key, if the server has one" size="26"></p>
 <div id="out"></div>
 <h2>The batch</h2>
 <div id="panel">
@@ -58,10 +60,12 @@ document.getElementById("go").onclick = async () => {
   const out = document.getElementById("out");
   out.textContent = "";
   const body = {model: MODEL, prompt: document.getElementById("prompt").value, stream: true,
-                max_tokens: +document.getElementById("max").value,
                 temperature: +document.getElementById("temp").value};
-  const r = await fetch("/v1/completions", {method: "POST", headers: {"Content-Type": "application/json"},
-                                            body: JSON.stringify(body)});
+  const max = document.getElementById("max").value, key = document.getElementById("key").value;
+  if (max) body.max_tokens = +max;
+  const headers = {"Content-Type": "application/json"};
+  if (key) headers.Authorization = "Bearer " + key;
+  const r = await fetch("/v1/completions", {method: "POST", headers: headers, body: JSON.stringify(body)});
   if (!r.ok) { out.textContent = (await r.json()).error.message; return; }
   const reader = r.body.getReader(), dec = new TextDecoder();
   let buf = "";
@@ -99,10 +103,18 @@ def abort_engine(app: Any) -> None:
         threading.Thread(target=engine.stop, kwargs={"drain": False}, name="force-stop", daemon=True).start()
 
 
-def uvicorn_server(app: Any, **config: Any) -> Any:
+def uvicorn_server(app: Any, header_timeout: float = 10.0, max_connections: int | None = None,
+                   max_header_bytes: int = 16384, **config: Any) -> Any:
     """A uvicorn.Server for `app` (keyword arguments: uvicorn.Config's) whose second Ctrl-C also
-    aborts the app's engine (abort_engine), so that it stops at once on every Python."""
+    aborts the app's engine (abort_engine), so that it stops at once on every Python. Its HTTP
+    protocol is guarded (guarded_protocol: header_timeout, max_connections, max_header_bytes);
+    uvicorn's limit_concurrency defaults to max_connections and timeout_keep_alive to 5 s."""
     import uvicorn
+
+    limit = max_connections or default_max_connections()
+    config.setdefault("http", guarded_protocol(header_timeout, limit, max_header_bytes))
+    config.setdefault("limit_concurrency", limit)
+    config.setdefault("timeout_keep_alive", 5)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -118,12 +130,14 @@ class ServerThread:
 
     start() returns once the server accepts connections; stop() shuts it down gracefully (no new
     connections; in-flight requests finish, then the app's shutdown runs); stop(force=True)
-    stops at once, like a second Ctrl-C."""
+    stops at once, like a second Ctrl-C. limits: uvicorn_server's and uvicorn.Config's
+    (header_timeout, max_connections, max_header_bytes, timeout_keep_alive, ...)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 30.0):
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, graceful_timeout: float = 30.0,
+                 **limits: Any):
         self.app, self.host, self.port = app, host, port or free_port(host)
         self.server = uvicorn_server(app, host=self.host, port=self.port, log_level="warning",
-                                     timeout_graceful_shutdown=graceful_timeout, lifespan="on")
+                                     timeout_graceful_shutdown=graceful_timeout, lifespan="on", **limits)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn:{self.port}", daemon=True)
 
     @property
@@ -208,12 +222,272 @@ class ServerProcess:
             self.proc.wait()
 
 
+def process_threads(pid: int) -> int | None:
+    """Threads of process pid and of its children (a server and its engine process), to print
+    beside a timing; None where psutil is missing (it comes with IPython) or the process is gone."""
+    try:
+        import psutil
+
+        root = psutil.Process(pid)
+        return sum(p.num_threads() for p in [root, *root.children(recursive=True)])
+    except Exception:  # noqa: BLE001 - ImportError, or psutil.Error: a process that ended meanwhile
+        return None
+
+
+OPENAI_ERROR = '{{"error": {{"message": {message}, "type": "{type}", "param": null, "code": "{code}"}}}}'
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _error_response(status: int, message: str, type: str, code: str,
+                    headers: Sequence[tuple[bytes, bytes]] = ()) -> tuple[dict, dict]:
+    """The two ASGI messages of an OpenAI-style JSON error (Connection: close: the rest of the
+    request, unread, is not worth reading)."""
+    body = OPENAI_ERROR.format(message=json.dumps(message), type=type, code=code).encode()
+    start = {"type": "http.response.start", "status": status,
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                         (b"connection", b"close"), *headers]}
+    return start, {"type": "http.response.body", "body": body, "more_body": False}
+
+
+def host_name(header: str) -> str:
+    """The host of a Host header, without its port: "localhost:8000" -> "localhost",
+    "[::1]:8000" -> "::1"."""
+    if not isinstance(header, str):
+        raise TypeError(f"host_name: header must be a str, got {header!r}")
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class FrontDoor:
+    """ASGI middleware: what a server that a browser can reach checks before its app sees a request.
+
+    - Host: the Host header must name one of allowed_hosts (["*"]: any). A web page on another
+      site cannot read a server on 127.0.0.1 (the browser's same-origin rule), unless its domain
+      is made to resolve to 127.0.0.1 (DNS rebinding): then the browser sends that domain as Host,
+      and this check refuses it (400).
+    - An API key (vLLM's --api-key): requests whose path starts with one of `protected` need
+      `Authorization: Bearer <api_key>` (401 otherwise; compared in constant time).
+    - A POST to /v1/ must be `Content-Type: application/json` (415 otherwise): a web page cannot
+      send that to another origin without a CORS preflight, which the server refuses unless CORS
+      allows the page's origin (a "simple" text/plain POST would still make the engine work).
+    - The body: a Content-Length over max_body_bytes is answered 413 before a byte of the body is
+      read, and so is a body without one (chunked) the moment it passes the limit; a body not read
+      whole within body_timeout seconds of the request's head gets 408. The app then reads the
+      body from memory, and its later receive() calls go to the client's connection (a disconnect)."""
+
+    def __init__(self, app: Any, allowed_hosts: Sequence[str] | None = None, api_key: str | None = None,
+                 max_body_bytes: int = 1 << 20, body_timeout: float = 30.0,
+                 protected: Sequence[str] = ("/v1/", "/reset_prefix_cache")):
+        hosts = LOOPBACK_HOSTS if allowed_hosts is None else allowed_hosts
+        if isinstance(hosts, str) or not all(isinstance(h, str) and h for h in hosts):
+            raise ValueError(f"FrontDoor: allowed_hosts must be a list of host names, got {hosts!r}")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
+            raise ValueError("FrontDoor: api_key must be None or a non-empty str")
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise ValueError(f"FrontDoor: max_body_bytes must be an integer >= 1, got {max_body_bytes!r}")
+        if isinstance(body_timeout, bool) or not isinstance(body_timeout, (int, float)) or not 0 < body_timeout < math.inf:
+            raise ValueError(f"FrontDoor: body_timeout must be a finite number of seconds > 0, got {body_timeout!r}")
+        self.app, self.api_key = app, api_key
+        self.any_host = "*" in hosts
+        self.hosts = {h.lower().strip("[]") for h in hosts}
+        self.max_body_bytes, self.body_timeout, self.protected = max_body_bytes, float(body_timeout), tuple(protected)
+        self.json_only = ("/v1/",)
+        self.refused = {"host": 0, "api_key": 0, "content_type": 0, "too_large": 0, "timeout": 0}
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        refusal = None
+        host = host_name(headers.get(b"host", b"").decode("latin-1")).lower()
+        if not self.any_host and host not in self.hosts:
+            refusal = ("host", 400, f"the Host header {host!r} is not one this server answers to (allowed: "
+                                    f"{sorted(self.hosts)}; serve(allowed_hosts=...) adds names)", "invalid_request_error",
+                       "invalid_host", ())
+        elif self.api_key is not None and scope["path"].startswith(self.protected) and scope["method"] != "OPTIONS":
+            import secrets
+
+            given = headers.get(b"authorization", b"")
+            if not secrets.compare_digest(given, b"Bearer " + self.api_key.encode()):
+                refusal = ("api_key", 401, "a valid API key is required: Authorization: Bearer <key>",
+                           "authentication_error", "invalid_api_key", ((b"www-authenticate", b"Bearer"),))
+        if refusal is None and scope["method"] == "POST" and scope["path"].startswith(self.json_only) and \
+                headers.get(b"content-type", b"").split(b";")[0].strip().lower() != b"application/json":
+            refusal = ("content_type", 415, "a POST to /v1 must send Content-Type: application/json (a web page "
+                                            "can send that only after a CORS preflight)", "invalid_request_error",
+                       "unsupported_media_type", ())
+        if refusal is None:
+            length = headers.get(b"content-length", b"0")
+            if not length.isdigit() or int(length) > self.max_body_bytes:
+                refusal = ("too_large", 413, f"the request body is larger than this server's limit of "
+                                             f"{self.max_body_bytes} bytes", "invalid_request_error",
+                           "request_too_large", ())
+        if refusal is not None:
+            what, status, message, kind, code, extra = refusal
+            self.refused[what] += 1
+            for message_ in _error_response(status, message, kind, code, extra):
+                await send(message_)
+            return
+        body, more, deadline = bytearray(), True, time.monotonic() + self.body_timeout
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.001))
+            except asyncio.TimeoutError:
+                self.refused["timeout"] += 1
+                for message_ in _error_response(408, f"the request body was not received within {self.body_timeout:g} "
+                                                     "s", "invalid_request_error", "request_timeout"):
+                    await send(message_)
+                return
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                self.refused["too_large"] += 1
+                for message_ in _error_response(413, f"the request body is larger than this server's limit of "
+                                                     f"{self.max_body_bytes} bytes", "invalid_request_error",
+                                                "request_too_large"):
+                    await send(message_)
+                return
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def add_front_door(app: Any, api_key: str | None = None, allowed_origins: Sequence[str] | None = None,
+                   allowed_hosts: Sequence[str] | None = None, max_body_bytes: int = 1 << 20,
+                   body_timeout: float = 30.0) -> None:
+    """Wrap a FastAPI app in FrontDoor (Host, API key, body limits) and, only where allowed_origins
+    are given, Starlette's CORSMiddleware for them (outermost, so that a browser's preflight
+    OPTIONS request is answered before the key is asked for). app.state.front_door: its counters."""
+    from starlette.middleware.cors import CORSMiddleware
+
+    FrontDoor(None, allowed_hosts, api_key, max_body_bytes, body_timeout)      # refuse bad settings now
+    app.add_middleware(FrontDoor, allowed_hosts=allowed_hosts, api_key=api_key, max_body_bytes=max_body_bytes,
+                       body_timeout=body_timeout)
+    if allowed_origins:
+        if isinstance(allowed_origins, str) or not all(isinstance(o, str) for o in allowed_origins):
+            raise ValueError(f"add_front_door: allowed_origins must be a list of origins, got {allowed_origins!r}")
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+
+def default_max_connections() -> int:
+    """Connections a server keeps open at once: 1,000, or fewer where the process may open fewer
+    files (RLIMIT_NOFILE, less 64 for its own), at least 16."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return 1000
+    return max(16, min(1000, soft - 64)) if soft != getattr(resource, "RLIM_INFINITY", -1) else 1000
+
+
+def guarded_protocol(header_timeout: float = 10.0, max_connections: int | None = None,
+                     max_header_bytes: int = 16384) -> type:
+    """uvicorn's HTTP protocol (httptools' parser), guarded against slow and idle clients:
+    - a request's head (request line and headers) must arrive within header_timeout seconds of its
+      first byte (or of the connection's opening: an idle socket is closed too), else 408 and the
+      connection closes (slowloris: many connections each sending a header byte now and then);
+    - a head over max_header_bytes gets 431 and the connection closes;
+    - beyond max_connections open connections (default_max_connections()), a new one is closed at
+      once, before it costs more than its file descriptor for a moment; uvicorn's own
+      limit_concurrency answers 503 to requests from the max_connections-th on.
+    uvicorn's timeout_keep_alive closes a connection idle between requests. Without httptools
+    (uvicorn[standard] installs it) uvicorn's h11 protocol, unguarded, is returned."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # pragma: no cover - httptools is pinned
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+        return H11Protocol
+    limit = max_connections or default_max_connections()
+
+    class GuardedProtocol(HttpToolsProtocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._guard, self._head_bytes, self._in_head, self._tail = None, 0, True, b""
+            if len(self.connections) > limit:
+                transport.abort()                                 # too many at once: this one goes now
+                return
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._guard = self.loop.call_later(header_timeout, self._expire)
+
+        def _disarm(self) -> None:
+            if self._guard is not None:
+                self._guard.cancel()
+                self._guard = None
+
+        def _expire(self) -> None:
+            self._guard = None
+            if not self.transport.is_closing():
+                if self._head_bytes:
+                    self._reply(408, "the request's head did not arrive in time")
+                self.transport.close()
+
+        def _reply(self, status: int, message: str) -> None:
+            start, body = _error_response(status, message, "invalid_request_error", "request_timeout"
+                                          if status == 408 else "headers_too_large")
+            head = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n".encode()]
+            head += [name + b": " + value + b"\r\n" for name, value in start["headers"]]
+            self.transport.write(b"".join(head) + b"\r\n" + body["body"])
+
+        def data_received(self, data: bytes) -> None:
+            if self._in_head and not self.transport.is_closing():
+                if self._guard is None:
+                    self._arm()                                   # the first byte of a new request
+                end = (self._tail + data).find(b"\r\n\r\n")     # where the head ends, if in this data
+                if self._head_bytes + (len(data) if end < 0 else end + 4 - len(self._tail)) > max_header_bytes:
+                    self._disarm()
+                    self._reply(431, f"the request's head is larger than {max_header_bytes} bytes")
+                    self.transport.close()
+                    return
+                self._head_bytes += len(data)
+                self._tail = (self._tail + data)[-3:]
+            super().data_received(data)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head, self._head_bytes, self._tail = True, 0, b""   # the next request's head comes next
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if getattr(self, "_guard", None) is not None:
+                self._disarm()
+            super().connection_lost(exc)
+
+    GuardedProtocol.__qualname__ = GuardedProtocol.__name__ = f"GuardedProtocol_{limit}"
+    return GuardedProtocol
+
+
 def sample_workload(n: int, rng: Any = 0, prompt_len: tuple[int, int] = (8, 32),
                     output_len: tuple[int, int] = (8, 24)) -> list[tuple[str, int]]:
     """n (prompt, max_tokens) pairs: prompts are slices of the tiny GPT's corpus with lengths
-    uniform in prompt_len (inclusive), max_tokens uniform in output_len (inclusive)."""
+    uniform in prompt_len (inclusive), max_tokens uniform in output_len (inclusive). rng: a seed
+    (an integer >= 0) or a np.random.Generator."""
     from minitorch.gpt import load_corpus
 
+    if not (isinstance(rng, np.random.Generator) or isinstance(rng, (int, np.integer)) and
+            not isinstance(rng, (bool, np.bool_)) and rng >= 0):
+        raise ValueError(f"sample_workload: rng must be a seed (an integer >= 0) or a np.random.Generator, got {rng!r}")
+    for name, (lo, hi) in (("prompt_len", prompt_len), ("output_len", output_len)):
+        if lo > hi:
+            raise ValueError(f"sample_workload: {name} must be (low, high) with low <= high, got {(lo, hi)}")
     rng = np.random.default_rng(rng)
     text = load_corpus()
     out = []
@@ -508,6 +782,13 @@ def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo,
             logits[o, t] = s
 
 
+def _shown_ids(tokens: Any) -> str:
+    """Token ids as an error message shows them: the values and, for an array, its dtype."""
+    if isinstance(tokens, np.ndarray):
+        return f"{tokens.tolist()!r} (an array of dtype {tokens.dtype})"
+    return repr(tokens) if len(repr(tokens)) <= 80 else repr(tokens)[:77] + "..."
+
+
 class FusedDecoder:
     """The engine's fused decode step for the GPTWeights W: __call__(cache, seqs, tokens) appends
     one token to each sequence of a PagedKVCache and returns the logits (len(seqs), vocab) in W's
@@ -549,23 +830,31 @@ class FusedDecoder:
     def __call__(self, cache: Any, seqs: Sequence[Any], tokens: Any) -> np.ndarray:
         """Append one token to each sequence: the logits (len(seqs), vocab)."""
         W = self.W
-        tokens = np.asarray(tokens).reshape(-1)
-        if len(tokens) != len(seqs) or tokens.dtype.kind not in "iu" or \
-                not all(0 <= t < W.vocab_size for t in tokens.tolist()):
-            raise ValueError(f"FusedDecoder: expected one token id in [0, {W.vocab_size}) for each of {len(seqs)} "
-                             f"sequences, got {tokens.tolist()}")
-        return self.forward(cache, seqs, tokens[:, None])
+        ids = np.asarray(tokens) if isinstance(tokens, (list, tuple, np.ndarray)) else np.asarray([tokens])
+        if ids.ndim != 1 or len(ids) != len(seqs) or ids.dtype.kind not in "iu" or \
+                not all(0 <= t < W.vocab_size for t in ids.tolist()):
+            raise ValueError(f"FusedDecoder: tokens must be one token id in [0, {W.vocab_size}) for each of the "
+                             f"{len(seqs)} seqs, got {_shown_ids(tokens)}")
+        return self.forward(cache, seqs, ids[:, None])
 
-    def forward(self, cache: Any, seqs: Sequence[Any], chunks: Sequence[Any]) -> np.ndarray:
+    def forward(self, cache: Any, seqs: Sequence[Any], chunks: Any) -> np.ndarray:
         """paged_forward's step in one kernel call: chunks[i] (t_i >= 1,) new tokens of sequence
         seqs[i] (distinct), appended to the cache; returns the logits (len(seqs), vocab) of each
         chunk's last token, in W's dtype. Each token is a row of the kernel."""
         W = self.W
+        if not isinstance(chunks, (list, tuple, np.ndarray)):
+            raise TypeError(f"FusedDecoder.forward: chunks must be a list of token-id chunks, one per seq, got "
+                            f"{_shown_ids(chunks)}")
+        if not isinstance(seqs, (list, tuple)):
+            raise TypeError(f"FusedDecoder.forward: seqs must be a list of sequence ids, got {_shown_ids(seqs)}")
+        if not (hasattr(cache, "k") and hasattr(cache, "lengths") and hasattr(cache, "blocks_needed")):
+            raise TypeError(f"FusedDecoder.forward: cache must be a PagedKVCache, got {type(cache).__name__}")
         chunks = [np.asarray(c).reshape(-1) for c in chunks]
         if len(chunks) != len(seqs) or len(set(seqs)) != len(seqs) or any(
                 len(c) == 0 or c.dtype.kind not in "iu" or c.min() < 0 or c.max() >= W.vocab_size for c in chunks):
-            raise ValueError(f"FusedDecoder: expected a non-empty chunk of token ids in [0, {W.vocab_size}) for each "
-                             f"of {len(seqs)} distinct sequences, got {len(chunks)} chunks {[c.tolist() for c in chunks]}")
+            raise ValueError(f"FusedDecoder.forward: chunks must be a non-empty chunk of token ids in [0, {W.vocab_size}) "
+                             f"for each of the {len(seqs)} seqs (distinct), got {len(chunks)} chunks "
+                             f"{[c.tolist() for c in chunks]} of dtypes {sorted({c.dtype.name for c in chunks})}")
         if cache.k.dtype != W.dtype or cache.k.shape[2:] != (W.n_kv_head, cache.block_size, W.head_dim):
             raise ValueError(f"FusedDecoder: the cache {cache.k.shape} {cache.k.dtype} does not fit the model "
                              f"({W.n_kv_head} KV heads of {W.head_dim}, {W.dtype})")
@@ -597,14 +886,16 @@ class FusedDecoder:
 
 
 def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len: int = 16, repeats: int = 3,
-                  no_cache_repeats: int = 1, seed: int = 0) -> dict[str, np.ndarray]:
+                  no_cache_repeats: int = 1, seed: int = 0, progress: bool = False) -> dict[str, np.ndarray]:
     """Seconds of each of n_tokens greedy steps of one sequence after a random prompt_len-token
     prompt (step 0 is the prompt's prefill), four ways: "no cache" (lesson 11's gpt_forward on
     every token each step), "lesson 11" (its dense-cache step, forward_cached), and the engine's
     step (`engine`, the Engine class, one request) with decode="reference" and "fused". All on one
     thread (NumPy's BLAS limited to one, like the fused step). Per step the fastest of `repeats`
     interleaved runs (no_cache_repeats for the slow one). prompt_len + n_tokens must fit
-    W.block_size."""
+    W.block_size. progress: a progress bar (tqdm.auto), one step per run."""
+    from tqdm.auto import tqdm
+
     from minitorch.bench import blas_limit
     from minitorch.serve import decode_latencies
 
@@ -622,15 +913,19 @@ def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len:
         return out
 
     runs = {k: np.full(n_tokens, np.inf) for k in ("no cache", "lesson 11", "engine reference", "engine fused")}
-    with blas_limit(1):
+    with blas_limit(1), tqdm(total=1 + no_cache_repeats + 3 * repeats, desc="decode runs", unit="run",
+                             disable=not progress) as bar:
         engine_run("fused")                                      # compile the kernel
+        bar.update()
         for i in range(max(repeats, no_cache_repeats)):
             if i < no_cache_repeats:
                 runs["no cache"] = np.minimum(runs["no cache"], decode_latencies(W, prompt, n_tokens, use_cache=False))
+                bar.update()
             if i < repeats:
                 runs["lesson 11"] = np.minimum(runs["lesson 11"], decode_latencies(W, prompt, n_tokens))
                 runs["engine reference"] = np.minimum(runs["engine reference"], engine_run("reference"))
                 runs["engine fused"] = np.minimum(runs["engine fused"], engine_run("fused"))
+                bar.update(3)
     return runs
 
 
@@ -648,3 +943,31 @@ def print_decode_speeds(runs: dict[str, np.ndarray], W: Any, prompt_len: int = 1
         print(f"{n:>5} {rate['no cache']:>9,.0f} {rate['lesson 11']:>10,.0f} {rate['engine reference']:>11,.0f} "
               f"{rate['engine fused']:>13,.0f} {rate['engine fused'] / rate['lesson 11']:>11.2f}x "
               f"{rate['lesson 11'] / rate['no cache']:>21.1f}x {rate['engine fused'] / rate['no cache']:>5.1f}x")
+
+
+from minitorch.checks import (Attrs, Func, Instance, Int, Optional, Positive, Seq, Size, Str, Unchecked,  # noqa: E402
+                              validate_public)
+
+validate_public(globals(), {
+    "uvicorn_server": {"app": Func(), "header_timeout": Positive, "max_connections": Optional(Size),
+                       "max_header_bytes": Size},
+    "ServerThread": {"app": Func(), "port": Int(0, 65535), "graceful_timeout": Positive},
+    "ServerThread.start": {"timeout": Positive},
+    "ServerThread.stop": {"timeout": Positive},
+    "ServerProcess": {"port": Int(0, 65535)},
+    "process_threads": {"pid": Int(0)},
+    "sample_workload": {"n": Int(0), "prompt_len": Seq(Int(1), min_len=2), "output_len": Seq(Int(1), min_len=2)},
+    "run_load": {"workload": Seq(), "max_concurrency": Optional(Size), "timeout": Positive},
+    "FrontDoor": {"protected": Seq(Str())},
+    "add_front_door": {"app": Attrs("add_middleware"), "allowed_origins": Optional(Seq(Str())),
+                       "allowed_hosts": Optional(Seq(Str())), "max_body_bytes": Size, "body_timeout": Positive},
+    "guarded_protocol": {"header_timeout": Positive, "max_connections": Optional(Size), "max_header_bytes": Size},
+    "FusedDecoder": {"W": Attrs("params", "n_layer", "n_head", "vocab_size", "block_size", "dtype")},
+    "FusedDecoder.__call__": {"cache": Attrs("k", "v", "lengths", "block_size"), "seqs": Seq()},
+    "FusedDecoder.forward": {"cache": Unchecked(), "seqs": Unchecked(),   # once per step: its own checks
+                             "chunks": Unchecked()},
+    "decode_speeds": {"W": Attrs("params", "vocab_size", "block_size"), "n_tokens": Size, "engine": Func(),
+                      "prompt_len": Size, "repeats": Size, "no_cache_repeats": Size},
+    "print_decode_speeds": {"runs": Instance(dict, must="decode_speeds' dict of timings"),
+                            "W": Attrs("dtype", "n_layer", "n_embd", "n_head", "block_size"), "prompt_len": Size},
+})

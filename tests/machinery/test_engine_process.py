@@ -150,12 +150,40 @@ def test_stats_are_there_from_the_start_and_refused_settings_raise_here():
     engine = EngineProcess(num_blocks=16, block_size=8)
     try:  # the page and /metrics may ask before the first step: stats are there from the start
         assert engine.stats()["kv_blocks_total"] == 16 and engine.stats()["running"] == 0
+        other = Engine(W, num_blocks=16, block_size=8)          # an abort goes to the request's own engine only
+        theirs, mine = other.add_request(TOK.encode("x = 1"), 4), engine.add_request(TOK.encode("x = 1"), 4)
+        with pytest.raises(ValueError, match="another engine"):
+            engine.abort(theirs)
+        with pytest.raises(ValueError, match="another engine"):
+            other.abort(mine)
+        other.run_until_idle()
+        wait_until(lambda: mine.finished, "the request whose foreign abort was refused runs on", timeout=20)
+        assert mine.finish_reason == theirs.finish_reason == "length" and mine.output == theirs.output
     finally:
         engine.stop()
     with pytest.raises(ValueError, match="cannot hold one request"):
         EngineProcess(num_blocks=1, block_size=8)
     with pytest.raises(ValueError, match="max_waiting"):
         EngineProcess(max_waiting=0)
+
+
+@pytest.mark.parametrize("settings, name", [
+    (dict(dtype=np.float16), "float16"), (dict(num_blocks=0), "num_blocks"), (dict(num_blocks=1), "cannot hold"),
+    (dict(block_size="8"), "block_size"), (dict(max_running=2.5), "max_running"), (dict(max_waiting=True), "max_waiting"),
+    (dict(max_num_batched_tokens=-1), "max_num_batched_tokens"), (dict(step_interval=float("nan")), "step_interval"),
+    (dict(history=0), "history"), (dict(decode="fast"), "decode"), (dict(prefix_caching="yes"), "prefix_caching"),
+    (dict(speed=2), "speed"), (dict(start_timeout=0), "start_timeout")])
+def test_refused_settings_raise_before_a_process_starts(monkeypatch, settings, name):
+    """The engine's settings are checked in the server's process, by name, before the engine
+    process starts (the model's load and the kernel's compilation would come first otherwise)."""
+    import subprocess
+
+    def no_process(*args, **kw):
+        raise AssertionError(f"an engine process was started for the settings {settings}, which the engine refuses")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    with pytest.raises((TypeError, ValueError), match=name):
+        EngineProcess(**{"num_blocks": 16, "block_size": 8, **settings})
 
 
 @pytest.mark.timeout(120)
@@ -267,3 +295,48 @@ def test_stop_finishes_every_request_and_can_run_twice():
     assert orphan.finish_reason == "abort" and ended == [None] and not engine.alive
     with pytest.raises(RuntimeError, match="shutting down"):
         engine.add_request(TOK.encode("x"), 2)
+
+
+@pytest.mark.timeout(120)
+def test_the_openai_parameters_cross_the_process_boundary():
+    """n samples sharing the prompt's blocks, stop strings (the engine process ends the request as
+    finished, not aborted), logprobs and echo's prompt logprobs, sampling parameters, queue times
+    and the metrics: the same answers as the engine in a thread."""
+    payloads = [
+        body("The for statement", 12, n=3, temperature=0.9, seed=4),
+        body("The for statement", 40, stop=[" is", "@@"]),
+        body("ab", 4, echo=True, logprobs=2),
+        body("x = 1", 10, temperature=1.1, seed=9, top_p=0.8, top_k=7, presence_penalty=1.0, frequency_penalty=-0.5,
+             logit_bias={"5": 4.0}),
+    ]
+    answers = {}
+    for layout in ("process", "thread"):
+        engine, app = build_server(np.float32, engine_process=layout == "process", num_blocks=48, block_size=8)
+        try:
+            with ServerThread(app) as srv:
+                answers[layout] = [httpx.post(srv.url + "/v1/completions", json=p, timeout=60).json() for p in payloads]
+                chunks = []
+                with httpx.stream("POST", srv.url + "/v1/completions", timeout=60,
+                                  json={**payloads[1], "stream": True}) as r:
+                    chunks = [line for line in r.iter_lines() if line.startswith("data: ")]
+                answers[layout].append("".join(__import__("json").loads(c[6:])["choices"][0]["text"]
+                                               for c in chunks[:-1]))
+                wait_until(lambda: stats(srv.url)["stopped"] == 2 and stats(srv.url)["kv_blocks_used"] == 0,
+                           "the stopped requests are finished and their blocks freed")
+                assert stats(srv.url)["aborted"] == 0
+                metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+                assert "\nminitorch_request_queue_time_seconds_count 7\n" in metrics, \
+                    f"7 sequences finished (3 samples and 4 requests), each with its queue time: {metrics[-300:]}"
+        finally:
+            if layout == "process" and engine.process.poll() is None:
+                engine.process.kill()
+    process, thread = answers["process"], answers["thread"]
+    for a, b in zip(process[:-1], thread[:-1]):
+        for x, y in zip(a["choices"], b["choices"]):
+            assert x["text"] == y["text"] and x["finish_reason"] == y["finish_reason"]
+            if x["logprobs"]:
+                np.testing.assert_allclose([v for v in x["logprobs"]["token_logprobs"] if v is not None],
+                                           [v for v in y["logprobs"]["token_logprobs"] if v is not None], rtol=1e-5)
+        assert a["usage"] == b["usage"]
+    assert process[1]["choices"][0]["finish_reason"] == "stop" and process[-1] == process[1]["choices"][0]["text"]
+    assert len({c["text"] for c in process[0]["choices"]}) > 1, "3 samples at temperature 0.9 differ"
