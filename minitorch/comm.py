@@ -427,10 +427,16 @@ class _Aborted(BaseException):
 
 
 class _SimWorld:
-    """State shared by the ranks of one simulated run; every access holds `cond`."""
+    """State shared by the ranks of one simulated run; every access holds `cond`. With nodes > 1 the
+    ranks sit on `nodes` nodes of size / nodes ranks each, in order (rank r on node r // ppn), and a
+    message between nodes costs alpha_inter + n * beta_inter instead of alpha + n * beta."""
 
-    def __init__(self, size: int, alpha: float, beta: float, flop_rate: float):
+    def __init__(self, size: int, alpha: float, beta: float, flop_rate: float, nodes: int = 1,
+                 alpha_inter: float | None = None, beta_inter: float | None = None):
         self.size, self.alpha, self.beta, self.flop_rate = size, alpha, beta, flop_rate
+        self.nodes, self.ppn = nodes, size // nodes
+        self.alpha_inter = alpha if alpha_inter is None else alpha_inter
+        self.beta_inter = beta if beta_inter is None else beta_inter
         self.cond = threading.Condition()
         self.mail: dict[tuple[int, int, int], deque[_Message]] = defaultdict(deque)  # (src, dst, tag)
         self.sent: dict[tuple[int, int, int], int] = defaultdict(int)    # messages ever sent, per (src, dst, tag)
@@ -461,6 +467,9 @@ class SimComm(Communicator):
             raise ValueError(f"SimComm: rank must be in [0, {world.size}) (the world's size), got {rank}")
         self.rank, self.size, self._w = rank, world.size, world
         self.alpha, self.beta, self.flop_rate = world.alpha, world.beta, world.flop_rate
+        node = rank // world.ppn  # (alpha, beta) of the link to each peer: the node's, or the network's
+        self._links = [(world.alpha, world.beta) if peer // world.ppn == node else (world.alpha_inter, world.beta_inter)
+                       for peer in range(world.size)]
         self._clock = {"main": 0.0, "comm": 0.0}
         self._stream = "main"
         self._out_free = 0.0   # when this rank's outgoing port is free again
@@ -508,7 +517,8 @@ class SimComm(Communicator):
         received."""
         dst, tag = self._check_rank(dst, "dst"), self._check_tag(tag)
         data = _message_array(array, self.rank)
-        cost = self.alpha + data.nbytes * self.beta
+        alpha, beta = self._links[dst]
+        cost = alpha + data.nbytes * beta
         start = max(self._clock[self._stream], self._out_free)
         self._advance(start, "idle", label="send port busy")
         self._event("send", start, start + cost, peer=dst, nbytes=data.nbytes, tag=tag)
@@ -559,7 +569,8 @@ class SimComm(Communicator):
     def _arrive(self, msg: _Message, src: int, tag: int) -> np.ndarray:
         """Receive `msg` on the clock (the port model), record it; returns its data."""
         n = msg.data.nbytes
-        cost = self.alpha + n * self.beta
+        alpha, beta = self._links[src]
+        cost = alpha + n * beta
         arrived = max(msg.ready, self._in_free + cost)  # the receiving port serves one message at a time
         self._in_free = arrived
         now = self._clock[self._stream]
@@ -654,7 +665,7 @@ class SimComm(Communicator):
             w.barrier_arrived[self.rank] = self._clock[self._stream]
             if len(w.barrier_arrived) == self.size:
                 w.barrier_done.append(max(w.barrier_arrived.values())
-                                      + math.ceil(math.log2(self.size)) * self.alpha)
+                                      + math.ceil(math.log2(self.size)) * max(w.alpha, w.alpha_inter))
                 w.barrier_arrived = {}
                 w.cond.notify_all()
         self._block("barrier()", lambda: len(w.barrier_done) > generation,
@@ -738,7 +749,8 @@ class RunResult:
     """What `run` returns. results[r]: fn's return value on rank r; stats[r]: rank r's counters
     (bytes_sent, bytes_recv, msgs_sent, msgs_recv, sent_to {peer: bytes}, recv_from {peer: bytes},
     busy {kind: seconds}, time: its final clock); timeline: every Event, ordered by start time;
-    time: when the last rank finished (simulated seconds, or wall seconds under MPI)."""
+    time: when the last rank finished (simulated seconds, or wall seconds under MPI); nodes: the
+    nodes the ranks ran on, nranks / nodes each, in rank order (1: one machine, or one node)."""
     engine: str
     nranks: int
     results: list
@@ -746,9 +758,21 @@ class RunResult:
     timeline: list[Event]
     time: float
     output: str = ""
+    nodes: int = 1
 
     def bytes_sent(self) -> list[int]:
         return [s["bytes_sent"] for s in self.stats]
+
+    def node_of(self, r: int) -> int:
+        """The node rank r ran on (ranks fill the nodes in order: nranks / nodes per node)."""
+        if not 0 <= r < self.nranks:
+            raise ValueError(f"RunResult.node_of: r must be a rank in [0, {self.nranks}) (the run's ranks), got {r}")
+        return r // (self.nranks // self.nodes)
+
+    def bytes_between_nodes(self) -> list[int]:
+        """Per rank, the bytes it sent to ranks on other nodes (what crossed the network; 0 on one node)."""
+        return [sum(n for peer, n in s["sent_to"].items() if self.node_of(peer) != self.node_of(r))
+                for r, s in enumerate(self.stats)]
 
     def events(self, rank: int | None = None, kind: str | None = None, stream: str | None = None) -> list[Event]:
         """The events of the timeline on rank `rank` (0..nranks-1), of `kind` (any kind a rank's
@@ -803,6 +827,7 @@ def _time_unit(t: float) -> tuple[float, str]:
 # ------------------------------------------------------------------------------------ runner
 def run(fn: Callable, nranks: int, *args: Any, engine: str = "sim", alpha: float = DEFAULT_ALPHA,
         beta: float = DEFAULT_BETA, flop_rate: float = DEFAULT_FLOP_RATE, timeout: float | None = None,
+        nodes: int | None = None, alpha_inter: float | None = None, beta_inter: float | None = None,
         **kwargs: Any) -> RunResult:
     """Run fn(comm, *args, **kwargs) on `nranks` ranks; return a RunResult.
 
@@ -811,17 +836,32 @@ def run(fn: Callable, nranks: int, *args: Any, engine: str = "sim", alpha: float
     with mpi4py; alpha, beta, flop_rate are ignored (time is real). A rank's exception is
     re-raised here, with a note naming the rank. `timeout` seconds (wall clock) bound the whole
     run (default: SIM_TIME_LIMIT times the machine's slowness, or MPI_TIME_LIMIT); past it,
-    RunTimeoutError names the ranks still running."""
+    RunTimeoutError names the ranks still running.
+
+    nodes: the ranks sit on `nodes` nodes, nranks / nodes each, in rank order (node 0 holds ranks
+    0 .. nranks/nodes - 1). On the simulator a message between two nodes costs alpha_inter + n *
+    beta_inter (default: alpha, beta) and one inside a node alpha + n * beta; every rank has a link
+    of its own to the network (one NIC per rank, as GPU servers have one per GPU). Under MPI the
+    ranks are launched on the first `nodes` nodes of a cluster: the one the file $MINITORCH_CLUSTER
+    describes, or the emulated cluster running on this machine (`course.cluster`, `make cluster`).
+    None: one machine (MPI: every rank on this one)."""
     if isinstance(nranks, bool) or not isinstance(nranks, (int, np.integer)) or nranks < 1:
         raise ValueError(f"run: nranks must be a positive int, got {nranks!r}")
+    if nodes is not None and nranks % nodes:
+        raise ValueError(f"run: nodes must divide nranks (the same number of ranks on every node), got nodes={nodes} "
+                         f"for nranks={nranks}")
+    if (alpha_inter is not None or beta_inter is not None) and engine == "sim" and nodes is None:
+        raise ValueError(f"run: alpha_inter and beta_inter are the links between nodes: give nodes too (got "
+                         f"alpha_inter={alpha_inter}, beta_inter={beta_inter}, nodes=None)")
     if engine == "sim":
         if not (alpha >= 0 and beta >= 0 and flop_rate > 0):
             raise ValueError(f"run: need alpha >= 0, beta >= 0, flop_rate > 0; got {alpha}, {beta}, {flop_rate}")
         if timeout is None:
             timeout = round(SIM_TIME_LIMIT * _time_scale(), 1)
-        return _run_sim(fn, int(nranks), args, kwargs, alpha, beta, flop_rate, timeout)
+        return _run_sim(fn, int(nranks), args, kwargs, alpha, beta, flop_rate, timeout, nodes or 1, alpha_inter,
+                        beta_inter)
     if engine == "mpi":
-        return _run_mpi(fn, int(nranks), args, kwargs, MPI_TIME_LIMIT if timeout is None else timeout)
+        return _run_mpi(fn, int(nranks), args, kwargs, MPI_TIME_LIMIT if timeout is None else timeout, nodes)
     raise ValueError(f"run: engine must be 'sim' or 'mpi', got {engine!r}")
 
 
@@ -834,8 +874,9 @@ def _time_scale() -> float:
     return time_scale()
 
 
-def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunResult:
-    world = _SimWorld(nranks, alpha, beta, flop_rate)
+def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout, nodes=1, alpha_inter=None,
+             beta_inter=None) -> RunResult:
+    world = _SimWorld(nranks, alpha, beta, flop_rate, nodes, alpha_inter, beta_inter)
     comms = [SimComm(r, world) for r in range(nranks)]
     results: list = [None] * nranks
 
@@ -894,7 +935,7 @@ def _run_sim(fn, nranks, args, kwargs, alpha, beta, flop_rate, timeout) -> RunRe
         s["time"] = max(c._clock.values())
         stats.append(s)
     timeline = sorted((e for c in comms for e in c.events), key=lambda e: (e.start, e.rank))
-    return RunResult("sim", nranks, results, stats, timeline, max(s["time"] for s in stats))
+    return RunResult("sim", nranks, results, stats, timeline, max(s["time"] for s in stats), nodes=nodes)
 
 
 def _stop_ranks(world: _SimWorld, threads: list[threading.Thread], patience: float = 5.0) -> list[int]:
@@ -1117,8 +1158,9 @@ class MPIComm(Communicator):
         # More ranks on this machine than cores: a waiting rank yields at once, since the rank it
         # waits for may be the one it keeps off the core (testing 20 times first made small
         # all-reduces slower there); otherwise a few tests first save a system call.
-        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)
-        self._spins = 0 if node.Get_size() > _cores() else _SPINS
+        node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED)  # (an emulated cluster's nodes share this machine's cores)
+        on_machine = max(node.Get_size(), int(os.environ.get("MINITORCH_MACHINE_RANKS", "0") or 0))
+        self._spins = 0 if on_machine > _cores() else _SPINS
         node.Free()
         mpi_comm.Barrier()
         self._t0 = time.perf_counter()
@@ -1501,12 +1543,14 @@ class _Stop(Exception):
     """Raised by a launch's watch function to end the launch (the job is killed first)."""
 
 
-def _launch(cmd: list[str], timeout: float, watch: Callable[[], None] | None = None) -> tuple[int, str]:
+def _launch(cmd: list[str], timeout: float, watch: Callable[[], None] | None = None,
+            env: dict | None = None) -> tuple[int, str]:
     """Run cmd in a session of its own and return (exit code, output). While it runs, call
     watch() every 20-200 ms (it may raise to end the run). Past `timeout`, or on any exception in
     this process (KeyboardInterrupt included), mpiexec and every process under it are killed
-    first; a timeout raises TimeoutError."""
-    env = {**os.environ, **MPI_ENV}
+    first; a timeout raises TimeoutError. env: the launch's environment (default: this process's
+    with MPI_ENV)."""
+    env = {**os.environ, **MPI_ENV} if env is None else env
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                 text=True, start_new_session=True)
@@ -1629,11 +1673,121 @@ def _dumps(obj: Any) -> bytes:
             cloudpickle.unregister_pickle_by_value(m)
 
 
-def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
+# Clusters. `run(..., engine="mpi", nodes=k)` launches on a cluster described by a JSON file: the one
+# $MINITORCH_CLUSTER names, else the emulated cluster running on this machine (course.cluster writes
+# its file into CLUSTER_DIR and removes it when it stops). The file says what mpiexec needs:
+#   hosts          one name (or address) per node, as the launcher reaches it
+#   ppn            ranks (NICs) per node at most
+#   launcher       hydra's launcher: "ssh" (also for the emulation, through launcher_exec), "slurm", ...
+#   launcher_exec  optional: the program hydra runs instead of ssh (the emulation's enters a node's namespaces)
+#   localhost      optional: the address the nodes reach this machine at (hydra's -localhost)
+#   env            optional: environment for the ranks (which network MPI uses: UCX_TLS, UCX_NET_DEVICES...)
+#   rank_netns     optional: "/run/netns/...{node}...{local}": the network namespace each rank enters
+#                  before MPI starts (the emulation gives each rank its own NIC)
+#   shared_machine optional: true when every node runs on this machine's cores (the emulation)
+#   jobdir         optional: where job files go (a directory every node sees; default: the temp dir)
+#   owner          optional: the process that keeps the cluster up (a file whose owner died is stale)
+CLUSTER_DIR = Path("/run/minitorch-cluster")
+_CLUSTER_KEYS = {"hosts", "ppn", "launcher", "launcher_exec", "localhost", "env", "rank_netns", "shared_machine",
+                 "jobdir", "owner", "name", "description", "nodes", "link", "index", "created"}
+
+
+def _cluster_file() -> Path:
+    """The cluster file run(..., nodes=...) uses, or a RuntimeError saying there is none (or several)."""
+    named = os.environ.get("MINITORCH_CLUSTER")
+    if named:
+        if not Path(named).is_file():
+            raise RuntimeError(f"MINITORCH_CLUSTER names {named}, which is not a file (has its cluster stopped?)")
+        return Path(named)
+    live = []
+    for path in sorted(CLUSTER_DIR.glob("*.json")) if CLUSTER_DIR.is_dir() else []:
+        try:
+            import json
+
+            owner = int(json.loads(path.read_text()).get("owner", 0))
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue
+        if owner > 0 and _alive(owner):
+            live.append(path)
+    if len(live) == 1:
+        return live[0]
+    if not live:
+        raise RuntimeError("run(..., engine='mpi', nodes=...) needs a cluster, and none is running here: start the "
+                           "emulated one (`make cluster`, or `with EmulatedCluster(...)` from course.cluster), or set "
+                           "MINITORCH_CLUSTER to a cluster file (docs/mpi.md, \"Across nodes\")")
+    raise RuntimeError(f"{len(live)} emulated clusters are running here ({', '.join(p.stem for p in live)}): set "
+                       "MINITORCH_CLUSTER to the file of the one to use")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cluster_launch(nranks: int, nodes: int) -> tuple[list[str], dict, dict]:
+    """(mpiexec's options before -n, the launch's environment, the cluster's description) for nranks
+    ranks on `nodes` nodes of the cluster, or a clear RuntimeError / ValueError."""
+    import json
+
+    path = _cluster_file()
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"cluster file {path}: {exc}") from None
+    unknown = set(spec) - _CLUSTER_KEYS
+    if unknown or not isinstance(spec.get("hosts"), list) or not spec["hosts"]:
+        raise RuntimeError(f"cluster file {path}: needs a list of hosts" + (f"; unknown keys {sorted(unknown)}"
+                                                                           if unknown else ""))
+    hosts, per_node = spec["hosts"], nranks // nodes
+    ppn = int(spec.get("ppn", per_node))
+    if nodes > len(hosts) or per_node > ppn:
+        raise ValueError(f"run: {nranks} ranks on {nodes} nodes ({per_node} per node) do not fit the cluster of "
+                         f"{len(hosts)} nodes x {ppn} ranks ({path})")
+    args = ["-launcher", str(spec.get("launcher", "ssh"))]
+    if spec.get("launcher_exec"):
+        args += ["-launcher-exec", str(spec["launcher_exec"])]
+    if spec.get("localhost"):
+        args += ["-localhost", str(spec["localhost"])]
+    args += ["-hosts", ",".join(f"{h}:{per_node}" for h in hosts[:nodes])]  # per_node ranks on each, in order
+    env = {**os.environ, **{k: v for k, v in MPI_ENV.items() if k != "HYDRA_LAUNCHER"},
+           **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+    env.pop("HYDRA_LAUNCHER", None)
+    if spec.get("rank_netns"):
+        env["MINITORCH_RANK_NETNS"] = str(spec["rank_netns"])
+    if spec.get("shared_machine"):
+        env["MINITORCH_MACHINE_RANKS"] = str(nranks)  # every rank on this machine's cores
+    return args, env, spec
+
+
+def _enter_rank_netns() -> None:
+    """In a rank of an emulated cluster, before MPI starts: enter the rank's own network namespace
+    (its NIC), named by MINITORCH_RANK_NETNS from the node (MINITORCH_NODE, set by the cluster's
+    launcher) and the rank's place on it (MPI_LOCALRANKID, set by hydra). Nothing elsewhere."""
+    spec = os.environ.get("MINITORCH_RANK_NETNS")
+    if not spec:
+        return
+    path = spec.format(node=int(os.environ.get("MINITORCH_NODE", "0")), local=int(os.environ.get("MPI_LOCALRANKID", "0")))
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter the network namespace {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _run_mpi(fn, nranks, args, kwargs, timeout, nodes=None) -> RunResult:
     exe = mpiexec_path()
     if exe is None or not mpi_status()[0]:
         raise RuntimeError(f"MPI cannot start here: {mpi_status()[1]}")
-    with tempfile.TemporaryDirectory(prefix="minitorch-mpi-") as tmp:
+    options, env, cluster = (list(_MPI_BIND), None, {}) if nodes is None else _cluster_launch(nranks, nodes)
+    with tempfile.TemporaryDirectory(prefix="minitorch-mpi-", dir=cluster.get("jobdir")) as tmp:
         job = Path(tmp)
         (job / "job.pkl").write_bytes(_dumps((fn, args, kwargs)))
         (job / "limit").write_text(repr(float(timeout)))
@@ -1641,8 +1795,8 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
         t0 = time.perf_counter()
         watch = _DeadlockWatch(job, nranks)
         try:
-            rc, out = _launch([exe, *_MPI_BIND, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout,
-                              watch)
+            rc, out = _launch([exe, *options, "-n", str(nranks), sys.executable, "-c", _WORKER, str(job)], timeout,
+                              watch, env)
         except _Stop:
             raise DeadlockError(watch.report) from None
         except TimeoutError as exc:
@@ -1686,7 +1840,7 @@ def _run_mpi(fn, nranks, args, kwargs, timeout) -> RunResult:
     stats = [records[r]["stats"] for r in range(nranks)]
     timeline = sorted((e for r in range(nranks) for e in records[r]["events"]), key=lambda e: (e.start, e.rank))
     return RunResult("mpi", nranks, [records[r]["result"] for r in range(nranks)], stats, timeline,
-                     max(s["time"] for s in stats), out)
+                     max(s["time"] for s in stats), out, nodes=nodes or 1)
 
 
 class _DeadlockWatch:
@@ -1870,6 +2024,8 @@ def _mpi_worker(job_dir: str) -> None:
     import pickle
 
     import cloudpickle
+
+    _enter_rank_netns()  # (an emulated cluster's rank: its own NIC, before MPI starts)
     from mpi4py import MPI
 
     job = Path(job_dir)
@@ -1989,5 +2145,7 @@ validate_public(globals(), _comm_rules(globals(), {
     "plot_timeline": {"result": Instance(RunResult), "ax": Optional(Attrs("broken_barh", "set_yticks")),
                       "title": Optional(Str())},
     "run": {"fn": Func(), "nranks": Size, "engine": Choice("sim", "mpi"), "alpha": NonNegative,
-            "beta": NonNegative, "flop_rate": Positive, "timeout": Optional(Positive)},
+            "beta": NonNegative, "flop_rate": Positive, "timeout": Optional(Positive), "nodes": Optional(Size),
+            "alpha_inter": Optional(NonNegative), "beta_inter": Optional(NonNegative)},
+    "RunResult.node_of": {"r": Int(0)},
 }))

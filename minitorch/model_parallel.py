@@ -744,16 +744,23 @@ def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     cluster): every rank follows schedule_fn(pp, m)'s steps for its stage, charges each layer's
     FLOPs / tp to its clock, runs two ring all-reduces of the activations per layer in its tp group,
     passes activations and gradients to the neighbouring stages, then ring all-reduces its 16-bit
-    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. The
-    simulator has one kind of link: clusters whose node link differs from the network are refused."""
-    node = link_for(cluster, 1)
-    if cluster.node_size > 1 and node != (cluster.alpha, cluster.beta):
-        raise ValueError("simulate_plan has one kind of link: give a cluster whose node link equals its network")
+    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. A cluster
+    whose node link differs from its network runs on the simulator's two-level topology (lesson 12):
+    n_ranks / node_size nodes of node_size ranks, in rank order, (alpha_node, beta_node) inside a
+    node and (alpha, beta) between nodes; node_size must then divide n_ranks."""
+    a_node, b_node = link_for(cluster, 1)
+    two_level = cluster.node_size > 1 and (a_node, b_node) != (cluster.alpha, cluster.beta)
+    if two_level and cluster.n_ranks % cluster.node_size:
+        raise ValueError(f"simulate_plan: node_size={cluster.node_size} must divide the {cluster.n_ranks} ranks (whole "
+                         "nodes) to simulate a cluster whose node link differs from its network")
     estimate_checks = (plan.dp * plan.tp * plan.pp == cluster.n_ranks, model.n_head % plan.tp == 0,
                        model.n_layer % plan.pp == 0, model.batch % (plan.dp * plan.m) == 0)
     if not all(estimate_checks):
         raise ValueError(f"{plan} is not a valid plan for {model} on {cluster.n_ranks} ranks")
     steps = schedule_fn(plan.pp, plan.m)
+    if two_level:
+        return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=a_node, beta=b_node, flop_rate=cluster.flop_rate,
+                   nodes=cluster.n_ranks // cluster.node_size, alpha_inter=cluster.alpha, beta_inter=cluster.beta)
     return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=cluster.alpha, beta=cluster.beta,
                flop_rate=cluster.flop_rate)
 

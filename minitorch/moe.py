@@ -697,19 +697,26 @@ def _ep_job(comm: Communicator, model: MoESpec, cluster: ClusterSpec, ep: int, a
 
 def simulate_ep(model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable | None = None) -> RunResult:
     """Run one EP x DP training step of `model` as a skeleton on the simulator (the cluster's alpha,
-    beta, flop_rate; one kind of link, so the node link must equal the network's): per layer the
-    forward FLOPs then two all-to-alls of the routed rows, the same for the backward (twice the
-    FLOPs), then ring all-reduces of the 16-bit expert gradients over the DP group and of the dense
-    gradients over all ranks. a2a: the all-to-all (default all_to_all). Small models only: the
-    messages are real arrays."""
-    if cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta):
-        raise ValueError("simulate_ep has one kind of link: give a cluster whose node link equals its network")
+    beta, flop_rate): per layer the forward FLOPs then two all-to-alls of the routed rows, the same
+    for the backward (twice the FLOPs), then ring all-reduces of the 16-bit expert gradients over the
+    DP group and of the dense gradients over all ranks. a2a: the all-to-all (default all_to_all). A
+    cluster whose node link differs from its network runs on lesson 12's two-level topology
+    (n_ranks / node_size nodes, node_size must divide n_ranks). Small models only: the messages are
+    real arrays."""
+    two_level = cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta)
+    if two_level and cluster.n_ranks % cluster.node_size:
+        raise ValueError(f"simulate_ep: node_size={cluster.node_size} must divide the {cluster.n_ranks} ranks (whole "
+                         "nodes) to simulate a cluster whose node link differs from its network")
     if cluster.n_ranks % ep or model.n_experts % ep or (model.batch * model.seq_len) % cluster.n_ranks \
             or (model.k * model.batch * model.seq_len // cluster.n_ranks) % ep:
         raise ValueError(f"simulate_ep: ep={ep} must divide the {cluster.n_ranks} ranks, the {model.n_experts} experts "
                          "and the routed rows per rank, and the ranks the batch's tokens")
-    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, alpha=cluster.alpha,
-               beta=cluster.beta, flop_rate=cluster.flop_rate)
+    links = dict(alpha=cluster.alpha, beta=cluster.beta)
+    if two_level:
+        a_node, b_node = link_for(cluster, 1)
+        links = dict(alpha=a_node, beta=b_node, nodes=cluster.n_ranks // cluster.node_size, alpha_inter=cluster.alpha,
+                     beta_inter=cluster.beta)
+    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, flop_rate=cluster.flop_rate, **links)
 
 
 def estimate_ep(model: MoESpec, cluster: ClusterSpec, ep: int) -> Estimate:
@@ -746,8 +753,67 @@ def best_ep(model: MoESpec, cluster: ClusterSpec) -> tuple[int, Estimate]:
     return ep, est
 
 
-from minitorch.checks import (Array, Int, NonNegative, Optional, Positive, Rule, Seq, Size, Str,  # noqa: E402
-                              TensorLike, Unchecked, validate_public)
+A2A_TWO_LEVEL = ("all_to_all", "hierarchical_all_to_all")
+
+
+def hierarchical_all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, ppn: int,
+                            a2a: Callable | None = None, tag: int = 0) -> np.ndarray:
+    """all_to_all(comm, x, send_counts, recv_counts)'s result (rows received, in rank order) for ranks
+    on comm.size / ppn nodes of ppn ranks (rank r on node r // ppn, local rank r % ppn), in two
+    exchanges: inside the node, to local rank j every row bound for local rank j of any node (after
+    the counts); then across nodes, among the ranks of one local rank, to node b's every row the node
+    holds for it. a2a: the all-to-all both use (default all_to_all); it runs with tags tag, tag + 1
+    and tag + 2. ValueError unless ppn divides comm.size, or for counts all_to_all refuses."""
+    a2a = a2a or all_to_all
+    what = "hierarchical_all_to_all"
+    x = check_a2a_args(what, comm, x, tag)
+    n = comm.size
+    if n % ppn:
+        raise ValueError(f"{what}: ppn must divide the {n} ranks (the same number on every node), got ppn={ppn}")
+    send = np.asarray(check_counts(what, "send_counts", send_counts), dtype=np.int64)
+    recv = np.asarray(check_counts(what, "recv_counts", recv_counts), dtype=np.int64)
+    if send.size != n or recv.size != n or send.sum() != x.shape[0]:
+        raise ValueError(f"{what}: rank {comm.rank}: need {n} send and {n} receive counts, the send counts summing to "
+                         f"the {x.shape[0]} rows of x; got send_counts {send.tolist()}, recv_counts {recv.tolist()}")
+    m, (node, local) = n // ppn, divmod(comm.rank, ppn)
+    inside = comm.group([node * ppn + i for i in range(ppn)])
+    across = comm.group(list(range(local, n, ppn)))
+    out_counts = send.reshape(m, ppn).T.copy()  # [j, b]: rows for local rank j of node b
+    ones = [1] * ppn
+    in_counts = a2a(inside, out_counts, ones, ones, tag)  # [i, b]: rows local rank i holds for node b's local-me
+    starts = np.concatenate([[0], np.cumsum(send)])
+    order = [b * ppn + j for j in range(ppn) for b in range(m)]  # x's blocks by local destination, then node
+    x1 = np.concatenate([x[starts[d]:starts[d + 1]] for d in order]) if order else x[:0]
+    y1 = a2a(inside, x1, out_counts.sum(1), in_counts.sum(1), tag + 1)  # from local i: its rows for (b, me), by b
+    starts1 = np.concatenate([[0], np.cumsum(in_counts.reshape(-1))]).reshape(-1)
+    pieces = [(i, b) for b in range(m) for i in range(ppn)]  # regrouped by destination node, then source
+    x2 = np.concatenate([y1[starts1[i * m + b]:starts1[i * m + b + 1]] for i, b in pieces])
+    return a2a(across, x2, in_counts.sum(0), recv.reshape(m, ppn).sum(1), tag + 2)
+
+
+def a2a_two_level_cost(name: str, block_bytes: float, nodes: int, ppn: int, alpha_intra: float, beta_intra: float,
+                       alpha_inter: float, beta_inter: float) -> float:
+    """Seconds of an all-to-all with block_bytes (m) in every block, on `nodes` nodes (M) of `ppn` (P)
+    ranks, N = MP, as lesson 12's two-level simulator runs it ((alpha_intra, beta_intra) inside a node,
+    (alpha_inter, beta_inter) for each rank's link to the network; a rank sends, and takes in, one
+    message at a time, whatever the link):
+      "all_to_all" (section 4's pairwise exchange): (N-1)(alpha_x + m beta_x), x the slower of the
+        links it uses (the network's when nodes > 1: the messages from the node wait behind it);
+      "hierarchical_all_to_all": (P-1)(2 alpha_intra + M m beta_intra) + (M-1)(alpha_inter + P m
+        beta_inter) (the counts' messages inside the node are counted by their alpha alone)."""
+    if name not in A2A_TWO_LEVEL:
+        raise ValueError(f"a2a_two_level_cost: unknown algorithm {name!r}: use one of {A2A_TWO_LEVEL}")
+    m_, p, b = nodes, ppn, float(block_bytes)
+    if name == "all_to_all":
+        step = alpha_intra + b * beta_intra if m_ == 1 else alpha_inter + b * beta_inter
+        if m_ > 1 and p > 1:
+            step = max(step, alpha_intra + b * beta_intra)
+        return (m_ * p - 1) * step
+    return (p - 1) * (2 * alpha_intra + m_ * b * beta_intra) + (m_ - 1) * (alpha_inter + p * b * beta_inter)
+
+
+from minitorch.checks import (Array, Choice, Func, Int, NonNegative, Optional, Positive, Rule, Seq, Size,  # noqa: E402
+                              Str, TensorLike, Unchecked, validate_public)
 from minitorch.comm import _comm_rules  # noqa: E402
 
 
@@ -800,4 +866,9 @@ validate_public(globals(), _comm_rules(globals(), {
     "ExpertParallelMoE.forward": {"x": TensorLike(ndim=2)},
     "ep_dp_train_step": {"x": _ROWS, "target": Array(), "lr": Positive},
     "simulate_ep": {"ep": Size},
+    "hierarchical_all_to_all": {"comm": _OWN, "x": _OWN, "send_counts": _OWN, "recv_counts": _OWN, "ppn": Size,
+                                "a2a": Optional(Func()), "tag": _OWN},
+    "a2a_two_level_cost": {"name": Choice(*A2A_TWO_LEVEL), "block_bytes": NonNegative, "nodes": Size, "ppn": Size,
+                           "alpha_intra": NonNegative, "beta_intra": NonNegative, "alpha_inter": NonNegative,
+                           "beta_inter": NonNegative},
 }))

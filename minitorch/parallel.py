@@ -646,7 +646,130 @@ def checkpointed_forward(layers: list, x: Tensor, segments: int) -> Tensor:
     return x
 
 
-from minitorch.checks import (Array, Attrs, Choice, Count, Func, Instance, Int, NonNegative,  # noqa: E402
+def link_sweep(comm: Communicator, sizes: Sequence[int], reps: int = 10, peer: int = 1,
+               all_pairs: bool = False) -> list[float] | None:
+    """Ping-pong between rank 0 and rank `peer` (every other rank only joins the barriers): for each
+    size in bytes, the best of `reps` round trips (after one that warms up), halved: the one-way time
+    of a message of that size (comm.time: wall seconds under MPI, simulated on the simulator).
+    all_pairs=True: every rank r bounces with rank r XOR peer at the same time (peer a power of two,
+    comm.size a multiple of 2 peer), which measures a link as a collective uses it, every rank busy.
+    On rank 0 a list, one time per size; None on the other ranks."""
+    if not 1 <= peer < comm.size:
+        raise ValueError(f"link_sweep: peer must be a rank in [1, {comm.size}) (rank 0 bounces with it), got {peer}")
+    if all_pairs and (peer & (peer - 1) or comm.size % (2 * peer)):
+        raise ValueError(f"link_sweep: with all_pairs, peer must be a power of two and comm.size ({comm.size}) a "
+                         f"multiple of 2 * peer, got peer={peer}")
+    partner = comm.rank ^ peer if all_pairs else (peer if comm.rank == 0 else 0 if comm.rank == peer else None)
+    best = []
+    for n in sizes:
+        x = np.zeros(n, np.uint8)
+        times = []
+        for _ in range(reps + 1):
+            comm.barrier()
+            t0 = comm.time
+            if partner is not None and comm.rank < partner:
+                comm.send(x, partner)
+                comm.recv(partner)
+            elif partner is not None:
+                comm.send(comm.recv(partner), partner)
+            times.append(comm.time - t0)
+        best.append(min(times[1:]) / 2)
+    return best if comm.rank == 0 else None
+
+
+def fit_link(sizes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
+    """(alpha, beta) of the line alpha + n * beta through the one-way times `seconds` of messages of
+    `sizes` bytes: alpha, the median time of the messages of at most 1 KiB (all latency; the smallest
+    message's if none is that small); beta, the least-squares slope of the line through (0, alpha),
+    which the largest messages dominate, as a collective's large chunks do (a link's first bytes after
+    a pause may pass faster: a token bucket's depth, an eager protocol). Where noise in the small
+    messages' times makes that slope 0 or less, beta is the largest message's time per byte."""
+    if len(sizes) != len(seconds) or len(sizes) < 2:
+        raise ValueError(f"fit_link: needs at least 2 sizes and one time per size, got {len(sizes)} sizes and "
+                         f"{len(seconds)} times")
+    n, t = np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ValueError(f"fit_link: seconds must be finite and > 0, got {t.tolist()}")
+    if np.all(n == n.min()):
+        raise ValueError(f"fit_link: needs at least two different sizes, got {n.tolist()}")
+    small = n <= 1024
+    alpha = float(np.median(t[small])) if small.any() else float(t[np.argmin(n)])
+    beta = float(np.sum(n * (t - alpha)) / np.sum(n * n))
+    if beta <= 0:
+        beta = float(t[np.argmax(n)] / n.max())
+    return alpha, beta
+
+
+def best_times(comm: Communicator, ops: Sequence[Callable[[], Any]], reps: int = 5, trials: int = 3) -> list[float]:
+    """On every rank: seconds per call of each of `ops` (functions of no argument that every rank calls,
+    in the same order: a collective), the best of `trials` trials of `reps` calls between barriers.
+    The ops take turns (op 0, op 1, ..., then op 0 again), so that each meets the same conditions on a
+    machine whose speed drifts; one warm-up call of each first. comm.time: wall seconds under MPI,
+    simulated seconds on the simulator (a trial includes one barrier)."""
+    for op in ops:
+        op()
+    best = [math.inf] * len(ops)
+    for _ in range(trials):
+        for i, op in enumerate(ops):
+            comm.barrier()
+            t0 = comm.time
+            for _ in range(reps):
+                op()
+            comm.barrier()
+            best[i] = min(best[i], (comm.time - t0) / reps)
+    return best
+
+
+TWO_LEVEL = ("ring_allreduce", "hierarchical_allreduce")
+
+
+def two_level_cost(name: str, nbytes: float, nodes: int, ppn: int, alpha_intra: float, beta_intra: float,
+                   alpha_inter: float, beta_inter: float) -> Cost:
+    """Alpha-beta prediction of an all-reduce of S = nbytes on `nodes` nodes of `ppn` ranks (N = nodes *
+    ppn, rank r on node r // ppn), as the simulator's two-level topology runs it: (alpha_intra,
+    beta_intra) inside a node (run's alpha, beta), (alpha_inter, beta_inter) for each rank's link to the
+    network. Cost.bytes: the bytes the busiest rank sends to other nodes. Assume N divides S.
+      "ring_allreduce" (the flat ring in rank order): 2 (N-1) (alpha_x + S/N beta_x), x the slower link
+        the ring uses (the network's when nodes > 1); one rank per node sends 2 (N-1) S/N across.
+      "hierarchical_allreduce": 2 (P-1) (alpha_intra + S/P beta_intra) + 2 (M-1) (alpha_inter + S/N
+        beta_inter); every rank sends 2 (M-1) S/N across."""
+    if name not in TWO_LEVEL:
+        raise ValueError(f"two_level_cost: unknown algorithm {name!r}: use one of {TWO_LEVEL}")
+    m, p, s = nodes, ppn, float(nbytes)
+    n = m * p
+    if name == "ring_allreduce":
+        step = alpha_inter + s / n * beta_inter if m > 1 else alpha_intra + s / n * beta_intra
+        if m > 1 and p > 1:  # the ring's links inside the nodes too: every step waits for the slowest
+            step = max(step, alpha_intra + s / n * beta_intra)
+        return Cost(2 * (n - 1) * step, 2 * (n - 1) * s / n if m > 1 else 0.0)
+    inside = 2 * (p - 1) * (alpha_intra + s / p * beta_intra)
+    across = 2 * (m - 1) * (alpha_inter + s / n * beta_inter)
+    return Cost(inside + across, 2 * (m - 1) * s / n)
+
+
+def hierarchical_allreduce(comm: Communicator, x: np.ndarray, ppn: int, reduce_scatter: Callable = ring_reduce_scatter,
+                           allreduce: Callable = ring_allreduce, allgather: Callable = ring_allgather) -> np.ndarray:
+    """Elementwise sum over ranks of x, on every rank, for ranks on comm.size / ppn nodes of ppn ranks
+    each, in order (rank r on node r // ppn, local rank r % ppn):
+      1. reduce_scatter(node, x): local rank i gets chunk i (chunk_bounds(n, ppn)[i]) of its node's sum;
+      2. allreduce(across, chunk): chunk i of the total, summed across nodes;
+      3. allgather(node, chunk): the whole sum, x's shape and dtype (a new array).
+    node = comm.group(the ppn ranks of this rank's node, in order), across = comm.group(the ranks with
+    this rank's local rank, one per node, in order). x: any shape, the same size and dtype on every
+    rank; not modified. ValueError unless ppn divides comm.size."""
+    if comm.size % ppn:
+        raise ValueError(f"hierarchical_allreduce: ppn must divide the {comm.size} ranks (the same number on every "
+                         f"node), got ppn={ppn}")
+    x = np.asarray(x)
+    node, local = divmod(comm.rank, ppn)
+    inside = comm.group([node * ppn + i for i in range(ppn)])
+    across = comm.group(list(range(local, comm.size, ppn)))
+    chunk = reduce_scatter(inside, x)
+    chunk = allreduce(across, chunk)
+    return allgather(inside, chunk).reshape(x.shape)
+
+
+from minitorch.checks import (Array, Attrs, Bool, Choice, Count, Func, Instance, Int, NonNegative,  # noqa: E402
                               Positive, Rule, Seq, Size, Unchecked, validate_public)
 from minitorch.comm import _comm_rules  # noqa: E402
 from minitorch.optim import _Betas  # noqa: E402
@@ -691,4 +814,12 @@ validate_public(globals(), _comm_rules(globals(), {
     "Block": {"width": Size},
     "checkpoint": {"x": _TENSOR, "params": Seq(_TENSOR)},
     "checkpointed_forward": {"layers": Seq(Func()), "x": _TENSOR},
+    "link_sweep": {"sizes": Seq(Int(0), min_len=1), "reps": Size, "peer": Int(1), "all_pairs": Bool()},
+    "fit_link": {"sizes": Seq(NonNegative, min_len=2), "seconds": Seq(Positive, min_len=2)},
+    "best_times": {"ops": Seq(Func(), min_len=1), "reps": Size, "trials": Size},
+    "two_level_cost": {"name": Choice(*TWO_LEVEL), "nbytes": NonNegative, "nodes": Size, "ppn": Size,
+                       "alpha_intra": NonNegative, "beta_intra": NonNegative, "alpha_inter": NonNegative,
+                       "beta_inter": NonNegative},
+    "hierarchical_allreduce": {"x": _NUMBERS, "ppn": Size, "reduce_scatter": Func(), "allreduce": Func(),
+                               "allgather": Func()},
 }))

@@ -23,7 +23,9 @@
 #
 # Then a **planner**: given a model and a cluster, estimate the memory per rank and the step time
 # of every combination of data, tensor and pipeline parallelism, pick the best, and check the
-# estimates against the simulator.
+# estimates against the simulator. Last (section 10), the placement rule measured on a cluster
+# emulated on this machine (Linux, root; elsewhere the simulator's two levels stand in): the same
+# tensor-parallel and pipeline steps with their ranks inside one node and across two.
 #
 # Everything runs on lesson 12's communicator (`minitorch.comm`): the simulated engine, where the
 # tests count messages and bytes and read the timeline, and real MPI processes. The course's
@@ -1509,16 +1511,23 @@ def simulate_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     cluster): every rank follows schedule_fn(pp, m)'s steps for its stage, charges each layer's
     FLOPs / tp to its clock, runs two ring all-reduces of the activations per layer in its tp group,
     passes activations and gradients to the neighbouring stages, then ring all-reduces its 16-bit
-    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. The
-    simulator has one kind of link: clusters whose node link differs from the network are refused."""
-    node = link_for(cluster, 1)
-    if cluster.node_size > 1 and node != (cluster.alpha, cluster.beta):
-        raise ValueError("simulate_plan has one kind of link: give a cluster whose node link equals its network")
+    gradients in its dp group. Nothing is computed. `.time` is the simulated step time. A cluster
+    whose node link differs from its network runs on the simulator's two-level topology (lesson 12):
+    n_ranks / node_size nodes of node_size ranks, in rank order, (alpha_node, beta_node) inside a
+    node and (alpha, beta) between nodes; node_size must then divide n_ranks."""
+    a_node, b_node = link_for(cluster, 1)
+    two_level = cluster.node_size > 1 and (a_node, b_node) != (cluster.alpha, cluster.beta)
+    if two_level and cluster.n_ranks % cluster.node_size:
+        raise ValueError(f"simulate_plan: node_size={cluster.node_size} must divide the {cluster.n_ranks} ranks (whole "
+                         "nodes) to simulate a cluster whose node link differs from its network")
     estimate_checks = (plan.dp * plan.tp * plan.pp == cluster.n_ranks, model.n_head % plan.tp == 0,
                        model.n_layer % plan.pp == 0, model.batch % (plan.dp * plan.m) == 0)
     if not all(estimate_checks):
         raise ValueError(f"{plan} is not a valid plan for {model} on {cluster.n_ranks} ranks")
     steps = schedule_fn(plan.pp, plan.m)
+    if two_level:
+        return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=a_node, beta=b_node, flop_rate=cluster.flop_rate,
+                   nodes=cluster.n_ranks // cluster.node_size, alpha_inter=cluster.alpha, beta_inter=cluster.beta)
     return run(_plan_job, cluster.n_ranks, model, plan, steps, alpha=cluster.alpha, beta=cluster.beta,
                flop_rate=cluster.flop_rate)
 
@@ -1788,8 +1797,165 @@ else:
 #   the weight-gradient GEMMs in the bubble (Qi et al. 2024).
 
 # %% [markdown]
+# ## 10. Placement across nodes, measured
+#
+# Section 8's planner put tensor parallelism inside a node because its all-reduces sit on the
+# critical path, four per layer and micro-batch, while a pipeline sends one activation per
+# micro-batch and stage boundary. Lesson 12 built a cluster to test such claims
+# ([emulating a cluster](../hardware_notes/interconnects.md#emulating-a-cluster-on-one-machine)):
+# here 2 nodes of 2 ranks, each rank's NIC capped at 2 Gbit/s. Two launches of 2 ranks run the same
+# job, first both ranks on one node, then one rank on each node (`run(..., engine="mpi", nodes=1)`
+# and `nodes=2`): a tensor-parallel MLP step (tp = 2: section 5's MLP, width 128, hidden 64, 4096
+# rows, float64, forward and backward) and a 2-stage pipeline step (section 4's 12-layer MLP at width
+# 128, 4096 rows in 8 micro-batches, 1F1B). Both placements do the same arithmetic and send the same
+# bytes; only the link differs. (The MLP's hidden layer is narrow so that its arithmetic, which this
+# CPU does a thousand times slower than a GPU, does not hide the link: on a GPU the matmuls shrink and
+# the all-reduces stay.) (Two ranks on this machine's two cores: with more ranks than cores,
+# one rank's wait on the network would be hidden behind another's arithmetic.) The cell times each
+# step (the best of a few trials, taking turns: lesson 12's `best_times`), reads the bytes each NIC
+# sent, measures the link (lesson 12's `link_sweep` and `fit_link`), and predicts what crossing nodes
+# adds: for tensor parallelism, the two ring all-reduces of the 4096 x 128 activations in each step,
+# `2 (AR_network - AR_node)`; for the pipeline, the estimate's `(m + pp - 1) 2 c` with `c = alpha + a
+# beta` on each link. Where no cluster can be made, the simulator's two-level topology runs the same
+# job (lesson 12's links: 5 us and 10 GB/s inside a node, 10 us and 1 GB/s between nodes).
+
+# %% tags=["demo"]
+from course.cluster import EmulatedCluster, cluster_status, read_nic_bytes
+from minitorch.parallel import best_times, fit_link, link_sweep
+
+
+def placement_job(comm, width, hidden, rows, m, reps, trials, nics=None):
+    """On 2 ranks: (tp step seconds, pipeline step seconds, the bytes each NIC sent in one tp step and
+    in one pipeline step (None without nics), the link's one-way times, their sizes), on rank 0."""
+    rng = np.random.default_rng(0)
+    fc, proj = Linear(width, hidden, rng=rng), Linear(hidden, width, rng=rng)
+    for prm in fc.parameters() + proj.parameters():
+        prm.data = prm.data.astype(np.float64)
+    X = np.random.default_rng(1).standard_normal((rows, width))
+    y = np.random.default_rng(2).integers(0, 5, rows)
+    bounds = chunk_bounds(rows, m)
+    inputs, targets = [Tensor(X[a:b]) for a, b in bounds], [y[a:b] for a, b in bounds]
+    mlp = TensorParallelMLP(comm, fc, proj, lambda h: h.tanh())
+    chunks = split_layers(mlp_layers(12, width, width, seed=0), 2, comm.rank)
+    steps = one_f_one_b_schedule(2, m)[comm.rank]
+
+    def tp_step():
+        out = mlp(Tensor(X, requires_grad=True))
+        (out * out).sum().backward()
+
+    def pp_step():
+        for c in chunks:
+            c.zero_grad()
+        pipeline_step(comm, chunks, steps, inputs, targets, lambda o, t: cross_entropy(o[:, :5], t) * (len(t) / rows))
+
+    times = best_times(comm, [tp_step, pp_step], reps, trials)
+    sent = []
+    for op in (tp_step, pp_step):
+        comm.barrier()
+        before = read_nic_bytes(nics) if nics and comm.rank == 0 else None
+        comm.barrier()
+        op()
+        comm.barrier()
+        sent.append([a[0] - b[0] for a, b in zip(read_nic_bytes(nics), before)] if before else None)
+    sizes = [8, 4096, rows * width * 8 // m, rows * width * 8 // 2, rows * width * 8]
+    sweep = link_sweep(comm, sizes, 5)  # (every rank joins its barriers)
+    return (*times, *sent, sweep, sizes) if comm.rank == 0 else None
+
+
+width, hidden, rows, m_mb = (128, 64, 4096, 8) if not SMALL else (32, 16, 256, 4)
+reps, trials = (3, 3) if not SMALL else (1, 1)
+ok, why = cluster_status()
+placed = {}
+if ok:
+    from minitorch.bench import load_report
+
+    print(load_report())
+    with EmulatedCluster(nodes=2, ppn=2, link="2gbit") as cluster:
+        print(cluster.describe())
+        for placement, nodes in (("inside a node", 1), ("across nodes", 2)):
+            nics = [cluster.nics()[0], cluster.nics()[1 if nodes == 1 else 2]]
+            placed[placement] = run(placement_job, 2, width, hidden, rows, m_mb, reps, trials, nics, engine="mpi",
+                                    nodes=nodes, timeout=600).results[0]
+    where = "measured on the emulated cluster"
+else:
+    print(f"no emulated cluster here ({why}): the simulator's two-level topology runs the job")
+    for placement, nodes in (("inside a node", 1), ("across nodes", 2)):
+        placed[placement] = run(placement_job, 2, width, hidden, rows, m_mb, reps, trials, nodes=nodes, alpha=5e-6,
+                                beta=1e-10, alpha_inter=1e-5, beta_inter=1e-9, flop_rate=1e10).results[0]
+    where = "simulated"
+(t_in, p_in, _, _, sweep_in, sizes_), (t_out, p_out, nic_tp, nic_pp, sweep_out, _) = placed.values()
+(a_in, b_in), (a_x, b_x) = fit_link(sizes_, sweep_in), fit_link(sizes_, sweep_out)
+print(f"links: inside a node alpha {a_in * 1e6:.1f} us, {1 / b_in / 1e9:.2f} GB/s; between nodes alpha "
+      f"{a_x * 1e6:.1f} us, {1 / b_x / 1e9:.2f} GB/s ({where})")
+S, a_mb = rows * width * 8, rows // m_mb * width * 8
+pred_tp = 2 * (ring_allreduce_time(2, S, a_x, b_x) - ring_allreduce_time(2, S, a_in, b_in))
+pred_pp = (m_mb + 1) * 2 * ((a_x + a_mb * b_x) - (a_in + a_mb * b_in))
+print(f"{'':>15} {'tp = 2 step':>12} {'pipeline step':>14}")
+for placement, (t_tp, t_pp, *_) in placed.items():
+    print(f"{placement:>15} {t_tp * 1e3:>10.2f}ms {t_pp * 1e3:>12.2f}ms")
+if nic_tp is not None:
+    print(f"bytes each NIC sent in one step across nodes: tp {nic_tp}, pipeline {nic_pp} (activations of {S} bytes; "
+          f"micro-batches of {a_mb})")
+print(f"crossing nodes adds {(t_out - t_in) * 1e3:.2f} ms to the tp step ({t_out / t_in:.2f}x; model "
+      f"{pred_tp * 1e3:.2f} ms) and {(p_out - p_in) * 1e3:.2f} ms to the pipeline step ({p_out / p_in:.2f}x; model "
+      f"at most {pred_pp * 1e3:.2f} ms)")
+
+# %% [markdown]
+# What to read above (the numbers move with the machine's load; the pattern does not): crossing
+# nodes adds to the tensor-parallel step about what the model predicts, and to the pipeline step
+# less than its bound, though its step is the longer one. The NIC counters say why the two differ:
+# the one MLP of the tensor-parallel step sends two all-reduces of its activations through each NIC
+# (each rank sending half and receiving half), the whole pipeline only each micro-batch's
+# activation forward and its gradient back, once, at the one stage boundary. Per layer the
+# tensor-parallel traffic is over twenty times the pipeline's, all of it on the critical path (the
+# next layer needs the all-reduce's sum), while a pipeline's transfers can hide behind other
+# micro-batches' work: split a 12-layer model by tensor parallelism across these nodes and every
+# step pays twelve times the tensor-parallel figure printed above.
+# This is Megatron-LM's rule (Narayanan et al. 2021b): tensor parallelism within a node, at most the
+# node's size, and pipeline and data parallelism across nodes.
+#
+# **The planner, given the two levels.** `simulate_plan` now runs a cluster whose nodes have their own
+# link on lesson 12's two-level topology, so section 8's estimates can be checked against it on a
+# cluster like the one above: 4 ranks in nodes of 2 with the links just measured, the small GPT of
+# section 8, a FLOP rate of 1 GFLOP/s per rank (an assumption, the order of NumPy's float64
+# matmuls on one core here), and memory for three quarters of what pure data parallelism needs, so
+# that the model must be split.
+
+# %% tags=["demo"]
+two_level = ClusterSpec(n_ranks=4, memory=1e12, flop_rate=1e9, alpha=a_x, beta=b_x, node_size=2, alpha_node=a_in,
+                        beta_node=b_in)
+two_level = ClusterSpec(**{**two_level.__dict__, "memory": 0.75 * estimate_plan(small_model, two_level, Plan(4, 1, 1, 1)).memory})
+rows_ = [(plan, est, simulate_plan(small_model, two_level, plan, one_f_one_b_schedule).time)
+         for plan, est in valid_plans(small_model, two_level) if plan.m <= 4]
+print(f"{'(dp, tp, pp, m)':<16} {'memory KB':>10} {'estimate ms':>12} {'simulated ms':>13} {'ratio':>6}   tp group")
+for plan, est, simulated in sorted(rows_, key=lambda r: r[2]):
+    span = "-" if plan.tp == 1 else "inside a node" if plan.tp <= 2 else "across nodes"
+    fits = "" if est.memory <= two_level.memory else "   does not fit"
+    print(f"{str((plan.dp, plan.tp, plan.pp, plan.m)):<16} {est.memory / 1e3:>10.0f} {est.time * 1e3:>12.3f} "
+          f"{simulated * 1e3:>13.3f} {est.time / simulated:>6.3f}   {span}{fits}")
+pick, est = best_plan(small_model, two_level)
+print(f"best_plan picks (dp, tp, pp, m) = {(pick.dp, pick.tp, pick.pp, pick.m)}, {est.time * 1e3:.3f} ms, "
+      f"{est.memory / 1e3:.0f} KB of {two_level.memory / 1e3:.0f} KB")
+
+# %% [markdown]
+# The estimate equals the two-level simulator to the last digit for every plan without pipelining
+# and stays within 0.3% with it (the test file checks both on several clusters). The planner picks
+# (dp, tp, pp, m) = (2, 2, 1, 1): tensor parallelism of 2 inside each node and data parallelism of 2
+# across the nodes, 82.8 ms. The same tensor parallelism stretched over both nodes, (1, 4, 1, 1),
+# needs less memory but pays the network on every all-reduce (86.3 ms); pure data parallelism (84.3
+# ms) does not fit the memory, and every plan with pipelining is slower here, where a step has only
+# four micro-batches at most to fill the bubble. The margins are small because this small GPT's
+# activations are small next to its arithmetic at 1 GFLOP/s; make the network slower
+# (`alpha=..., beta=...` of the ClusterSpec) or the FLOP rate higher and the gap between keeping
+# tensor parallelism inside the node and not grows.
+
+# %% [markdown]
 # ## Summary
 #
+# - Placement, measured on an emulated cluster of 2 nodes: the same tensor-parallel MLP step took
+#   1.9x as long with its two ranks on two nodes as on one (32 ms more, the model's 32 ms), a
+#   12-layer pipeline step 1.25x; per layer, tensor parallelism sent 24x the pipeline's bytes
+#   through each NIC. Tensor parallelism stays inside the node.
 # - A pipeline schedule is data: per stage, an order of forwards and backwards. Simulated with
 #   unit costs, GPipe and 1F1B both lose `(p-1)/(m+p-1)` of the time to the bubble; 1F1B keeps at
 #   most p micro-batches' activations instead of m. Interleaving v chunks per rank divides the

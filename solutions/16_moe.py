@@ -1351,19 +1351,26 @@ def _ep_job(comm: Communicator, model: MoESpec, cluster: ClusterSpec, ep: int, a
 
 def simulate_ep(model: MoESpec, cluster: ClusterSpec, ep: int, a2a: Callable | None = None) -> RunResult:
     """Run one EP x DP training step of `model` as a skeleton on the simulator (the cluster's alpha,
-    beta, flop_rate; one kind of link, so the node link must equal the network's): per layer the
-    forward FLOPs then two all-to-alls of the routed rows, the same for the backward (twice the
-    FLOPs), then ring all-reduces of the 16-bit expert gradients over the DP group and of the dense
-    gradients over all ranks. a2a: the all-to-all (default all_to_all). Small models only: the
-    messages are real arrays."""
-    if cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta):
-        raise ValueError("simulate_ep has one kind of link: give a cluster whose node link equals its network")
+    beta, flop_rate): per layer the forward FLOPs then two all-to-alls of the routed rows, the same
+    for the backward (twice the FLOPs), then ring all-reduces of the 16-bit expert gradients over the
+    DP group and of the dense gradients over all ranks. a2a: the all-to-all (default all_to_all). A
+    cluster whose node link differs from its network runs on lesson 12's two-level topology
+    (n_ranks / node_size nodes, node_size must divide n_ranks). Small models only: the messages are
+    real arrays."""
+    two_level = cluster.node_size > 1 and link_for(cluster, 1) != (cluster.alpha, cluster.beta)
+    if two_level and cluster.n_ranks % cluster.node_size:
+        raise ValueError(f"simulate_ep: node_size={cluster.node_size} must divide the {cluster.n_ranks} ranks (whole "
+                         "nodes) to simulate a cluster whose node link differs from its network")
     if cluster.n_ranks % ep or model.n_experts % ep or (model.batch * model.seq_len) % cluster.n_ranks \
             or (model.k * model.batch * model.seq_len // cluster.n_ranks) % ep:
         raise ValueError(f"simulate_ep: ep={ep} must divide the {cluster.n_ranks} ranks, the {model.n_experts} experts "
                          "and the routed rows per rank, and the ranks the batch's tokens")
-    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, alpha=cluster.alpha,
-               beta=cluster.beta, flop_rate=cluster.flop_rate)
+    links = dict(alpha=cluster.alpha, beta=cluster.beta)
+    if two_level:
+        a_node, b_node = link_for(cluster, 1)
+        links = dict(alpha=a_node, beta=b_node, nodes=cluster.n_ranks // cluster.node_size, alpha_inter=cluster.alpha,
+                     beta_inter=cluster.beta)
+    return run(_ep_job, cluster.n_ranks, model, cluster, ep, a2a or all_to_all, flop_rate=cluster.flop_rate, **links)
 
 # %%
 #| export
@@ -1434,17 +1441,233 @@ for node in (8, 4):
     print(f"planner's pick: ep = {ep} ({est.memory / 1e9:.1f} GB per rank, {est.time:.2f} s per step)")
 
 # %% [markdown]
-# And the formulas against the simulator, on a model small enough to run as a skeleton (the
-# simulator has one kind of link, so the cluster has one):
+# And the formulas against the simulator, on a model small enough to run as a skeleton: one kind of
+# link, then nodes of 4 ranks whose link is 10x faster per byte than the network (lesson 12's
+# two-level topology).
 
 # %% tags=["demo"]
 small = MoESpec("small", n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=128, n_experts=8, k=2, vocab=128,
                 seq_len=32, batch=16)
-cl = ClusterSpec(n_ranks=8, memory=1e12, flop_rate=1e11, alpha=5e-6, beta=1e-9)
-for ep in (1, 2, 4, 8):
-    sim_t = simulate_ep(small, cl, ep).time
-    est_t = estimate_ep(small, cl, ep).time
-    print(f"ep = {ep}: estimate {est_t * 1e3:.4f} ms, simulated {sim_t * 1e3:.4f} ms, ratio {sim_t / est_t:.6f}")
+for label, cl in [("one link", ClusterSpec(n_ranks=8, memory=1e12, flop_rate=1e11, alpha=5e-6, beta=1e-9)),
+                  ("nodes of 4", ClusterSpec(n_ranks=8, memory=1e12, flop_rate=1e11, alpha=5e-6, beta=1e-9, node_size=4,
+                                             alpha_node=2e-6, beta_node=1e-10))]:
+    for ep in (1, 2, 4, 8):
+        sim_t = simulate_ep(small, cl, ep).time
+        est_t = estimate_ep(small, cl, ep).time
+        print(f"{label}, ep = {ep}: estimate {est_t * 1e3:.4f} ms, simulated {sim_t * 1e3:.4f} ms, "
+              f"ratio {sim_t / est_t:.6f}")
+
+# %% [markdown]
+# ## 7. All-to-all across nodes
+#
+# Section 4's pairwise all-to-all sends every rank's block straight to its destination: on M nodes
+# of P ranks (N = MP), N - P of each rank's N - 1 messages cross the network. Every one of them pays
+# the network's alpha, and with E experts spread over many nodes the blocks get small: a token row
+# is a few KiB. The **hierarchical all-to-all** crosses the network once per pair of nodes and
+# local rank (DeepEP and NCCL's PXN do the same with NVLink and one NIC per GPU):
+#
+# 1. **inside the node**, rank (a, i) (node a, local rank i) sends local rank j of its node every
+#    row bound for local rank j of any node, node by node (the counts go first, in a tiny all-to-all:
+#    the receiver must know how the rows it gets divide up);
+# 2. **across nodes**, among the ranks of one local rank (one per node, each on its own NIC), rank
+#    (a, j) sends node b's rank j every row that node a holds for it, in one message.
+#
+# The rows that arrive from node a are already in the order of their source ranks, so the result
+# is section 4's, row for row. In lesson 12's two-level model, with m bytes in every block:
+#
+# `flat = (N-1)(alpha_inter + m beta_inter)`
+#
+# `hierarchical = (P-1)(2 alpha + M m beta) + (M-1)(alpha_inter + P m beta_inter)` (the first
+# alpha: the counts)
+#
+# The flat exchange's N - 1 messages all take the network's time: a rank sends one message at a
+# time and takes in one at a time, whatever the link (the model's port), so its messages from its
+# own node queue behind those from other nodes, as the ring's steps waited for the ring's slowest
+# link. The same bytes cross the network both ways; `(M-1)(P-1)` messages fewer do in the
+# hierarchical exchange, for one more exchange inside the node. On 2 nodes of 2 ranks that is one
+# message saved per rank; on 2 nodes of 8 GPUs, seven of the eight that cross the network. It is
+# given: `hierarchical_all_to_all` (built on two all-to-alls of section 4 on process groups) and
+# `a2a_two_level_cost`.
+
+# %%
+#| export
+A2A_TWO_LEVEL = ("all_to_all", "hierarchical_all_to_all")
+
+
+def hierarchical_all_to_all(comm: Communicator, x: np.ndarray, send_counts: Any, recv_counts: Any, ppn: int,
+                            a2a: Callable | None = None, tag: int = 0) -> np.ndarray:
+    """all_to_all(comm, x, send_counts, recv_counts)'s result (rows received, in rank order) for ranks
+    on comm.size / ppn nodes of ppn ranks (rank r on node r // ppn, local rank r % ppn), in two
+    exchanges: inside the node, to local rank j every row bound for local rank j of any node (after
+    the counts); then across nodes, among the ranks of one local rank, to node b's every row the node
+    holds for it. a2a: the all-to-all both use (default all_to_all); it runs with tags tag, tag + 1
+    and tag + 2. ValueError unless ppn divides comm.size, or for counts all_to_all refuses."""
+    a2a = a2a or all_to_all
+    what = "hierarchical_all_to_all"
+    x = check_a2a_args(what, comm, x, tag)
+    n = comm.size
+    if n % ppn:
+        raise ValueError(f"{what}: ppn must divide the {n} ranks (the same number on every node), got ppn={ppn}")
+    send = np.asarray(check_counts(what, "send_counts", send_counts), dtype=np.int64)
+    recv = np.asarray(check_counts(what, "recv_counts", recv_counts), dtype=np.int64)
+    if send.size != n or recv.size != n or send.sum() != x.shape[0]:
+        raise ValueError(f"{what}: rank {comm.rank}: need {n} send and {n} receive counts, the send counts summing to "
+                         f"the {x.shape[0]} rows of x; got send_counts {send.tolist()}, recv_counts {recv.tolist()}")
+    m, (node, local) = n // ppn, divmod(comm.rank, ppn)
+    inside = comm.group([node * ppn + i for i in range(ppn)])
+    across = comm.group(list(range(local, n, ppn)))
+    out_counts = send.reshape(m, ppn).T.copy()  # [j, b]: rows for local rank j of node b
+    ones = [1] * ppn
+    in_counts = a2a(inside, out_counts, ones, ones, tag)  # [i, b]: rows local rank i holds for node b's local-me
+    starts = np.concatenate([[0], np.cumsum(send)])
+    order = [b * ppn + j for j in range(ppn) for b in range(m)]  # x's blocks by local destination, then node
+    x1 = np.concatenate([x[starts[d]:starts[d + 1]] for d in order]) if order else x[:0]
+    y1 = a2a(inside, x1, out_counts.sum(1), in_counts.sum(1), tag + 1)  # from local i: its rows for (b, me), by b
+    starts1 = np.concatenate([[0], np.cumsum(in_counts.reshape(-1))]).reshape(-1)
+    pieces = [(i, b) for b in range(m) for i in range(ppn)]  # regrouped by destination node, then source
+    x2 = np.concatenate([y1[starts1[i * m + b]:starts1[i * m + b + 1]] for i, b in pieces])
+    return a2a(across, x2, in_counts.sum(0), recv.reshape(m, ppn).sum(1), tag + 2)
+
+
+def a2a_two_level_cost(name: str, block_bytes: float, nodes: int, ppn: int, alpha_intra: float, beta_intra: float,
+                       alpha_inter: float, beta_inter: float) -> float:
+    """Seconds of an all-to-all with block_bytes (m) in every block, on `nodes` nodes (M) of `ppn` (P)
+    ranks, N = MP, as lesson 12's two-level simulator runs it ((alpha_intra, beta_intra) inside a node,
+    (alpha_inter, beta_inter) for each rank's link to the network; a rank sends, and takes in, one
+    message at a time, whatever the link):
+      "all_to_all" (section 4's pairwise exchange): (N-1)(alpha_x + m beta_x), x the slower of the
+        links it uses (the network's when nodes > 1: the messages from the node wait behind it);
+      "hierarchical_all_to_all": (P-1)(2 alpha_intra + M m beta_intra) + (M-1)(alpha_inter + P m
+        beta_inter) (the counts' messages inside the node are counted by their alpha alone)."""
+    if name not in A2A_TWO_LEVEL:
+        raise ValueError(f"a2a_two_level_cost: unknown algorithm {name!r}: use one of {A2A_TWO_LEVEL}")
+    m_, p, b = nodes, ppn, float(block_bytes)
+    if name == "all_to_all":
+        step = alpha_intra + b * beta_intra if m_ == 1 else alpha_inter + b * beta_inter
+        if m_ > 1 and p > 1:
+            step = max(step, alpha_intra + b * beta_intra)
+        return (m_ * p - 1) * step
+    return (p - 1) * (2 * alpha_intra + m_ * b * beta_intra) + (m_ - 1) * (alpha_inter + p * b * beta_inter)
+
+# %% [markdown]
+# On the simulator: uniform blocks of 4 KiB (a few token rows) and of 1 MiB, rank-NICs of 10 us and
+# 1 GB/s, NVLink-like links inside a node of 2 us and 100 GB/s: the prediction against the simulated
+# time, and the messages each rank sends across.
+
+# %% tags=["demo"]
+A2A_LINKS = dict(alpha=2e-6, beta=1e-11, alpha_inter=1e-5, beta_inter=1e-9)
+
+
+def uniform_a2a(comm, block_rows, ppn, hierarchical):
+    counts = [block_rows] * comm.size
+    x = np.arange(block_rows * comm.size * 8, dtype=np.float64).reshape(-1, 8) + 1e6 * comm.rank
+    if hierarchical:
+        return hierarchical_all_to_all(comm, x, counts, counts, ppn)
+    return all_to_all(comm, x, counts, counts)
+
+
+print(f"{'nodes x ppn':>11} {'block':>8} {'flat: model':>12} {'simulated':>10} {'hier.: model':>13} {'simulated':>10} "
+      f"{'messages across, flat/hier.':>28}")
+for nodes, ppn in [(2, 2), (2, 8), (4, 4)]:
+    for rows in ((64, 16384) if not SMALL else (64, 1024)):  # 64 rows of 8 float64: 4 KiB (16384: 1 MiB)
+        out = []
+        for hier in (False, True):
+            res = run(uniform_a2a, nodes * ppn, rows, ppn, hier, nodes=nodes, **A2A_LINKS)
+            crossing = sum(res.node_of(e.peer) != res.node_of(0) for e in res.events(rank=0, kind="send"))
+            name = A2A_TWO_LEVEL[hier]
+            out.append((a2a_two_level_cost(name, rows * 64, nodes, ppn, *A2A_LINKS.values()), res.time, crossing,
+                        res.results))
+        same = all(np.array_equal(a, b) for a, b in zip(out[0][3], out[1][3]))
+        print(f"{f'{nodes} x {ppn}':>11} {rows * 64:>8} {out[0][0] * 1e6:>10.1f}us {out[0][1] * 1e6:>8.1f}us "
+              f"{out[1][0] * 1e6:>11.1f}us {out[1][1] * 1e6:>8.1f}us {out[0][2]:>14} / {out[1][2]:<4} "
+              f"{'same rows' if same else 'DIFFERENT ROWS'}")
+
+# %% [markdown]
+# The prediction and the simulator agree to the last digit, and the rows are the flat exchange's.
+# The hierarchical exchange wins everywhere here, most where blocks are small and ranks per node many:
+# on 2 x 8 with 4 KiB blocks it takes 71 us against 211 us (3.0x), since each rank sends one message
+# across instead of eight; on 2 x 2, 22 us against 42 us. With 1 MiB blocks the gain shrinks (2 x 2:
+# 2.1 ms against 3.2 ms; 4 x 4: 12.8 ms against 15.9 ms): the same bytes cross the network either way,
+# and what is saved is the network's alpha and the flat exchange's node-local messages queued behind
+# the slow ones. That is the regime of expert parallelism at scale: DeepSeek-V3 spreads 256 experts
+# over many nodes, and a token row is 14 KiB in bf16 (d = 7168), so the blocks are small.
+#
+# On the emulated cluster of lesson 12 (2 nodes x 2 ranks, 2 Gbit/s per NIC), the two all-to-alls with
+# uneven splits, at three sizes per rank (the best of a few trials, taking turns), the prediction from
+# the links measured in the same launch, the bytes each NIC sent in one of each, and the rows against
+# the simulator's.
+
+# %% tags=["demo"]
+from course.cluster import EmulatedCluster, cluster_status, read_nic_bytes
+from minitorch.parallel import best_times, fit_link, link_sweep
+
+
+def a2a_cluster_job(comm, sizes, ppn, reps, trials, nics):
+    """Per size (bytes per rank): (size, flat seconds, hierarchical seconds, rows equal), the NIC bytes of one
+    of each at the last size, and the links' one-way times (rank 0)."""
+    rows_out, sent = [], []
+    for nbytes in sizes:
+        rng = np.random.default_rng(100 + comm.rank)
+        send = np.floor(rng.dirichlet(np.ones(comm.size) * 2) * max(comm.size, nbytes // 64)).astype(np.int64)
+        recv = exchange_counts(comm, send)
+        x = rng.standard_normal((int(send.sum()), 8))
+        flat, hier = best_times(comm, [lambda: all_to_all(comm, x, send, recv),
+                                       lambda: hierarchical_all_to_all(comm, x, send, recv, ppn)], reps, trials)
+        rows_out.append((nbytes, flat, hier, bool(np.array_equal(all_to_all(comm, x, send, recv),
+                                                                  hierarchical_all_to_all(comm, x, send, recv, ppn)))))
+    for op in (lambda: all_to_all(comm, x, send, recv), lambda: hierarchical_all_to_all(comm, x, send, recv, ppn)):
+        comm.barrier()
+        before = read_nic_bytes(nics) if comm.rank == 0 else None
+        comm.barrier()
+        op()
+        comm.barrier()
+        sent.append([a[0] - b[0] for a, b in zip(read_nic_bytes(nics), before)] if comm.rank == 0 else None)
+    link = [8, 4096, 65536, 1 << 20]
+    inside, across = link_sweep(comm, link, 5, peer=1), link_sweep(comm, link, 5, peer=2)
+    return (rows_out, sent, inside, across, link) if comm.rank == 0 else None
+
+
+ok, why = cluster_status()
+if ok:
+    from minitorch.bench import load_report
+
+    print(load_report())
+    a2a_sizes = [2 ** 12, 2 ** 16, 2 ** 20] if not SMALL else [2 ** 12, 2 ** 16]
+    with EmulatedCluster(nodes=2, ppn=2, link="2gbit") as cluster:
+        print(cluster.describe())
+        rows_out, sent, inside, across, link = run(a2a_cluster_job, 4, a2a_sizes, 2, 5 if not SMALL else 1,
+                                                   3 if not SMALL else 1, cluster.nics(), engine="mpi", nodes=2,
+                                                   timeout=600).results[0]
+    (a_in, b_in), (a_x, b_x) = fit_link(link, inside), fit_link(link, across)
+    print(f"links: inside a node alpha {a_in * 1e6:.1f} us, {1 / b_in / 1e9:.2f} GB/s; between nodes alpha "
+          f"{a_x * 1e6:.1f} us, {1 / b_x / 1e9:.2f} GB/s")
+    print(f"{'bytes/rank':>10} {'flat':>9} {'model':>9} {'hier.':>9} {'model':>9} {'flat/hier.':>10}  rows equal")
+    for nbytes, flat, hier, same in rows_out:
+        block = nbytes / 4  # the mean block
+        p_flat, p_hier = (a2a_two_level_cost(a, block, 2, 2, a_in, b_in, a_x, b_x) for a in A2A_TWO_LEVEL)
+        print(f"{nbytes:>10} {flat * 1e3:>7.3f}ms {p_flat * 1e3:>7.3f}ms {hier * 1e3:>7.3f}ms {p_hier * 1e3:>7.3f}ms "
+              f"{flat / hier:>9.2f}x  {same}")
+    print(f"bytes each NIC sent in one all-to-all of {a2a_sizes[-1]} bytes per rank: flat {sent[0]}, hierarchical "
+          f"{sent[1]}")
+else:
+    print(f"no emulated cluster here: {why}")
+
+# %% [markdown]
+# What to read above (the timings move with the machine's load): the rows equal the flat
+# exchange's at every size, and the same bytes cross the network through the four NICs in both; but
+# on this machine the hierarchical all-to-all is usually **slower**, where the model predicts it
+# faster. On 2 nodes of 2 ranks it saves one message across per rank out of two, and pays for two
+# more exchanges inside the node (the counts, then the rows). The model prices a message inside the
+# node at the ping-pong's alpha and beta; but each exchange is a round in which every rank must run,
+# and four ranks on two busy cores wait for one another, so each round costs milliseconds. The NIC
+# counters show the hierarchical exchange's other cost: the flat one spreads the uneven splits over
+# the four NICs, the hierarchical one piles them on whichever local rank the rows are bound for, and
+# the busiest NIC sets the time.
+#
+# So the measurement says when to use it: many ranks per node (eight GPUs save seven messages of
+# eight across), small blocks (the network's alpha dominates), and node-local links that are truly
+# cheap (NVLink's, handled by copy engines, not the CPUs that run the ranks). DeepEP's and NCCL's
+# PXN-style dispatch is built on exactly those conditions. On 2 x 2 CPU ranks, send directly.
 
 # %% [markdown]
 # ## Where to go from here
@@ -1470,8 +1693,8 @@ for ep in (1, 2, 4, 8):
 # %%
 #| export
 #| given
-from minitorch.checks import (Array, Int, NonNegative, Optional, Positive, Rule, Seq, Size, Str,  # noqa: E402
-                              TensorLike, Unchecked, validate_public)
+from minitorch.checks import (Array, Choice, Func, Int, NonNegative, Optional, Positive, Rule, Seq, Size,  # noqa: E402
+                              Str, TensorLike, Unchecked, validate_public)
 from minitorch.comm import _comm_rules  # noqa: E402
 
 
@@ -1524,4 +1747,9 @@ validate_public(globals(), _comm_rules(globals(), {
     "ExpertParallelMoE.forward": {"x": TensorLike(ndim=2)},
     "ep_dp_train_step": {"x": _ROWS, "target": Array(), "lr": Positive},
     "simulate_ep": {"ep": Size},
+    "hierarchical_all_to_all": {"comm": _OWN, "x": _OWN, "send_counts": _OWN, "recv_counts": _OWN, "ppn": Size,
+                                "a2a": Optional(Func()), "tag": _OWN},
+    "a2a_two_level_cost": {"name": Choice(*A2A_TWO_LEVEL), "block_bytes": NonNegative, "nodes": Size, "ppn": Size,
+                           "alpha_intra": NonNegative, "beta_intra": NonNegative, "alpha_inter": NonNegative,
+                           "beta_inter": NonNegative},
 }))

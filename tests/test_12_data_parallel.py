@@ -924,6 +924,172 @@ def test_checkpointing_stores_fewer_activations_and_lowers_peak(lesson):
         lesson.checkpointed_forward(layers, x, L + 1)
 
 
+# ---------------------------------------------------------------- 12.8 hierarchical all-reduce
+# Graded with the test's own collectives (the oracles above), so that only the hierarchy is the
+# student's: ring reduce-scatter (tag 8) and all-gather (tag 9) inside the node, the ring oracle
+# all-reduce across nodes (tags 8 and 9) unless a test passes the naive one (tag 7).
+
+TWO_LEVEL = dict(alpha=2e-6, beta=1e-10, alpha_inter=1e-5, beta_inter=1e-9)  # the network 10x slower per byte
+
+
+def reference_hierarchical(comm, x, ppn, allreduce=None):
+    """The three steps, written by the test (the order and groups of the exercise's docstring)."""
+    x = np.asarray(x)
+    node, local = divmod(comm.rank, ppn)
+    inside = comm.group([node * ppn + i for i in range(ppn)])
+    across = comm.group(list(range(local, comm.size, ppn)))
+    chunk = oracle_reduce_scatter(inside, x)
+    chunk = (allreduce or oracle_ring_allreduce)(across, chunk)
+    return oracle_allgather(inside, chunk).reshape(x.shape)
+
+
+def hier_job(comm, fn, xs, ppn, allreduce=None):
+    x = xs[comm.rank]
+    before = x.copy()
+    out = fn(comm, x, ppn, oracle_reduce_scatter, allreduce or oracle_ring_allreduce, oracle_allgather)
+    assert np.array_equal(x, before), f"rank {comm.rank}: hierarchical_allreduce modified its input x"
+    return out
+
+
+def reference_job(comm, xs, ppn, allreduce=None):
+    return reference_hierarchical(comm, xs[comm.rank], ppn, allreduce)
+
+
+@pytest.mark.exercise("12.8")
+@pytest.mark.parametrize("nodes,ppn", [(2, 2), (2, 3), (3, 2), (1, 3), (3, 1), (4, 2)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16])
+def test_hierarchical_allreduce_sums(lesson, nodes, ppn, dtype):
+    n = nodes * ppn
+    for shape in [(3, 7), (2,), (0,), (1,)]:
+        xs = data(n, shape, dtype, seed=nodes * 10 + ppn)
+        res = sim(lesson, hier_job, n, lesson.hierarchical_allreduce, xs, ppn, nodes=nodes, **TWO_LEVEL)
+        for r, got in enumerate(res.results):
+            assert_sum(got, xs, f"hierarchical_allreduce, {nodes} nodes x {ppn} ranks, shape {shape}, "
+                                f"{np.dtype(dtype).name}, rank {r}")
+
+
+@pytest.mark.exercise("12.8")
+@pytest.mark.parametrize("nodes,ppn", [(2, 2), (3, 2), (2, 3)])
+@pytest.mark.parametrize("naive", [False, True])
+def test_hierarchical_allreduce_sends_what_the_three_steps_send(lesson, nodes, ppn, naive):
+    """Per rank and peer, the bytes the student's version sends equal the test's three steps': the
+    reduce-scatter and the all-gather inside the node, the all-reduce of one chunk among the ranks with
+    the same local rank, one per node. A version that skips the all-gather, all-reduces the chunks among
+    all ranks or the whole array across nodes, or funnels a node's traffic through one rank, differs."""
+    n = nodes * ppn
+    xs = data(n, (6, 5), np.float64, seed=3)
+    allreduce = oracle_allreduce if naive else None
+    want = sim(lesson, reference_job, n, xs, ppn, allreduce, nodes=nodes, **TWO_LEVEL)
+    got = sim(lesson, hier_job, n, lesson.hierarchical_allreduce, xs, ppn, allreduce, nodes=nodes, **TWO_LEVEL)
+    what = f"hierarchical_allreduce, {nodes} nodes x {ppn} ranks ({'naive' if naive else 'ring'} all-reduce across)"
+    for r in range(n):
+        node, local = divmod(r, ppn)
+        mine, theirs = got.stats[r]["sent_to"], want.stats[r]["sent_to"]
+        inside = {p: b for p, b in theirs.items() if p // ppn == node}
+        across = {p: b for p, b in theirs.items() if p // ppn != node}
+        got_across = {p: b for p, b in mine.items() if p // ppn != node}
+        assert got_across == across, (
+            f"{what}: rank {r} (node {node}, local rank {local}) sent {got_across} bytes to ranks on other nodes "
+            f"(peer: bytes), expected {across}: across nodes, only the all-reduce of this rank's chunk, with the ranks "
+            f"of local rank {local} ({list(range(local, n, ppn))})")
+        assert {p: b for p, b in mine.items() if p // ppn == node} == inside, (
+            f"{what}: rank {r} sent {({p: b for p, b in mine.items() if p // ppn == node})} bytes to the ranks of its "
+            f"node (peer: bytes), expected {inside}: a reduce-scatter, then an all-gather, inside the node")
+    assert got.bytes_between_nodes() == want.bytes_between_nodes()
+
+
+@pytest.mark.exercise("12.8")
+@pytest.mark.parametrize("nodes,ppn", [(2, 2), (4, 2), (2, 4), (3, 3)])
+def test_hierarchical_allreduce_time_is_the_two_level_formula(lesson, nodes, ppn):
+    n = nodes * ppn
+    k = 12  # elements per rank's chunk: N divides the array
+    xs = [np.zeros(n * k) for _ in range(n)]
+    res = sim(lesson, hier_job, n, lesson.hierarchical_allreduce, xs, ppn, nodes=nodes, **TWO_LEVEL)
+    want = lesson.two_level_cost("hierarchical_allreduce", 8 * n * k, nodes, ppn, *TWO_LEVEL.values())
+    assert math.isclose(res.time, want.time, rel_tol=1e-9), \
+        f"{nodes} nodes x {ppn} ranks: the simulated hierarchical all-reduce took {res.time:.6g} s, the two-level " \
+        f"formula says {want.time:.6g} s (reduce-scatter, all-reduce across, all-gather, one after the other)"
+    assert max(res.bytes_between_nodes()) == want.bytes, \
+        f"{nodes} nodes x {ppn} ranks: the busiest rank sent {max(res.bytes_between_nodes())} bytes across nodes, " \
+        f"expected {want.bytes:.0f}"
+
+
+@pytest.mark.exercise("12.8")
+def test_hierarchical_allreduce_needs_ppn_to_divide_the_ranks(lesson):
+    xs = data(4, (5,), np.float64, seed=1)
+    with pytest.raises(ValueError, match="ppn"):
+        sim(lesson, hier_job, 4, lesson.hierarchical_allreduce, xs, 3)
+    res = sim(lesson, hier_job, 4, lesson.hierarchical_allreduce, xs, 4)  # one node: the ring inside it
+    assert_sum(res.results[0], xs, "hierarchical_allreduce with ppn = size (one node)")
+
+
+def dp_step_oracle(comm, model, opt, X, y, allreduce):
+    """A data-parallel step written by the test (exercise 12.4's, so that 12.8 is graded on its own)."""
+    lo, hi = [(a[0], a[-1] + 1) if len(a) else (0, 0) for a in np.array_split(np.arange(len(X)), comm.size)][comm.rank]
+    opt.zero_grad()
+    if hi > lo:
+        (cross_entropy(model(Tensor(X[lo:hi])), y[lo:hi]) * ((hi - lo) / len(X))).backward()
+    for p in model.parameters():
+        p.grad = Tensor(allreduce(comm, p.grad.data if p.grad is not None else np.zeros_like(p.data)))
+    opt.step()
+
+
+def hier_dp_job(comm, fn, steps, B):
+    model = make_model("mlp")
+    opt = SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(steps, B):
+        dp_step_oracle(comm, model, opt, X, y, lambda c, g: fn(c, g, 2, oracle_reduce_scatter, oracle_ring_allreduce,
+                                                               oracle_allgather))
+    return [p.data.copy() for p in model.parameters()]
+
+
+@pytest.mark.exercise("12.8")
+def test_hierarchical_allreduce_trains_like_one_process(lesson):
+    want, _ = single_process("mlp", "sgd", 3, 30)
+    res = sim(lesson, hier_dp_job, 4, lesson.hierarchical_allreduce, 3, 30, nodes=2, **TWO_LEVEL)
+    assert_ranks_identical(res.results, "data parallelism with hierarchical_allreduce, 2 nodes x 2 ranks")
+    assert_params_close(res.results[0], want, "data parallelism with hierarchical_allreduce, 2 nodes x 2 ranks")
+
+
+# ---------------------------------------------------------------- the emulated cluster (course.cluster)
+# One cluster of 2 nodes x 2 ranks for the file, one launch: the cases below run across it and must
+# equal the simulator's two-level runs bit for bit, and each rank's NIC (veth) must have sent what the
+# algorithm sends to the other node.
+
+
+def case_cluster_hierarchical(lesson):
+    xs = data(4, (2 ** 15 + 3,), np.float64, seed=8)
+
+    def job(comm, fn, xs):
+        return hier_job(comm, fn, xs, 2)
+    return job, (lesson.hierarchical_allreduce, xs)
+
+
+def case_cluster_hierarchical_dp(lesson):
+    return hier_dp_job, (lesson.hierarchical_allreduce, 2, 30)
+
+
+CLUSTER_CASES = {"test_cluster_hierarchical_allreduce": case_cluster_hierarchical,
+                 "test_cluster_data_parallel_step": case_cluster_hierarchical_dp}
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(lesson, request, test_helper):
+    return test_helper("cluster_cases").run_cluster_cases(lesson, request, CLUSTER_CASES)
+
+
+@pytest.mark.exercise("12.8")
+@pytest.mark.timeout(90)
+def test_cluster_hierarchical_allreduce(lesson, cluster_runs):
+    cluster_runs.check("test_cluster_hierarchical_allreduce")
+
+
+@pytest.mark.exercise("12.8")
+@pytest.mark.timeout(90)
+def test_cluster_data_parallel_step(lesson, cluster_runs):
+    cluster_runs.check("test_cluster_data_parallel_step")
+
+
 # ---------------------------------------------------------------- MPI: the same cases on real processes
 # One `mpiexec -n 4` runs every case the selected tests need, on the 4 ranks and then on ranks 0
 # and 1 as a group of 2 (comm.group), after the simulator has run them on 4 and 2 ranks (a case

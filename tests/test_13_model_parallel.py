@@ -1102,6 +1102,30 @@ def test_estimate_against_the_simulator(lesson):
 
 
 @pytest.mark.exercise("13.7")
+@pytest.mark.parametrize("node,links", [(2, (2e-6, 1e-10, 2e-5, 1e-8)), (2, (5e-6, 1e-9, 5e-5, 1e-8)),
+                                        (4, (2e-6, 1e-10, 2e-5, 1e-8))])
+def test_estimate_against_the_two_level_simulator(lesson, node, links):
+    """Nodes whose own link is faster than the network (lesson 12's two-level topology in the simulator):
+    exact without pipelining (a tp group inside a node pays the node's link, one across nodes the
+    network's), and an upper bound within 15% with it (every stage boundary is charged the pipeline's
+    slowest link, though some lie inside a node)."""
+    alpha_node, beta_node, alpha, beta = links
+    n = 8 if node == 4 else 4
+    ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), n, alpha=alpha, beta=beta, node=node, alpha_node=alpha_node,
+                      beta_node=beta_node)
+    for plan in all_plans((4, 64, 4, 32, 8), n):
+        if plan[3] > 4:
+            continue
+        simulated = lesson.simulate_plan(ms, cs, lesson.Plan(*plan), oracle_schedule_steps(lesson)).time
+        est = lesson.estimate_plan(ms, cs, lesson.Plan(*plan)).time
+        what = f"{plan} on {n} ranks in nodes of {node}: estimate {est:.6g} s, two-level simulator {simulated:.6g} s"
+        if plan[2] == 1:
+            assert math.isclose(est, simulated, rel_tol=1e-9), what + " (must agree without pipelining)"
+        else:
+            assert 1 - 1e-9 <= est / simulated <= 1.15, what + " (an upper bound within 15%)"
+
+
+@pytest.mark.exercise("13.7")
 def test_estimate_plan_rejects_invalid(lesson):
     ms, cs, _ = specs(lesson, (4, 64, 4, 32, 8), 8)
     for plan, word in [((1, 1, 4, 2), "rank"), ((1, 8, 1, 1), "head"), ((1, 1, 8, 1), "layer"), ((8, 1, 1, 2), "batch"),
@@ -1249,6 +1273,50 @@ def case_ring(lesson):
         n = 12 // comm.size
         return [ring_job(comm, fwd, bwd, q, k, v, do, n, causal, True) for causal in (False, True)]
     return job, (lesson.ring_attention, lesson.ring_attention_backward)
+
+
+# ---------------------------------------------------------------- the emulated cluster (course.cluster)
+# 4 ranks on 2 nodes x 2 of an emulated cluster: two pairs inside the nodes (ranks 0-1, 2-3) and two
+# pairs across them (0-2, 1-3) run the same tensor-parallel MLP, and two 2-stage pipelines run across
+# the nodes. Results equal the simulator's two-level runs bit for bit; the pairs inside a node send
+# nothing over the NICs, those across send exactly their all-reduces and activations.
+
+
+def case_cluster_tp(lesson):
+    def job(comm, TensorParallelMLP):
+        inside = comm.group([2 * (comm.rank // 2), 2 * (comm.rank // 2) + 1])
+        across = comm.group([comm.rank % 2, comm.rank % 2 + 2])
+        return [tp_mlp_job(g, TensorParallelMLP, 16, 24, (37,), 12 + g.ranks[0], False) for g in (inside, across)]
+    return job, (lesson.TensorParallelMLP,)
+
+
+def case_cluster_pipeline(lesson):
+    state, (X, y) = mlp_state(6), mlp_data()
+
+    def job(comm, pipeline_step, split_layers, Step):
+        across = comm.group([comm.rank % 2, comm.rank % 2 + 2])
+        return pipeline_job(across, pipeline_step, split_layers, state, X, y, oracle_1f1b(2, 4), 1, 4, Step)
+    return job, (lesson.pipeline_step, lesson.split_layers, lesson.Step)
+
+
+CLUSTER_CASES = {"test_cluster_tp_inside_and_across": case_cluster_tp, "test_cluster_pipeline_across": case_cluster_pipeline}
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(lesson, request, test_helper):
+    return test_helper("cluster_cases").run_cluster_cases(lesson, request, CLUSTER_CASES)
+
+
+@pytest.mark.exercise("13.5")
+@pytest.mark.timeout(90)
+def test_cluster_tp_inside_and_across(lesson, cluster_runs):
+    cluster_runs.check("test_cluster_tp_inside_and_across")
+
+
+@pytest.mark.exercise("13.4")
+@pytest.mark.timeout(90)
+def test_cluster_pipeline_across(lesson, cluster_runs):
+    cluster_runs.check("test_cluster_pipeline_across")
 
 
 MPI_CASES = {"test_mpi_pipeline": case_pipeline, "test_mpi_tp_mlp": case_tp_mlp, "test_mpi_tp_block": case_tp_block,

@@ -1440,6 +1440,37 @@ def test_mpi_expert_parallel(lesson, mpi_runs):
     mpi_runs.check("test_mpi_expert_parallel")
 
 
+# ---------------------------------------------------------------- the emulated cluster (course.cluster)
+# The all-to-all across 2 nodes x 2 ranks of an emulated cluster: the rows equal the simulator's (its
+# two-level topology) bit for bit, and each rank's NIC (veth) sent the rows it sent to the other node.
+
+
+def case_cluster_a2a(lesson):
+    rng = np.random.default_rng(91)
+    counts = rng.integers(500, 3000, (4, 4))
+    counts[1, 3] = 0  # an empty block across nodes, sent anyway
+    xs = [rng.standard_normal((int(counts[i].sum()), 8)) for i in range(4)]
+
+    def job(comm, a2a, counts, xs):
+        r = comm.rank
+        return a2a(comm, xs[r], counts[r], counts[:, r])
+    return job, (lesson.all_to_all, counts, xs)
+
+
+CLUSTER_CASES = {"test_cluster_all_to_all": case_cluster_a2a}
+
+
+@pytest.fixture(scope="module")
+def cluster_runs(lesson, request, test_helper):
+    return test_helper("cluster_cases").run_cluster_cases(lesson, request, CLUSTER_CASES)
+
+
+@pytest.mark.exercise("16.4")
+@pytest.mark.timeout(90)
+def test_cluster_all_to_all(lesson, cluster_runs):
+    cluster_runs.check("test_cluster_all_to_all")
+
+
 # ---------------------------------------------------------------- 16.6 EP in the planner
 
 
