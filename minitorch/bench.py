@@ -304,6 +304,250 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     return ax
 
 
+BLAS_HANDICAPS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # variables that hold OpenBLAS to another kernel
+
+
+def blas_forced() -> dict[str, str]:
+    """{variable: value} of the BLAS_HANDICAPS set in this process's environment; empty on a student's
+    machine. OpenBLAS reads them once, when it loads."""
+    return {k: os.environ[k] for k in BLAS_HANDICAPS if k in os.environ}
+
+
+def blas_kernel() -> str:
+    """NumPy's BLAS and the kernel it runs, as threadpoolctl names them: 'openblas 0.3.31 (SkylakeX
+    kernel)', or 'no BLAS found'."""
+    import numpy  # noqa: F401 - threadpoolctl sees only loaded libraries
+    from threadpoolctl import threadpool_info
+
+    found = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture') or 'unknown'} kernel)"
+             for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(found) or "no BLAS found"
+
+
+_X86_EXTENSIONS = (("fma", "FMA3"), ("avx512vnni", "VNNI"), ("avx512bf16", "BF16"), ("avx512fp16", "FP16"),
+                   ("avxvnni", "AVX-VNNI"), ("amx-int8", "AMX-INT8"), ("amx-bf16", "AMX-BF16"))
+_ARM_EXTENSIONS = (("dotprod", "dotprod"), ("fullfp16", "fp16"), ("i8mm", "i8mm"), ("bf16", "bf16"),
+                   ("sve", "SVE"), ("sme", "SME"))
+
+
+def cpu_features() -> set[str]:
+    """The instruction-set features of this CPU as LLVM names them ('avx2', 'avx512f', 'neon', ...)."""
+    import llvmlite.binding as llvm
+
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
+def vector_isa() -> dict[str, Any]:
+    """This CPU's vector instruction set: {'name': 'AVX-512' | 'AVX2' | 'AVX' | 'SSE2' | 'NEON' | ...,
+    'registers': vector registers, 'widths': {label: float32 lanes} of the FMA loops worth measuring
+    (scalar up to the widest vectors), 'extensions': the names of its int8/bf16/fp16/matrix extensions}."""
+    import platform
+
+    feats, machine = cpu_features(), platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        name = ("AVX-512" if "avx512f" in feats else "AVX2" if "avx2" in feats else "AVX" if "avx" in feats
+                else "SSE2")
+        widths = {"scalar": 1, "128-bit": 4}
+        if "avx" in feats:
+            widths["256-bit"] = 8
+        if "avx512f" in feats:
+            widths["512-bit"] = 16
+        extensions = [label for f, label in _X86_EXTENSIONS if f in feats]
+        return {"name": name, "registers": 32 if "avx512f" in feats else 16, "widths": widths,
+                "extensions": extensions}
+    if machine in ("aarch64", "arm64"):
+        return {"name": "NEON", "registers": 32, "widths": {"scalar": 1, "128-bit": 4},
+                "extensions": [label for f, label in _ARM_EXTENSIONS if f in feats]}
+    return {"name": machine or "unknown", "registers": 16, "widths": {"scalar": 1}, "extensions": []}
+
+
+def blas_line() -> str:
+    """One line to print beside any comparison with NumPy's BLAS: the BLAS, the kernel it runs, the CPU's
+    vector ISA, and, where the environment holds BLAS to another kernel than the CPU's, that fact."""
+    isa = vector_isa()
+    ext = f" with {', '.join(isa['extensions'])}" if isa["extensions"] else ""
+    line = f"NumPy's BLAS: {blas_kernel()}; CPU vector ISA: {isa['name']}{ext}"
+    forced = blas_forced()
+    if forced:
+        line += ("; NOTE: " + ", ".join(f"{k}={v}" for k, v in forced.items()) + " in this process's environment "
+                 "hold(s) OpenBLAS to another kernel than a student's machine runs: BLAS timed in this process "
+                 "is slower than it should be")
+    return line
+
+
+def native_env() -> dict[str, str]:
+    """This process's environment without BLAS_HANDICAPS, with minitorch importable: for a child process
+    that runs NumPy's BLAS as a student's machine does."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_HANDICAPS}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_native(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
+    """Call `target` ('package.module:function') with `kwargs` (JSON values) in a child Python process
+    started with native_env(), and return what it returns (a JSON value). For timing NumPy's BLAS where
+    this process's environment holds it back: OpenBLAS reads BLAS_HANDICAPS only when it loads."""
+    import json
+    import subprocess
+
+    module, sep, function = target.partition(":")
+    if not sep or not module or not function.isidentifier():
+        raise ValueError(f"run_native: target must be 'package.module:function', got {target!r}")
+    code = (f"import json, sys, {module} as m; r = m.{function}(**json.loads(sys.argv[1])); "
+            "print('\\n' + json.dumps(r))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], env=native_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"run_native: {target} failed in the child process:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _blas_matmul_run(sizes: list, threads: int | None, dtype: str, repeat: int, rounds: int, pause: float) -> dict:
+    """blas_matmul_gflops's measurement, in whichever process runs it."""
+    rng = np.random.default_rng(0)
+    mats = {n: (rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype))
+            for n in sizes}
+    error = 0.0
+    with blas_limit(threads):
+        for a, b in mats.values():  # warm-up, and the check: relative to float64, as large as float32's rounding
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            error = max(error, float(np.abs(np.matmul(a, b) - want).max() / max(np.abs(want).max(), 1e-300)))
+        best = {n: float("inf") for n in sizes}
+        for _ in range(rounds):
+            for n, (a, b) in mats.items():
+                number = max(1, 2_000_000 // n**2)  # calls per timed run: a small product takes microseconds
+                time.sleep(pause)  # another thread pool's spinning threads settle
+                np.matmul(a, b)
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    for _ in range(number):
+                        np.matmul(a, b)
+                    best[n] = min(best[n], (time.perf_counter() - t0) / number)
+    return {"gflops": {str(n): 2.0 * n**3 / t / 1e9 for n, t in best.items()}, "error": error,
+            "blas": blas_kernel(), "forced": blas_forced()}
+
+
+def blas_matmul_gflops(sizes: list[int], threads: int | None = None, dtype=np.float32, repeat: int = 3,
+                       rounds: int = 3, pause: float = 0.3) -> dict[str, Any]:
+    """GFLOP/s of NumPy's matmul on (n, n) @ (n, n) for each n in `sizes`, BLAS on `threads` threads
+    (None: as set up), best of `rounds` x `repeat` runs, each round after a `pause` (seconds). Runs as a
+    student's machine does: in this process when no BLAS_HANDICAPS is set, else in a child process
+    without them. Each product is checked against float64 first (a RuntimeError if it is off by more
+    than float32 rounding allows). Returns {"gflops": {n: GFLOP/s}, "error": largest relative error,
+    "blas": the BLAS and kernel that ran, "where": "this process" or "a child process without ..."}."""
+    args = dict(sizes=[int(n) for n in sizes], threads=threads, dtype=np.dtype(dtype).name, repeat=int(repeat),
+                rounds=int(rounds), pause=float(pause))
+    forced = blas_forced()
+    out = run_native("minitorch.bench:_blas_matmul_run", **args) if forced else _blas_matmul_run(**args)
+    if out["error"] > 1e-4 * max(args["sizes"]) ** 0.5:
+        raise RuntimeError(f"blas_matmul_gflops: NumPy's matmul is off by {out['error']:.2g} (relative to float64)")
+    where = ("a child process without " + ", ".join(forced) + " (as on a student's machine)") if forced \
+        else "this process"
+    return {"gflops": {int(n): g for n, g in out["gflops"].items()}, "error": out["error"], "blas": out["blas"],
+            "where": where}
+
+
+_FMA_LOOPS: dict[tuple[int, int], tuple[Any, Any, str]] = {}
+
+
+def fma_loop_ir(lanes: int, accumulators: int) -> str:
+    """LLVM IR of `float fma_loop(i64 iters, float b, float s)`: `accumulators` independent vectors of
+    `lanes` float32, each updated acc = b * s + acc (llvm.fmuladd: one FMA where the CPU has them)
+    `iters` times; returns one lane of their sum, so that the work is used."""
+    vt, n = (f"<{lanes} x float>", f"v{lanes}f32") if lanes > 1 else ("float", "f32")
+    splat = ([f"  %b0 = insertelement {vt} undef, float %bs, i32 0",
+              f"  %b = shufflevector {vt} %b0, {vt} undef, <{lanes} x i32> zeroinitializer",
+              f"  %s0 = insertelement {vt} undef, float %ss, i32 0",
+              f"  %s = shufflevector {vt} %s0, {vt} undef, <{lanes} x i32> zeroinitializer"] if lanes > 1
+             else ["  %b = fadd float %bs, 0.0", "  %s = fadd float %ss, 0.0"])
+    zero = "zeroinitializer" if lanes > 1 else "0.0"
+    lines = [f"declare {vt} @llvm.fmuladd.{n}({vt}, {vt}, {vt})", "",
+             "define float @fma_loop(i64 %iters, float %bs, float %ss) {", "entry:", *splat, "  br label %loop",
+             "loop:", "  %i = phi i64 [0, %entry], [%i1, %loop]"]
+    lines += [f"  %a{j} = phi {vt} [{zero}, %entry], [%n{j}, %loop]" for j in range(accumulators)]
+    lines += [f"  %n{j} = call {vt} @llvm.fmuladd.{n}({vt} %b, {vt} %s, {vt} %a{j})" for j in range(accumulators)]
+    lines += ["  %i1 = add i64 %i, 1", "  %more = icmp ult i64 %i1, %iters", "  br i1 %more, label %loop, label %done",
+              "done:"]
+    total = "%n0"
+    for j in range(1, accumulators):
+        lines.append(f"  %t{j} = fadd {vt} {total}, %n{j}")
+        total = f"%t{j}"
+    lines.append(f"  %r = extractelement {vt} {total}, i32 0" if lanes > 1 else f"  %r = fadd float {total}, 0.0")
+    return "\n".join(lines + ["  ret float %r", "}", ""])
+
+
+def fma_loop(lanes: int, accumulators: int) -> tuple[Callable[[int, float, float], float], str]:
+    """(function, assembly) of fma_loop_ir(lanes, accumulators) compiled for this CPU by llvmlite: call
+    function(iters, b, s) from any thread (ctypes releases Python's lock while it runs)."""
+    key = (int(lanes), int(accumulators))
+    if key not in _FMA_LOOPS:
+        import ctypes
+
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+        module = llvm.parse_assembly(fma_loop_ir(*key))
+        module.verify()
+        asm = tm.emit_assembly(module)
+        engine = llvm.create_mcjit_compiler(module, tm)
+        engine.finalize_object()
+        fn = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_float)(
+            engine.get_function_address("fma_loop"))
+        _FMA_LOOPS[key] = (engine, fn, asm)  # the engine owns the machine code: keep it alive
+    return _FMA_LOOPS[key][1], _FMA_LOOPS[key][2]
+
+
+def measure_fma(lanes: int, accumulators: int, threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> float:
+    """FLOP/s (2 per FMA and lane) of the FMA loop with `accumulators` vectors of `lanes` float32, run on
+    `threads` Python threads at once (one per core), each for about `seconds`: the best of `repeat` runs."""
+    import threading
+
+    fn, _ = fma_loop(lanes, accumulators)
+    fn(1000, 1.0, 1e-3)  # page in the code
+    t0 = time.perf_counter()
+    fn(100_000, 1.0, 1e-3)
+    iters = max(1000, int(100_000 * seconds / max(time.perf_counter() - t0, 1e-7)))
+    best = float("inf")
+    for _ in range(repeat):
+        start = threading.Barrier(threads + 1)
+
+        def work():
+            start.wait()
+            fn(iters, 1.0, 1e-3)
+
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in pool:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * lanes * accumulators * iters * threads / best
+
+
+def fma_accumulators() -> int:
+    """Accumulators of the roof loop: 16 where the ISA has 32 vector registers, 12 where it has 16."""
+    return 16 if vector_isa()["registers"] >= 32 else 12
+
+
+def fma_peaks(threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> dict[str, float]:
+    """{width label: FLOP/s} of the FMA loop at each vector width this CPU has (vector_isa()['widths']),
+    fma_accumulators() accumulators, on `threads` threads at once."""
+    acc = fma_accumulators()
+    return {label: measure_fma(lanes, acc, threads, seconds, repeat) for label, lanes in vector_isa()["widths"].items()}
+
+
+def fma_roof(threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> float:
+    """The compute roof in float32 FLOP/s: the FMA loop on the widest vectors, `threads` threads at once."""
+    widest = max(vector_isa()["widths"].values())
+    return measure_fma(widest, fma_accumulators(), threads, seconds, repeat)
+
+
 def transformer_params(n_layers: int, d_model: int, vocab: int, d_ff: int | None = None,
                        n_ctx: int = 0, embeddings: bool = True, tied: bool = True) -> int:
     """Parameters of a decoder-only transformer (Kaplan et al. 2020, Table 1).
@@ -377,8 +621,8 @@ def chinchilla_optimal(compute_flops: float, tokens_per_param: float = 20.0) -> 
     return n, tokens_per_param * n
 
 
-from minitorch.checks import (Attrs, Choice, Count, Number, NonNegative, Optional, Positive, Rule,  # noqa: E402
-                              Size, describe, validate_public)
+from minitorch.checks import (Attrs, Choice, Count, Int, Number, NonNegative, Optional, Positive, Rule,  # noqa: E402
+                              Seq, Size, Str, describe, validate_public)
 
 
 class _Intensity(Rule):
@@ -386,6 +630,7 @@ class _Intensity(Rule):
     with no NaN and no value < 0."""
 
     number = Number(0, finite=False)
+    finite = False  # the validation walk's marker: inf is a valid intensity
 
     def __call__(self, what: str, name: str, value: Any) -> None:
         if not isinstance(value, np.ndarray):
@@ -426,6 +671,7 @@ class _Points(Rule):
 
 _DIMS = {name: Count for name in ("m", "n", "k", "rows", "cols", "n_inputs", "n_layers", "d_model", "vocab", "n_ctx",
                                   "n_params")}
+_FMA_SHAPE = {"lanes": Int(1, 64), "accumulators": Int(1, 64)}
 _MEMORY = {"n_params": Count, "optimizer": Choice(*OPTIMIZER_STATES), "precision": Choice(*PRECISIONS)}
 
 validate_public(globals(), {
@@ -443,6 +689,13 @@ validate_public(globals(), {
     "attainable_flops": {"intensity": _Intensity(), "peak_flops": Positive, "peak_bandwidth": Positive},
     "measure_bandwidth": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
     "measure_peak_matmul": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
+    "run_native": {"target": Str(), "timeout": Positive},
+    "blas_matmul_gflops": {"sizes": Seq(Size, min_len=1), "threads": Optional(Size), "dtype": _FloatDtype(),
+                           "repeat": Size, "rounds": Size, "pause": NonNegative},
+    "fma_loop_ir": _FMA_SHAPE, "fma_loop": _FMA_SHAPE,
+    "measure_fma": {**_FMA_SHAPE, "threads": Size, "seconds": Positive, "repeat": Size},
+    "fma_peaks": {"threads": Size, "seconds": Positive, "repeat": Size},
+    "fma_roof": {"threads": Size, "seconds": Positive, "repeat": Size},
     "roofline_plot": {"peak_flops": Positive, "bandwidth": Positive, "points": Optional(_Points()),
                       "ax": Optional(Attrs("loglog", "plot", "annotate"))},
     "transformer_params": {**_DIMS, "d_ff": Optional(Count)},

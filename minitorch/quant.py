@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+import numba
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
@@ -504,8 +505,24 @@ def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
     return found
 
 
-from minitorch.simd import vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
-from minitorch.simd_matmul import BLIS_KC, BLIS_MC, BLIS_MR, BLIS_NR  # noqa: E402
+from minitorch.cpu_matmul import FALLBACK_CACHES, machine_cache_sizes  # noqa: E402
+from minitorch.simd import vdot_u8s8, vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
+from minitorch.simd_matmul import block_rows, machine_blocking, machine_shape, macro_kernel  # noqa: E402
+
+PAIRS_MR, PAIRS_NR = 6, 16  # the pairs kernel's block of C: 6 rows of one i32x16
+
+
+def pairs_blocking(l2_bytes: int, mc: int = 48) -> tuple[int, int]:
+    """(MC, KC2) of the pairs GEMM: MC rows of A per thread task, and the longest KC2 (pairs of k, a power
+    of two, 64..1024) for which the A block and one B panel, (MC + 16) x KC2 words, fill at most half of
+    an L2 cache of `l2_bytes`."""
+    kc2 = 1024
+    while kc2 > 64 and (mc + PAIRS_NR) * kc2 * 4 > l2_bytes // 2:
+        kc2 //= 2
+    return mc, kc2
+
+
+PAIRS_MC, PAIRS_KC2 = pairs_blocking(machine_cache_sizes().get("L2", FALLBACK_CACHES["L2"]))
 
 
 @njit(cache=False, inline="always")
@@ -541,15 +558,15 @@ def pack_a_pairs(a, i0, mc, p2, kc2, ap):
     ap[(ir * kc2 + k2) * 6 + r] = a[i, q] & 0xFFFF | a[i, q + 1] << 16, with i = i0 + 6 ir + r and
     q = 2 (p2 + k2); zero past M and past K."""
     m, k = a.shape
-    for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
-        base = ir * kc2 * BLIS_MR
-        for r in range(BLIS_MR):
-            i = i0 + ir * BLIS_MR + r
+    for ir in range((mc + PAIRS_MR - 1) // PAIRS_MR):
+        base = ir * kc2 * PAIRS_MR
+        for r in range(PAIRS_MR):
+            i = i0 + ir * PAIRS_MR + r
             for k2 in range(kc2):
                 q = 2 * (p2 + k2)
                 lo = np.int32(a[i, q]) if i < m else np.int32(0)
                 hi = np.int32(a[i, q + 1]) if i < m and q + 1 < k else np.int32(0)
-                ap[base + k2 * BLIS_MR + r] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
+                ap[base + k2 * PAIRS_MR + r] = (lo & np.int32(0xFFFF)) | (hi << np.int32(16))
 
 
 @njit(parallel=True, cache=False)
@@ -557,14 +574,14 @@ def pack_b_pairs(b, p2, kc2, bp):
     """k-pairs p2..p2+kc2 of int8 b (K, N) as 16-column panels of int16 pairs, on all threads:
     bp[(jp * kc2 + k2) * 32 + 2j + t] = b[2(p2 + k2) + t, 16 jp + j]; zero past K and past N."""
     k, n = b.shape
-    for jp in prange((n + BLIS_NR - 1) // BLIS_NR):
-        base = jp * kc2 * 2 * BLIS_NR
+    for jp in prange((n + PAIRS_NR - 1) // PAIRS_NR):
+        base = jp * kc2 * 2 * PAIRS_NR
         for k2 in range(kc2):
-            for j in range(BLIS_NR):
-                col = jp * BLIS_NR + j
+            for j in range(PAIRS_NR):
+                col = jp * PAIRS_NR + j
                 for t in range(2):
                     row = 2 * (p2 + k2) + t
-                    bp[base + k2 * 2 * BLIS_NR + 2 * j + t] = b[row, col] if row < k and col < n else np.int16(0)
+                    bp[base + k2 * 2 * PAIRS_NR + 2 * j + t] = b[row, col] if row < k and col < n else np.int16(0)
 
 
 @njit(cache=False)
@@ -574,12 +591,12 @@ def int8_macro_kernel(ap, bp, cf, i0, mc, kc2, ldc):
     ap (6 ceil(mc/6) kc2,) int32: pack_a_pairs's panels of rows i0..i0+mc; bp (2 N' kc2,) int16:
     pack_b_pairs's panels; cf: C (M', N') flattened, int32, ldc = N'.
     """
-    for jp in range(bp.size // (kc2 * 2 * BLIS_NR)):
-        bo = jp * kc2 * 2 * BLIS_NR
-        for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
-            ao = ir * kc2 * BLIS_MR
-            int8_pairs_kernel(ap[ao:ao + kc2 * BLIS_MR], bp[bo:bo + kc2 * 2 * BLIS_NR], cf,
-                              (i0 + ir * BLIS_MR) * ldc + jp * BLIS_NR, ldc)
+    for jp in range(bp.size // (kc2 * 2 * PAIRS_NR)):
+        bo = jp * kc2 * 2 * PAIRS_NR
+        for ir in range((mc + PAIRS_MR - 1) // PAIRS_MR):
+            ao = ir * kc2 * PAIRS_MR
+            int8_pairs_kernel(ap[ao:ao + kc2 * PAIRS_MR], bp[bo:bo + kc2 * 2 * PAIRS_NR], cf,
+                              (i0 + ir * PAIRS_MR) * ldc + jp * PAIRS_NR, ldc)
 
 
 @njit(parallel=True, cache=False)
@@ -589,9 +606,9 @@ def gemm_int8_pairs(a, b, c, mc, kc2):
     kc2: pairs of k per block, >= 1."""
     m, k = a.shape
     ldc = c.shape[1]
-    if mc <= 0 or mc % BLIS_MR or kc2 <= 0:
+    if mc <= 0 or mc % PAIRS_MR or kc2 <= 0:
         raise ValueError("gemm_int8_pairs: mc must be a positive multiple of 6 and kc2 positive")
-    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
+    if b.shape[0] != k or c.shape[0] < -(-m // PAIRS_MR) * PAIRS_MR or ldc != -(-b.shape[1] // PAIRS_NR) * PAIRS_NR:
         raise ValueError("gemm_int8_pairs: need a (M, K), b (K, N), c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     k2 = (k + 1) // 2
     cf = c.reshape(-1)
@@ -602,7 +619,7 @@ def gemm_int8_pairs(a, b, c, mc, kc2):
         for ic in prange((m + mc - 1) // mc):
             i0 = ic * mc
             mcur = min(mc, m - i0)
-            ap = np.empty(((mcur + BLIS_MR - 1) // BLIS_MR) * BLIS_MR * kcur, np.int32)
+            ap = np.empty(((mcur + PAIRS_MR - 1) // PAIRS_MR) * PAIRS_MR * kcur, np.int32)
             pack_a_pairs(a, i0, mcur, p2, kcur, ap)
             int8_macro_kernel(ap, bp[:ldc * 2 * kcur], cf, i0, mcur, kcur, ldc)
 
@@ -612,10 +629,144 @@ def matmul_int8_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     in lesson 06's packed, blocked loops on all Numba threads. K <= MAX_K_INT32."""
     a, b = check_int8_operands(a, b, "matmul_int8_pairs")
     m, n = a.shape[0], b.shape[1]
-    c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.int32)
+    c = np.zeros((-(-m // PAIRS_MR) * PAIRS_MR, -(-n // PAIRS_NR) * PAIRS_NR), np.int32)
     if m and n and a.shape[1]:
-        gemm_int8_pairs(a, b, c, BLIS_MC, BLIS_KC)
+        gemm_int8_pairs(a, b, c, PAIRS_MC, PAIRS_KC2)
     return c if c.shape == (m, n) else np.ascontiguousarray(c[:m, :n])
+
+
+def shift_to_u8(a: np.ndarray) -> np.ndarray:
+    """a + 128 as uint8, same shape, for an int8 array `a`: the unsigned operand of vpdpbusd."""
+    return a.view(np.uint8) ^ np.uint8(0x80)
+
+
+def zero_point_correction(b: np.ndarray) -> np.ndarray:
+    """128 * sum_k b[k, j] for j < N, an int32 vector (N,), for an int8 matrix b (K, N): what the shift
+    adds to each column of the product, (a + 128) @ b - a @ b."""
+    return np.int32(128) * b.sum(axis=0, dtype=np.int32)
+
+
+_VNNI_KERNELS: dict[tuple[int, int], Callable] = {}
+
+
+def int8_vnni_kernel_source(mr: int, nv: int) -> str:
+    """Source of `int8_vnni_kernel_{mr}x{nv}(ap, bp, c, co, ldc)`: lesson 06's outer-product kernel on words
+    of four k: c[co + r*ldc + j] += sum over k4 of the 4-byte dot product of A word ap[mr*k4 + r] (uint8) and
+    B word bp[16*nv*k4 + j] (int8), with mr * nv i32x16 accumulators."""
+    nr = 16 * nv
+    lines = [f"def int8_vnni_kernel_{mr}x{nv}(ap, bp, c, co, ldc):"]
+    lines += [f"    c{r}_{v} = vzero_i32()" for r in range(mr) for v in range(nv)]
+    lines.append(f"    for k4 in range(bp.size // {nr}):")
+    for r in range(mr):
+        lines.append(f"        a = ap[{mr} * k4 + {r}]")
+        lines += [f"        c{r}_{v} = vdot_u8s8(c{r}_{v}, a, bp, {nr} * k4 + {16 * v})" for v in range(nv)]
+    lines += [f"    vstore_add_i32(c{r}_{v}, c, co + {r} * ldc + {16 * v})" for r in range(mr) for v in range(nv)]
+    return "\n".join(lines) + "\n"
+
+
+def make_int8_vnni_kernel(mr: int, nv: int) -> Callable:
+    """int8_vnni_kernel_source(mr, nv) compiled by Numba (once per shape)."""
+    if (mr, nv) not in _VNNI_KERNELS:
+        namespace = {"vzero_i32": vzero_i32, "vdot_u8s8": vdot_u8s8, "vstore_add_i32": vstore_add_i32}
+        exec(compile(int8_vnni_kernel_source(mr, nv), f"<int8_vnni_kernel_{mr}x{nv}>", "exec"), namespace)
+        _VNNI_KERNELS[(mr, nv)] = njit(cache=False, inline="always")(namespace[f"int8_vnni_kernel_{mr}x{nv}"])
+    return _VNNI_KERNELS[(mr, nv)]
+
+
+@njit(cache=False)
+def pack_a_words(aw, i0, mc, p4, kc4, ap, mr):
+    """Rows i0..i0+mc of aw (M, K4) int32 (A + 128, four uint8 per word), words p4..p4+kc4, as mr-row panels,
+    k-major, into ap: ap[(ir * kc4 + k4) * mr + r] = aw[i0 + mr ir + r, p4 + k4]; rows past M are zeros."""
+    m = aw.shape[0]
+    for ir in range((mc + mr - 1) // mr):
+        base = ir * kc4 * mr
+        for r in range(mr):
+            i = i0 + ir * mr + r
+            if i < m:
+                row = aw[i, p4:p4 + kc4]
+                for k4 in range(kc4):
+                    ap[base + k4 * mr + r] = row[k4]
+            else:
+                for k4 in range(kc4):
+                    ap[base + k4 * mr + r] = np.int32(0)
+
+
+@njit(parallel=True, cache=False)
+def pack_b_words(b, p4, kc4, jc, nc, bp, nr):
+    """Rows 4 p4 .. 4 (p4 + kc4) and columns jc..jc+nc of int8 b (K, N) as nr-column panels of words of four
+    k, on all threads: byte t of bp[(jp * kc4 + k4) * nr + j] is b[4 (p4 + k4) + t, jc + nr jp + j]; zero past
+    K and past N."""
+    k, n = b.shape
+    for jp in prange((nc + nr - 1) // nr):
+        base = jp * kc4 * nr
+        j0 = jc + jp * nr
+        for k4 in range(kc4):
+            row0 = 4 * (p4 + k4)
+            dst = bp[base + k4 * nr:base + k4 * nr + nr]
+            if row0 + 4 <= k and j0 + nr <= n:
+                r0, r1, r2, r3 = b[row0, j0:j0 + nr], b[row0 + 1, j0:j0 + nr], b[row0 + 2, j0:j0 + nr], b[row0 + 3, j0:j0 + nr]
+                for j in range(nr):
+                    dst[j] = ((np.int32(r0[j]) & 0xFF) | ((np.int32(r1[j]) & 0xFF) << 8) |
+                              ((np.int32(r2[j]) & 0xFF) << 16) | (np.int32(r3[j]) << 24))
+            else:
+                for j in range(nr):
+                    w = np.int32(0)
+                    if j0 + j < n:
+                        for t in range(4):
+                            if row0 + t < k:
+                                w |= (np.int32(b[row0 + t, j0 + j]) & 0xFF) << (8 * t)
+                    dst[j] = w
+
+
+@njit(parallel=True, cache=False)
+def gemm_int8_vnni(aw, b, c, kernel, mr, nr, mc, kc4, nc):
+    """c += (A + 128) @ b in int32 (modulo 2^32): aw (M, K4) int32 holds A + 128 four uint8 to a word
+    (A's K padded to 4 K4), b (K, N) int8 (K <= 4 K4), c (M, N) int32 C-contiguous. kernel: an
+    int8_vnni kernel of mr x nr; mc, kc4 (words of k per block) and nc: lesson 06's blocking."""
+    m, k4 = aw.shape
+    k, n = b.shape
+    if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc4 <= 0 or nc <= 0 or nc % nr:
+        raise ValueError("gemm_int8_vnni: need mr >= 1, nr a positive multiple of 16, mc and nc positive multiples "
+                         "of mr and nr, and kc4 >= 1")
+    if k > 4 * k4 or c.shape[0] != m or c.shape[1] != n:
+        raise ValueError("gemm_int8_vnni: need aw (M, K4), b (K, N) with K <= 4 K4, and c (M, N)")
+    bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)
+    for jc in range(0, n, nc):
+        ncur = min(nc, n - jc)
+        for p4 in range(0, k4, kc4):
+            kcur = min(kc4, k4 - p4)
+            bblock = bp[:(ncur + nr - 1) // nr * nr * kcur]
+            pack_b_words(b, p4, kcur, jc, ncur, bblock, nr)
+            for ic in prange((m + mc - 1) // mc):
+                i0 = ic * mc
+                mcur = min(mc, m - i0)
+                ap = np.empty(((mcur + mr - 1) // mr) * mr * kcur, np.int32)
+                pack_a_words(aw, i0, mcur, p4, kcur, ap, mr)
+                macro_kernel(kernel, ap, bblock, c, i0, mcur, jc, ncur, kcur, mr, nr, np.empty(mr * nr, np.int32))
+
+
+def matmul_int8_vnni(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32, exact (K <= MAX_K_INT32): (a + 128) @ b with VNNI's
+    u8 x s8 dot products (vpdpbusd where the CPU has it) in lesson 06's packed, blocked loops on all Numba
+    threads, minus the zero-point correction 128 colsum(b)."""
+    a, b = check_int8_operands(a, b, "matmul_int8_vnni")
+    m, k = a.shape
+    n = b.shape[1]
+    c = np.empty((m, n), np.int32)
+    c[:] = -zero_point_correction(b)[None, :]
+    if m and n and k:
+        k4 = -(-k // 4)
+        au = shift_to_u8(a)
+        if k % 4 or not au.flags.c_contiguous:
+            padded = np.zeros((m, 4 * k4), np.uint8)  # any value pads A: B's padded rows are zero
+            padded[:, :k] = au
+            au = padded
+        mr, nv = machine_shape()
+        nr = 16 * nv
+        mc_max, kc4, nc = machine_blocking(mr, nr)
+        gemm_int8_vnni(au.view(np.int32), b, c, make_int8_vnni_kernel(mr, nv), mr, nr,
+                       block_rows(m, mr, mc_max, numba.get_num_threads()), kc4, nc)
+    return c
 
 
 def int8_gemm_dp4a_source() -> str:
@@ -1109,6 +1260,12 @@ validate_public(globals(), {
     "unpack_int4": {"packed": Array(ndim=1, dtypes="uint8"), "shape": _Shape()},
     "matmul_int8": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "matmul_int8_pairs": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "pairs_blocking": {"l2_bytes": Size, "mc": Size},
+    "shift_to_u8": {"a": Array(dtypes="int8")},
+    "zero_point_correction": {"b": _INT8_MATRIX},
+    "int8_vnni_kernel_source": {"mr": Size, "nv": Size},
+    "make_int8_vnni_kernel": {"mr": Size, "nv": Size},
+    "matmul_int8_vnni": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "pack_k4": {"a": _INT8_MATRIX, "xp": Attrs("zeros", "ascontiguousarray", "int8", "int32")},
     "dp4a_launch": {"m": Size, "n": Size},
     "int8_gemm_dp4a": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},

@@ -8,7 +8,7 @@ This module adds two, each a value Numba keeps in registers (an LLVM `<16 x floa
 `<16 x i32>`): a zmm register on AVX-512, two ymm on AVX2, four q registers on Arm NEON.
 
     f32x16: vzero_f32(), vload_f32(x, i), vfma_bcast(acc, b, s), vstore_add_f32(acc, y, i)
-    i32x16: vzero_i32(), vmadd_pairs(acc, w, p, i), vstore_add_i32(acc, y, i)
+    i32x16: vzero_i32(), vmadd_pairs(acc, w, p, i), vdot_u8s8(acc, w, p, i), vstore_add_i32(acc, y, i)
 
 Arrays are 1-D, C-contiguous, of the stated dtype; `i` is an element index, checked against the
 array's size (an IndexError with the index, the lanes and the size, never a read or write outside
@@ -17,8 +17,13 @@ few LLVM instructions: a splat and `llvm.fma` for the float multiply-add; a load
 store for `vstore_add_*`; for `vmadd_pairs`, `vpmaddwd` on x86 (one on AVX-512BW, two on AVX2,
 chosen from this CPU's features; LLVM fuses it with the add into VNNI's `vpdpwssd` where the CPU
 has it), else portable LLVM IR (sign-extend, multiply, add the pairs), which is correct on every
-CPU and fast where LLVM matches it.
-MINITORCH_SIMD=avx512|avx2|generic forces a flavour (the tests run all three).
+CPU and fast where LLVM matches it. `vdot_u8s8` is VNNI's `vpdpbusd` (four uint8 x int8 products
+per int32 lane, added into the lane) on AVX-512 VNNI, two 256-bit `vpdpbusd` on AVX-VNNI, else
+portable IR (widen, multiply, add the fours).
+MINITORCH_SIMD=avx512|avx2|generic forces vmadd_pairs's flavour, MINITORCH_U8S8=avx512vnni|avxvnni|generic
+vdot_u8s8's (the tests run each). `vector_target()` describes the vector registers of the CPU Numba
+compiles for: how many there are and how many one f32x16 takes (lesson 06 shapes its micro-kernel
+with it).
 """
 import os
 
@@ -193,6 +198,105 @@ def _vmadd_pairs(typingctx, acc, w, p, i):
     return i32x16(acc, w, p, i), codegen
 
 
+def target_features() -> set[str]:
+    """The CPU features Numba compiles for (NUMBA_CPU_FEATURES where set, else this CPU's), as LLVM names
+    them: 'avx2', 'fma', 'avx512f', 'avx512vnni', 'neon', ..."""
+    flat = numba.config.CPU_FEATURES if numba.config.CPU_FEATURES is not None else \
+        llvm_binding.get_host_cpu_features().flatten()
+    return {f[1:] for f in flat.split(",") if f.startswith("+")}
+
+
+def vector_target() -> dict:
+    """The vector registers of the CPU Numba compiles for, as a micro-kernel sees them: {'isa': 'avx512' |
+    'avx2' | 'avx' | 'sse' | 'neon', 'registers': how many, 'per_vector': registers one f32x16 takes,
+    'broadcast_registers': registers an FMA needs for the broadcast scalars of A beside its operands}."""
+    key = (numba.config.CPU_NAME, numba.config.CPU_FEATURES)
+    if key not in _TARGETS:
+        _TARGETS[key] = _vector_target()
+    return dict(_TARGETS[key])
+
+
+_TARGETS: dict = {}
+
+
+def _vector_target() -> dict:
+    import platform
+
+    if platform.machine().lower() in ("aarch64", "arm64"):  # 32 q registers; A's scalars come in a q register
+        return {"isa": "neon", "registers": 32, "per_vector": 4, "broadcast_registers": 2}
+    feats = target_features()
+    if "avx512f" in feats:  # 32 zmm; vbroadcastss into a register when a scalar feeds two FMAs
+        return {"isa": "avx512", "registers": 32, "per_vector": 1, "broadcast_registers": 1}
+    if "avx" in feats:  # 16 ymm; vbroadcastss into a register
+        return {"isa": "avx2" if {"avx2", "fma"} <= feats else "avx", "registers": 16, "per_vector": 2,
+                "broadcast_registers": 1}
+    return {"isa": "sse", "registers": 16, "per_vector": 4, "broadcast_registers": 1}
+
+
+def u8s8_flavour() -> str:
+    """How vdot_u8s8 is compiled here: 'avx512vnni', 'avxvnni' or 'generic' (MINITORCH_U8S8 overrides)."""
+    forced = os.environ.get("MINITORCH_U8S8", "")
+    if forced:
+        if forced not in ("avx512vnni", "avxvnni", "generic"):
+            raise ValueError(f"MINITORCH_U8S8 must be avx512vnni, avxvnni or generic, got {forced!r}")
+        return forced
+    if numba.config.CPU_NAME:  # Numba compiles for another CPU: no host-only instructions
+        return "generic"
+    features = llvm_binding.get_host_cpu_features()
+    if features.get("avx512vnni", False) and features.get("avx512f", False):
+        return "avx512vnni"
+    return "avxvnni" if features.get("avxvnni", False) else "generic"
+
+
+_VI8 = ir.VectorType(ir.IntType(8), 4 * LANES)
+
+
+def _u8s8_dot(builder, a32, b32):
+    """<16 x i32>: sum over t < 4 of u8(byte t of a32[l]) * s8(byte t of b32[l]), for <16 x i32> a32, b32."""
+    flavour = u8s8_flavour()
+    if flavour == "avx512vnni":
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VI32, [_VI32] * 3),
+                                           "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(f, [ir.Constant(_VI32, [0] * LANES), a32, b32])
+    if flavour == "avxvnni":
+        half = ir.VectorType(_I32, LANES // 2)
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(half, [half] * 3),
+                                           "llvm.x86.avx512.vpdpbusd.256")
+        parts = []
+        for ix in (list(range(LANES // 2)), list(range(LANES // 2, LANES))):
+            pick = ir.Constant(ir.VectorType(_I32, LANES // 2), ix)
+            parts.append(builder.call(f, [ir.Constant(half, [0] * (LANES // 2)),
+                                          builder.shuffle_vector(a32, a32, pick), builder.shuffle_vector(b32, b32, pick)]))
+        return builder.shuffle_vector(parts[0], parts[1], ir.Constant(_VI32, list(range(LANES))))
+    wide = ir.VectorType(_I32, 4 * LANES)
+    prod = builder.mul(builder.zext(builder.bitcast(a32, _VI8), wide), builder.sext(builder.bitcast(b32, _VI8), wide))
+    quarters = [builder.shuffle_vector(prod, prod, ir.Constant(_VI32, [4 * l + t for l in range(LANES)])) for t in range(4)]
+    return builder.add(builder.add(quarters[0], quarters[1]), builder.add(quarters[2], quarters[3]))
+
+
+@intrinsic
+def _vdot_u8s8(typingctx, acc, w, p, i):
+    _need_array("vdot_u8s8", p, types.int32)
+    _need_int("vdot_u8s8", "i", i)
+    if acc != i32x16 or not isinstance(w, types.Integer):
+        raise TypingError(f"vdot_u8s8(acc, w, p, i): acc an i32x16, w an int32 word, got {acc}, {w}")
+
+    def codegen(context, builder, sig, args):
+        acc_v, w_v, p_v, i_v = args
+        if w_v.type.width > 32:
+            w_v = builder.trunc(w_v, _I32)
+        elif w_v.type.width < 32:
+            w_v = builder.zext(w_v, _I32)
+        a32 = _splat(builder, w_v, _VI32)  # the four uint8 of A in every lane
+        b32 = builder.load(_address(context, builder, sig.args[2], p_v, i_v, _VI32), align=4)
+        if u8s8_flavour() == "avx512vnni":  # the add is the instruction's own: acc as its first operand
+            f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VI32, [_VI32] * 3),
+                                               "llvm.x86.avx512.vpdpbusd.512")
+            return builder.call(f, [acc_v, a32, b32])
+        return builder.add(acc_v, _u8s8_dot(builder, a32, b32))
+    return i32x16(acc, w, p, i), codegen
+
+
 @intrinsic
 def _vstore_add_i32(typingctx, acc, y, i):
     _need_array("vstore_add_i32", y, types.int32)
@@ -238,6 +342,20 @@ def vmadd_pairs(acc, w, p, i):
                              2 * LANES, p.size)
         raise IndexError("vmadd_pairs: vector lanes outside the array")
     return _vmadd_pairs(acc, w, p, i)
+
+
+@njit
+def vdot_u8s8(acc, w, p, i):
+    """acc[l] + sum over t < 4 of u8(byte t of w) * s8(byte t of p[i + l]) for l < 16, in int32 (wrapping
+    modulo 2**32, as the instruction does): w an int32 word holding four uint8 of A (little-endian: byte t
+    is the t-th), broadcast to every lane; p a 1-D C-contiguous int32 array whose words each hold four
+    int8 of B, 16 words from index i. One `vpdpbusd` on AVX-512 VNNI, two on AVX-VNNI."""
+    if i < 0 or i > p.size - LANES:
+        if VALUES_IN_ERRORS:
+            raise IndexError("vdot_u8s8: vector lanes outside the array (first index, lanes, array size):", i,
+                             LANES, p.size)
+        raise IndexError("vdot_u8s8: vector lanes outside the array")
+    return _vdot_u8s8(acc, w, p, i)
 
 
 @njit

@@ -269,135 +269,227 @@ class NumbaBackend(Backend):
 from minitorch.simd import vfma_bcast, vload_f32, vstore_add_f32, vzero_f32  # noqa: E402
 
 
-@njit(cache=False, inline="always")
-def blis_kernel(ap, bp, c, co, ldc):
-    """c[co + r*ldc + j] += sum_k ap[6k + r] * bp[16k + j] for r < 6, j < 16, k < bp.size // 16.
-
-    ap (6 kc,), bp (16 kc,), c (any,): 1-D C-contiguous float32; six f32x16 accumulators.
-    """
-    c0, c1, c2 = vzero_f32(), vzero_f32(), vzero_f32()
-    c3, c4, c5 = vzero_f32(), vzero_f32(), vzero_f32()
-    for k in range(bp.size // 16):
-        b = vload_f32(bp, 16 * k)
-        a = 6 * k
-        c0 = vfma_bcast(c0, b, ap[a])
-        c1 = vfma_bcast(c1, b, ap[a + 1])
-        c2 = vfma_bcast(c2, b, ap[a + 2])
-        c3 = vfma_bcast(c3, b, ap[a + 3])
-        c4 = vfma_bcast(c4, b, ap[a + 4])
-        c5 = vfma_bcast(c5, b, ap[a + 5])
-    vstore_add_f32(c0, c, co)
-    vstore_add_f32(c1, c, co + ldc)
-    vstore_add_f32(c2, c, co + 2 * ldc)
-    vstore_add_f32(c3, c, co + 3 * ldc)
-    vstore_add_f32(c4, c, co + 4 * ldc)
-    vstore_add_f32(c5, c, co + 5 * ldc)
+def blis_kernel_source(mr: int, nv: int) -> str:
+    """Python source of `def blis_kernel_{mr}x{nv}(ap, bp, c, co, ldc):`, the MR x (16 NV) outer-product
+    micro-kernel: c[co + r*ldc + j] += sum_k ap[mr*k + r] * bp[16*nv*k + j] for r < mr, j < 16 nv,
+    k < bp.size // (16 nv), with mr * nv f32x16 accumulators (minitorch.simd's operations)."""
+    nr = 16 * nv
+    lines = [f"def blis_kernel_{mr}x{nv}(ap, bp, c, co, ldc):"]
+    lines += [f"    c{r}_{v} = vzero_f32()" for r in range(mr) for v in range(nv)]
+    lines.append(f"    for k in range(bp.size // {nr}):")
+    lines += [f"        b{v} = vload_f32(bp, {nr} * k + {16 * v})" for v in range(nv)]
+    for r in range(mr):
+        lines.append(f"        a = ap[{mr} * k + {r}]")
+        lines += [f"        c{r}_{v} = vfma_bcast(c{r}_{v}, b{v}, a)" for v in range(nv)]
+    lines += [f"    vstore_add_f32(c{r}_{v}, c, co + {r} * ldc + {16 * v})" for r in range(mr) for v in range(nv)]
+    return "\n".join(lines) + "\n"
 
 
-BLIS_MR, BLIS_NR = 6, 16  # the kernel's block of C: rows, and float32 lanes of one f32x16
+_KERNELS: dict[str, Callable] = {}  # source text -> compiled kernel
 
 
-def blis_blocking(l2_bytes: int, mc: int = 48, itemsize: int = 4) -> tuple[int, int]:
-    """(MC, KC): MC rows of A per thread task (a multiple of 6) and the longest KC (a power of two,
-    64..1024) for which the A block and one B panel, (MC + 16) x KC items, fill at most half of an
-    L2 cache of `l2_bytes`."""
-    for name, v in (("l2_bytes", l2_bytes), ("mc", mc)):  # a float is a number, but no size: a ValueError
+def make_blis_kernel(mr: int, nv: int) -> Callable:
+    """The micro-kernel `blis_kernel_source(mr, nv)` describes, compiled by Numba (inline="always"), with
+    minitorch.simd's operations in its namespace. Compiled once per source text (an edited generator gives
+    a new kernel); a ValueError if the source does not define exactly one function."""
+    import linecache
+
+    source = blis_kernel_source(mr, nv)
+    if not isinstance(source, str):
+        raise TypeError(f"make_blis_kernel: blis_kernel_source({mr}, {nv}) must return a str, got {describe(source)}")
+    if source not in _KERNELS:
+        filename = f"<blis_kernel_source({mr}, {nv})>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show it
+        namespace = {"vzero_f32": vzero_f32, "vload_f32": vload_f32, "vfma_bcast": vfma_bcast,
+                     "vstore_add_f32": vstore_add_f32, "np": np}
+        exec(compile(source, filename, "exec"), namespace)
+        fns = [v for v in namespace.values() if getattr(getattr(v, "__code__", None), "co_filename", "") == filename]
+        if len(fns) != 1:
+            raise ValueError(f"make_blis_kernel: blis_kernel_source({mr}, {nv}) must define exactly one function, "
+                             f"it defines {len(fns)}")
+        _KERNELS[source] = njit(cache=False, inline="always")(fns[0])
+    return _KERNELS[source]
+
+
+def blis_shape(registers: int, per_vector: int, broadcast_registers: int, in_flight: int) -> tuple[int, int]:
+    """(MR, NV) of the micro-kernel: the shape with the most accumulators MR*NV among those that keep
+    in_flight FMAs going, fit the registers and need no more loads than FMAs (see the lesson); ties to
+    fewer loads per k (MR + NV*per_vector), then to the smaller NV. ValueError if there is none."""
+    best = None
+    for nv in range(1, registers // per_vector + 1):
+        mr = (registers - broadcast_registers - nv * per_vector) // (nv * per_vector)
+        if mr < 1:
+            continue
+        fmas = mr * nv * per_vector
+        if fmas < in_flight or mr + nv * per_vector > fmas:
+            continue
+        key = (-mr * nv, mr + nv * per_vector, nv)
+        if best is None or key < best[0]:
+            best = (key, (mr, nv))
+    if best is None:
+        raise ValueError(f"blis_shape: no shape keeps {in_flight} FMAs in flight in {registers} registers of "
+                         f"{per_vector} per f32x16 with {broadcast_registers} for broadcasts, and no more loads "
+                         f"than FMAs")
+    return best[1]
+
+
+BLIS_LANES = 16  # float32 lanes of one f32x16: NR = 16 NV
+# FMA latency x pipes, per ISA, from the vendors' manuals (lesson 04's FMA loop measures this machine's):
+# AVX-512 Skylake-SP..Sapphire Rapids 4 x 2; AVX2 Haswell 5 x 2; NEON Apple M1 4 x 4.
+IN_FLIGHT = {"avx512": 8, "avx2": 10, "avx": 10, "sse": 8, "neon": 16}
+
+
+def machine_shape() -> tuple[int, int]:
+    """(MR, NV) of this machine's kernel: blis_shape of its vector registers (vector_target()) and its
+    ISA's FMA latency x pipes (IN_FLIGHT)."""
+    from minitorch.simd import vector_target
+
+    t = vector_target()
+    return blis_shape(t["registers"], t["per_vector"], t["broadcast_registers"], IN_FLIGHT[t["isa"]])
+
+
+def blis_blocking(l1_bytes: int, l2_bytes: int, mr: int, nr: int, itemsize: int = 4) -> tuple[int, int, int]:
+    """(MC, KC, NC) for an MR x NR kernel: KC the longest multiple of 16 (16..1024) for which an A
+    micro-panel, MR x KC items, fills at most half of an L1 of `l1_bytes`; NC the largest multiple of NR
+    (at least NR) for which a B block, KC x NC items, fills at most half of an L2 of `l2_bytes`; MC the
+    largest multiple of MR (at least MR) for which an A block, MC x KC items, fits in that L2."""
+    for name, v in (("l1_bytes", l1_bytes), ("l2_bytes", l2_bytes)):  # a float is a number, but no size
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
             raise TypeError(f"blis_blocking: {name} must be a positive integer, got {describe(v)}")
-    if not isinstance(l2_bytes, (int, np.integer)) or l2_bytes <= 0:
-        raise ValueError(f"blis_blocking: need l2_bytes a positive integer, got l2_bytes={l2_bytes!r}")
-    if not isinstance(mc, (int, np.integer)) or mc <= 0 or mc % BLIS_MR:
-        raise ValueError(f"blis_blocking: need mc a positive multiple of {BLIS_MR}, got mc={mc!r}")
-    kc = 1024
-    while kc > 64 and (mc + BLIS_NR) * kc * itemsize > l2_bytes // 2:
-        kc //= 2
-    return mc, kc
+        if not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"blis_blocking: need {name} a positive integer, got {name}={v!r}")
+    kc = max(16, min(1024, (l1_bytes // 2) // (mr * itemsize)) // 16 * 16)
+    nc = max(nr, (l2_bytes // 2) // (kc * itemsize) // nr * nr)
+    mc = max(mr, l2_bytes // (kc * itemsize) // mr * mr)
+    return int(mc), int(kc), int(nc)
 
 
-BLIS_MC, BLIS_KC = blis_blocking(machine_cache_sizes().get("L2", FALLBACK_CACHES["L2"]))
+def machine_blocking(mr: int, nr: int) -> tuple[int, int, int]:
+    """blis_blocking for this machine's L1 and L2 (lesson 05's machine_cache_sizes, read once)."""
+    if not _CACHES:
+        _CACHES.update(machine_cache_sizes())
+    return blis_blocking(_CACHES.get("L1d", FALLBACK_CACHES["L1d"]), _CACHES.get("L2", FALLBACK_CACHES["L2"]), mr, nr)
+
+
+_CACHES: dict[str, int] = {}
+
+
+def block_rows(m: int, mr: int, mc_max: int, threads: int) -> int:
+    """Rows per block of A: M split into a multiple of `threads` blocks of at most `mc_max` rows, as even
+    as whole MR-row micro-panels allow (so that each thread gets as many)."""
+    panels = -(-m // mr)
+    blocks = max(threads, -(-panels * mr // mc_max))
+    blocks = -(-blocks // threads) * threads
+    return max(1, -(-panels // blocks)) * mr
 
 
 @njit(cache=False)
-def pack_a_block(a, i0, mc, pc, kc, ap):
-    """Rows i0..i0+mc of a (M, K), columns pc..pc+kc, as 6-row panels, k-major, into ap (float32):
-    ap[(ir * kc + k) * 6 + r] = a[i0 + 6 ir + r, pc + k]; rows past M are zeros."""
+def pack_a_block(a, i0, mc, pc, kc, ap, mr):
+    """Rows i0..i0+mc of a (M, K), columns pc..pc+kc, as mr-row panels, k-major, into ap (float32):
+    ap[(ir * kc + k) * mr + r] = a[i0 + mr ir + r, pc + k]; rows past M are zeros."""
     m = a.shape[0]
-    for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
-        base = ir * kc * BLIS_MR
-        for r in range(BLIS_MR):
-            i = i0 + ir * BLIS_MR + r
-            for k in range(kc):
-                ap[base + k * BLIS_MR + r] = a[i, pc + k] if i < m else np.float32(0)
+    for ir in range((mc + mr - 1) // mr):
+        base = ir * kc * mr
+        for r in range(mr):
+            i = i0 + ir * mr + r
+            if i < m:
+                row = a[i, pc:pc + kc]
+                for k in range(kc):
+                    ap[base + k * mr + r] = row[k]
+            else:
+                for k in range(kc):
+                    ap[base + k * mr + r] = np.float32(0)
 
 
 @njit(parallel=True, cache=False)
-def pack_b_block(b, pc, kc, bp):
-    """Rows pc..pc+kc of b (K, N) as 16-column panels, k-major, on all threads:
-    bp[(jp * kc + k) * 16 + j] = b[pc + k, 16 jp + j]; columns past N are zeros."""
+def pack_b_block(b, pc, kc, jc, nc, bp, nr):
+    """Rows pc..pc+kc, columns jc..jc+nc of b (K, N) as nr-column panels, k-major, on all threads:
+    bp[(jp * kc + k) * nr + j] = b[pc + k, jc + nr jp + j]; columns past N are zeros."""
     n = b.shape[1]
-    for jp in prange((n + BLIS_NR - 1) // BLIS_NR):
-        base = jp * kc * BLIS_NR
-        for k in range(kc):
-            for j in range(BLIS_NR):
-                col = jp * BLIS_NR + j
-                bp[base + k * BLIS_NR + j] = b[pc + k, col] if col < n else np.float32(0)
+    for jp in prange((nc + nr - 1) // nr):
+        base = jp * kc * nr
+        j0 = jc + jp * nr
+        if j0 + nr <= n:
+            for k in range(kc):
+                row = b[pc + k, j0:j0 + nr]
+                dst = bp[base + k * nr:base + k * nr + nr]
+                for j in range(nr):
+                    dst[j] = row[j]
+        else:
+            for k in range(kc):
+                for j in range(nr):
+                    bp[base + k * nr + j] = b[pc + k, j0 + j] if j0 + j < n else np.float32(0)
 
 
 @njit(cache=False)
-def macro_kernel(ap, bp, cf, i0, mc, kc, ldc):
-    """One thread's work for one A block: every 16-column panel of bp against every 6-row panel of ap.
-
-    ap (6 ceil(mc/6) kc,) float32: pack_a_block's panels of rows i0..i0+mc; bp (N' kc,) float32:
-    pack_b_block's panels; cf: C (M', N') flattened, float32, ldc = N'.
-    """
-    for jp in range(bp.size // (kc * BLIS_NR)):
-        bo = jp * kc * BLIS_NR
-        for ir in range((mc + BLIS_MR - 1) // BLIS_MR):
-            ao = ir * kc * BLIS_MR
-            blis_kernel(ap[ao:ao + kc * BLIS_MR], bp[bo:bo + kc * BLIS_NR], cf, (i0 + ir * BLIS_MR) * ldc + jp * BLIS_NR,
-                        ldc)
+def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
+    """One thread's work for one A block and one B block: every A micro-panel of ap (held in L1) against
+    every B micro-panel of bp (from L2). ap: pack_a_block's panels of rows i0..i0+mc; bp: pack_b_block's
+    panels of columns j0..j0+nc; c (M, N) float32 C-contiguous; edge: a float32 buffer of mr * nr for the
+    blocks that cross C's edges."""
+    m, n = c.shape
+    cf = c.reshape(-1)
+    for ir in range((mc + mr - 1) // mr):
+        ao, r0 = ir * kc * mr, i0 + ir * mr
+        for jr in range((nc + nr - 1) // nr):
+            bo, c0 = jr * kc * nr, j0 + jr * nr
+            if r0 + mr <= m and c0 + nr <= n:
+                kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], cf, r0 * n + c0, n)
+            else:
+                edge[:] = 0
+                kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], edge, 0, nr)
+                for r in range(min(mr, m - r0)):
+                    for j in range(min(nr, n - c0)):
+                        c[r0 + r, c0 + j] += edge[r * nr + j]
 
 
 @njit(parallel=True, cache=False)
-def gemm_blis(a, b, c, mc, kc):
-    """c += a @ b. a (M, K), b (K, N) float32, any strides; c (M', N') float32 C-contiguous with
-    M' >= 6 ceil(M/6) and N' = 16 ceil(N/16) (the padding gets zeros). mc: rows of A per thread
-    task, a positive multiple of 6; kc: k per block, >= 1."""
+def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
+    """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature). a (M, K),
+    b (K, N) float32, any strides; c (M, N) float32 C-contiguous. mc: rows of A per thread task, a positive
+    multiple of mr; kc: k per block, >= 1; nc: columns of B per block, a positive multiple of nr."""
     m, k = a.shape
-    ldc = c.shape[1]
-    if mc <= 0 or mc % BLIS_MR or kc <= 0:
-        raise ValueError("gemm_blis: mc must be a positive multiple of 6 and kc positive")
-    if b.shape[0] != k or c.shape[0] < -(-m // BLIS_MR) * BLIS_MR or ldc != -(-b.shape[1] // BLIS_NR) * BLIS_NR:
-        raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
-    cf = c.reshape(-1)
-    bp = np.empty(ldc * min(kc, k), np.float32)
-    for pc in range(0, k, kc):
-        kcur = min(kc, k - pc)
-        pack_b_block(b, pc, kcur, bp[:ldc * kcur])
-        for ic in prange((m + mc - 1) // mc):
-            i0 = ic * mc
-            mcur = min(mc, m - i0)
-            ap = np.empty(((mcur + BLIS_MR - 1) // BLIS_MR) * BLIS_MR * kcur, np.float32)
-            pack_a_block(a, i0, mcur, pc, kcur, ap)
-            macro_kernel(ap, bp[:ldc * kcur], cf, i0, mcur, kcur, ldc)
+    n = b.shape[1]
+    if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr:
+        raise ValueError("gemm_blis: need mr >= 1, nr a positive multiple of 16, mc and nc positive multiples of "
+                         "mr and nr, and kc >= 1")
+    if b.shape[0] != k or c.shape[0] != m or c.shape[1] != n:
+        raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M, N)")
+    bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc, k), np.float32)
+    for jc in range(0, n, nc):
+        ncur = min(nc, n - jc)
+        for pc in range(0, k, kc):
+            kcur = min(kc, k - pc)
+            bblock = bp[:(ncur + nr - 1) // nr * nr * kcur]
+            pack_b_block(b, pc, kcur, jc, ncur, bblock, nr)
+            for ic in prange((m + mc - 1) // mc):
+                i0 = ic * mc
+                mcur = min(mc, m - i0)
+                ap = np.empty(((mcur + mr - 1) // mr) * mr * kcur, np.float32)
+                pack_a_block(a, i0, mcur, pc, kcur, ap, mr)
+                macro_kernel(kernel, ap, bblock, c, i0, mcur, jc, ncur, kcur, mr, nr, np.empty(mr * nr, np.float32))
 
 
-def matmul_blis(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """C = a @ b for float32 a (m, k) and b (k, n), any strides: packed panels, Goto's loops on all
-    Numba threads, the 6 x 16 outer-product kernel. Returns a new C-contiguous (m, n) float32 array."""
+def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
+    """C = a @ b for float32 a (m, k) and b (k, n), any strides: packed panels, Goto's loops on all Numba
+    threads, the outer-product micro-kernel of `shape` = (MR, NV) (default: machine_shape()), blocked by
+    blis_blocking from this machine's caches. Returns a new C-contiguous (m, n) float32 array."""
     dtype = check_matmul_args(a, b, "matmul_blis")
     if dtype != np.float32:
         raise TypeError(f"matmul_blis: a and b must be float32 (its kernel is f32x16), got {a.dtype} and "
                         f"{b.dtype}; for float64 use matmul_simd")
-    m, n = a.shape[0], b.shape[1]
-    c = np.zeros((-(-m // BLIS_MR) * BLIS_MR, -(-n // BLIS_NR) * BLIS_NR), np.float32)
-    if m and n and a.shape[1]:
+    mr, nv = machine_shape() if shape is None else shape
+    kernel = make_blis_kernel(mr, nv)
+    nr = BLIS_LANES * nv
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    c = np.zeros((m, n), np.float32)
+    if m and n and k:
         # once from Python on a small block: a kernel's error (an unfinished exercise, an index outside
         # its panels) shows here as itself; raised inside gemm_blis's threads it would be a SystemError
-        blis_kernel(np.zeros(2 * BLIS_MR, np.float32), np.zeros(2 * BLIS_NR, np.float32),
-                    np.zeros(BLIS_MR * BLIS_NR, np.float32), 0, BLIS_NR)
-        gemm_blis(a, b, c, BLIS_MC, BLIS_KC)
-    return c if c.shape == (m, n) else np.ascontiguousarray(c[:m, :n])
+        kernel(np.zeros(2 * mr, np.float32), np.zeros(2 * nr, np.float32), np.zeros(mr * nr, np.float32), 0, nr)
+        mc_max, kc, nc = machine_blocking(mr, nr)
+        gemm_blis(a, b, c, kernel, mr, nr, block_rows(m, mr, mc_max, numba.get_num_threads()), kc, nc)
+    return c
 
 
 POOL_PAUSE = 0.3  # seconds: OpenBLAS's threads spin for about 0.1 s after a call, OpenMP's a few ms
@@ -424,24 +516,25 @@ def best_apart(kernels: dict[str, Callable], *args, rounds: int = 3, repeat: int
 
 
 @njit(cache=False)
-def blis_kernel_calls(ap, bp, c, calls):
-    """blis_kernel(ap, bp, c, 0, 16) `calls` times: one 6 x 16 block, its panels in L1."""
+def kernel_calls(kernel, ap, bp, c, ldc, calls):
+    """kernel(ap, bp, c, 0, ldc) `calls` times: one block of C, its panels in L1."""
     for _ in range(calls):
-        blis_kernel(ap, bp, c, 0, 16)
+        kernel(ap, bp, c, 0, ldc)
 
 
 @njit(parallel=True, cache=False)
-def run_everywhere(calls_fn, ap, bp, c, calls):
-    """Thread t runs calls_fn(ap[t], bp[t], c[t], calls): each thread its own L1-resident operands."""
+def run_everywhere(kernel, ap, bp, c, ldc, calls):
+    """Thread t runs kernel_calls(kernel, ap[t], bp[t], c[t], ldc, calls): each thread its own L1-resident
+    operands."""
     for t in prange(c.shape[0]):
-        calls_fn(ap[t], bp[t], c[t], calls)
+        kernel_calls(kernel, ap[t], bp[t], c[t], ldc, calls)
 
 
-def peak_rate(calls_fn: Callable, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, calls: int,
+def peak_rate(kernel: Callable, ap: np.ndarray, bp: np.ndarray, c: np.ndarray, ldc: int, calls: int,
               work_per_call: float) -> float:
-    """Work per second (e.g. FLOP/s) of `run_everywhere(calls_fn, ...)` on ap.shape[0] Numba threads at
-    once, work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up.
-    calls_fn(ap[t], bp[t], c[t], calls): an @njit function; ap, bp, c: one row per thread."""
+    """Work per second (e.g. FLOP/s) of `run_everywhere(kernel, ...)` on ap.shape[0] Numba threads at once,
+    work_per_call counted per kernel call and thread: the best of 5 timed runs after a warm-up.
+    kernel(ap[t], bp[t], c[t], 0, ldc): an @njit micro-kernel; ap, bp, c: one row per thread."""
     from minitorch.bench import benchmark
 
     threads_used = ap.shape[0]
@@ -454,28 +547,50 @@ def peak_rate(calls_fn: Callable, ap: np.ndarray, bp: np.ndarray, c: np.ndarray,
     before = numba.get_num_threads()
     numba.set_num_threads(threads_used)
     try:
-        t = benchmark(run_everywhere, calls_fn, ap, bp, c, calls, warmup=1, repeat=5).min
+        t = benchmark(run_everywhere, kernel, ap, bp, c, ldc, calls, warmup=1, repeat=5).min
     finally:
         numba.set_num_threads(before)
     return work_per_call * calls * threads_used / t
 
 
-def blis_peak(threads_used: int, kc: int = 256, calls: int = 3000, seed: int = 0) -> float:
-    """GFLOP/s of blis_kernel with its panels (kc long) in L1, on `threads_used` threads at once: the
-    peak no matmul built on it can beat. threads_used: 1 to numba.config.NUMBA_NUM_THREADS."""
+def blis_peak(threads_used: int, shape: tuple[int, int] | None = None, kc: int | None = None, calls: int = 3000,
+              seed: int = 0) -> float:
+    """GFLOP/s of the micro-kernel of `shape` = (MR, NV) (default: machine_shape()) with its panels (kc
+    long; default: the longest multiple of 16 for which both fill at most 3/4 of L1) in L1, on
+    `threads_used` threads at once: the peak no matmul built on it can beat.
+    threads_used: 1 to numba.config.NUMBA_NUM_THREADS."""
+    mr, nv = machine_shape() if shape is None else shape
+    nr = BLIS_LANES * nv
+    if kc is None:
+        l1 = machine_cache_sizes().get("L1d", FALLBACK_CACHES["L1d"])
+        kc = max(16, (3 * l1 // 4) // ((mr + nr) * 4) // 16 * 16)
+    kernel = make_blis_kernel(mr, nv)
     rng_ = np.random.default_rng(seed)
-    ap = rng_.standard_normal((threads_used, 6 * kc)).astype(np.float32)
-    bp = rng_.standard_normal((threads_used, 16 * kc)).astype(np.float32)
-    c = np.zeros((threads_used, 6 * 16 * 4), np.float32)  # rows 1.5 KiB apart: no false sharing
-    return peak_rate(blis_kernel_calls, ap, bp, c, calls, 2 * 6 * 16 * kc) / 1e9
+    ap = rng_.standard_normal((threads_used, mr * kc)).astype(np.float32)
+    bp = rng_.standard_normal((threads_used, nr * kc)).astype(np.float32)
+    c = np.zeros((threads_used, mr * nr + 1024), np.float32)  # rows 4 KiB+ apart: no false sharing
+    return peak_rate(kernel, ap, bp, c, nr, calls, 2 * mr * nr * kc) / 1e9
 
 
 from numba.core.dispatcher import Dispatcher as _Dispatcher  # noqa: E402
 
-from minitorch.checks import (Array, Choice, Count, Instance, Int, NonNegative, Optional, Positive, Size,  # noqa: E402
-                              Unchecked, validate_public)
+from minitorch.checks import (Array, Choice, Count, Instance, Int, NonNegative, Optional, Positive, Rule,  # noqa: E402
+                              Size, Unchecked, validate_public)
 
 _NJIT = Instance(_Dispatcher, must="a Numba-compiled function (@njit)")
+
+
+class _Shape(Rule):
+    """A micro-kernel's shape: a pair (MR, NV) of integers >= 1."""
+
+    def __call__(self, what: str, name: str, value) -> None:
+        if not isinstance(value, (tuple, list)) or len(value) != 2:
+            raise TypeError(f"{what}: {name} must be a pair (MR, NV) of integers >= 1, got {describe(value)}")
+        for i, v in enumerate(value):
+            Size(what, f"{name}[{i}]", v)
+
+
+_SHAPE = _Shape()
 
 validate_public(globals(), {
     "asm_of": {"fn": _NJIT},
@@ -484,11 +599,18 @@ validate_public(globals(), {
     "pack_operands": {"mr": Size, "nr": Size},
     "matmul_simd": {"kernel": Optional(_NJIT)},
     "NumbaBackend.matmul": {"a": Array(dtypes="number"), "b": Array(dtypes="number")},  # what np.matmul takes
-    "blis_blocking": {"l2_bytes": Unchecked(), "mc": Unchecked(),  # checked in its body: a float is a ValueError
-                      "itemsize": Size},
+    "blis_kernel_source": {"mr": Size, "nv": Size},
+    "make_blis_kernel": {"mr": Size, "nv": Size},
+    "blis_shape": {"registers": Size, "per_vector": Size, "broadcast_registers": Count, "in_flight": Size},
+    "blis_blocking": {"l1_bytes": Unchecked(), "l2_bytes": Unchecked(),  # checked in its body: a float is a ValueError
+                      "mr": Size, "nr": Size, "itemsize": Size},
+    "machine_blocking": {"mr": Size, "nr": Size},
+    "block_rows": {"m": Size, "mr": Size, "mc_max": Size, "threads": Size},
+    "matmul_blis": {"shape": Optional(_SHAPE)},
     "best_apart": {"kernels": Instance(dict, must="a dict {name: callable}"), "rounds": Size, "repeat": Size,
                    "pause": NonNegative},
-    "peak_rate": {"calls_fn": _NJIT, "ap": Array(ndim=2), "bp": Array(ndim=2), "c": Array(ndim=2), "calls": Size,
-                  "work_per_call": Positive},
-    "blis_peak": {"threads_used": Int(1, numba.config.NUMBA_NUM_THREADS), "kc": Size, "calls": Size, "seed": Count},
+    "peak_rate": {"kernel": _NJIT, "ap": Array(ndim=2), "bp": Array(ndim=2), "c": Array(ndim=2), "ldc": Size,
+                  "calls": Size, "work_per_call": Positive},
+    "blis_peak": {"threads_used": Int(1, numba.config.NUMBA_NUM_THREADS), "shape": Optional(_SHAPE),
+                  "kc": Optional(Size), "calls": Size, "seed": Count},
 })

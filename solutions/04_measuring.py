@@ -418,23 +418,24 @@ check("4.3")
 # like ours, understates the raw bus traffic.) NumPy cannot do a triad in one pass:
 # `b + s * c` makes a temporary and walks memory twice. So we compile the loop with Numba, and
 # exclude its compilation with a warm-up, as section 1 taught. The arrays are 3 x 8 x n bytes;
-# at the default n = 10^7 that is 240 MB, far beyond the 32 MiB L3 of our dev machine. Arrays
+# at the default n = 10^7 that is 240 MB, beyond the L3 cache of most machines. Arrays
 # that fit in cache measure the cache instead: on the dev machine `a + b` on 2 million float32
 # (24 MB in all, inside L3) ran at about 48 GB/s, twice the DRAM figure.
 #
-# **Compute.** The best FLOP/s of NumPy's BLAS (OpenBLAS here) on a large float32 matmul.
-# This is not the hardware's theoretical peak (cores x GHz x FLOP/cycle) but the highest rate
-# *we can actually get* from Python, which is the useful ceiling for this course. Lesson 06
-# reports your own kernels as a fraction of it.
+# **Compute.** The peak rate of the arithmetic units: a loop of independent fused multiply-adds
+# on the widest vectors the CPU has, measured below (`fma_roof`). Next to it, the best FLOP/s of
+# NumPy's BLAS (OpenBLAS here) on a large float32 matmul: the best a whole, well-written kernel
+# gets, placed on the roofline as a kernel, with its fraction of the roof. Lesson 06 reports your
+# own kernels as a fraction of both.
 #
 # **The same way for both.** A roofline compares two rates, so both must be measured on the
 # same cores: one thread each, or all threads each. A bandwidth taken on one core next to a
 # compute peak taken on all of them draws a ridge point that belongs to no real configuration
 # (on the dev machine it moves the ridge by about 2x). Both functions take `threads` (None:
-# all of them): the triad runs as a Numba `prange` loop on that many threads, the matmul with
-# BLAS limited to that many (`blas_limit`).
+# all of them): the triad runs as a Numba `prange` loop on that many threads, the FMA loop on that
+# many Python threads, the matmul with BLAS limited to that many (`blas_limit`).
 #
-# The two measurements are given: they are instrumentation, not exercises.
+# The measurements are given: they are instrumentation, not exercises.
 
 # %%
 #| export
@@ -540,29 +541,362 @@ def roofline_plot(peak_flops: float, bandwidth: float,
     return ax
 
 # %% [markdown]
-# **Demo: this machine's roofs**, on one thread and on all of them. One `make demo L=04` run
-# on the 2-core dev machine (a 2-vCPU AMD EPYC Zen 4 virtual machine, AVX-512, OpenBLAS 0.3.31,
-# another job holding part of one core) measured: one thread, 25 GB/s for the triad and
-# 98 GFLOP/s for a float32 matmul, a ridge of 3.9 FLOP/byte; two threads, 53 GB/s and
-# 192 GFLOP/s, a ridge of 3.6. Both roofs doubled with the second core, so the ridge barely
-# moved. Mixing them, compute from two threads over bandwidth from one, gives 7.7 FLOP/byte:
-# twice the real ridge, the figure this lesson printed before it measured both roofs the same
-# way. Under heavy load the multi-threaded figures fall by 10x or more, which is why
-# `load_report` comes first. Expect your own figures to differ; the ratio is what matters.
+# ### The compute roof, measured directly: a loop of independent FMAs
+#
+# NumPy's BLAS gives *a* compute roof, but only as high as that library is good on this CPU,
+# and only for the kernel it chose to run. The arithmetic units themselves can be measured
+# directly: a loop that does nothing but fused multiply-adds, on vectors as wide as the CPU has
+# (one float32, then 128-, 256- and 512-bit vectors: 4, 8 and 16 lanes), counted as 2 FLOPs per
+# lane. Two numbers of the core decide what such a loop reaches
+# ([simd](../hardware_notes/simd.md#fma-and-peak-flops)):
+#
+# - the FMA **throughput**: how many vector FMAs start per cycle (the number of FMA pipes,
+#   two on most current x86 and Arm server cores);
+# - the FMA **latency**: how many cycles until a result can feed the next FMA (4 on most).
+#
+# A loop with one accumulator (`acc = fma(b, s, acc)`) waits for each result: one FMA per
+# latency. With A independent accumulators A FMAs are in flight, and the loop reaches the
+# pipes' rate once A >= latency x pipes (8 for two pipes of 4 cycles). So the roof loop keeps 16
+# accumulators (12 where the ISA has only 16 vector registers): more than any current core needs,
+# fewer than the registers, so nothing is spilled to memory. It is written in LLVM IR (8 lines per
+# accumulator count, printed below), compiled for this CPU by llvmlite (the compiler library
+# Numba itself uses) and called through `ctypes`, which releases Python's lock: on all cores, one
+# Python thread per core runs it at once. `fma_roof` gives the best rate of the widest vectors:
+# the compute roof of the rooflines below, and the peak `make bench` states every kernel as a
+# fraction of.
+#
+# **The BLAS as a student's machine runs it.** OpenBLAS picks its kernel for the CPU when it
+# loads, unless the environment says otherwise: `OPENBLAS_CORETYPE=Haswell` holds it to its AVX2
+# kernel on an AVX-512 CPU (some of the course's development machines set it, with
+# `OPENBLAS_L2_SIZE`). `blas_line()` names the kernel in use (threadpoolctl's "architecture") and
+# the CPU's vector ISA, and says so when the environment holds BLAS back; `blas_matmul_gflops`
+# times NumPy's matmul, checked against float64, in this process when nothing holds it back, and
+# otherwise in a child process started without those variables. All of it is given.
+
+# %%
+#| export
+BLAS_HANDICAPS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # variables that hold OpenBLAS to another kernel
+
+
+def blas_forced() -> dict[str, str]:
+    """{variable: value} of the BLAS_HANDICAPS set in this process's environment; empty on a student's
+    machine. OpenBLAS reads them once, when it loads."""
+    return {k: os.environ[k] for k in BLAS_HANDICAPS if k in os.environ}
+
+
+def blas_kernel() -> str:
+    """NumPy's BLAS and the kernel it runs, as threadpoolctl names them: 'openblas 0.3.31 (SkylakeX
+    kernel)', or 'no BLAS found'."""
+    import numpy  # noqa: F401 - threadpoolctl sees only loaded libraries
+    from threadpoolctl import threadpool_info
+
+    found = [f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture') or 'unknown'} kernel)"
+             for i in threadpool_info() if i.get("user_api") == "blas"]
+    return ", ".join(found) or "no BLAS found"
+
+
+_X86_EXTENSIONS = (("fma", "FMA3"), ("avx512vnni", "VNNI"), ("avx512bf16", "BF16"), ("avx512fp16", "FP16"),
+                   ("avxvnni", "AVX-VNNI"), ("amx-int8", "AMX-INT8"), ("amx-bf16", "AMX-BF16"))
+_ARM_EXTENSIONS = (("dotprod", "dotprod"), ("fullfp16", "fp16"), ("i8mm", "i8mm"), ("bf16", "bf16"),
+                   ("sve", "SVE"), ("sme", "SME"))
+
+
+def cpu_features() -> set[str]:
+    """The instruction-set features of this CPU as LLVM names them ('avx2', 'avx512f', 'neon', ...)."""
+    import llvmlite.binding as llvm
+
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
+def vector_isa() -> dict[str, Any]:
+    """This CPU's vector instruction set: {'name': 'AVX-512' | 'AVX2' | 'AVX' | 'SSE2' | 'NEON' | ...,
+    'registers': vector registers, 'widths': {label: float32 lanes} of the FMA loops worth measuring
+    (scalar up to the widest vectors), 'extensions': the names of its int8/bf16/fp16/matrix extensions}."""
+    import platform
+
+    feats, machine = cpu_features(), platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        name = ("AVX-512" if "avx512f" in feats else "AVX2" if "avx2" in feats else "AVX" if "avx" in feats
+                else "SSE2")
+        widths = {"scalar": 1, "128-bit": 4}
+        if "avx" in feats:
+            widths["256-bit"] = 8
+        if "avx512f" in feats:
+            widths["512-bit"] = 16
+        extensions = [label for f, label in _X86_EXTENSIONS if f in feats]
+        return {"name": name, "registers": 32 if "avx512f" in feats else 16, "widths": widths,
+                "extensions": extensions}
+    if machine in ("aarch64", "arm64"):
+        return {"name": "NEON", "registers": 32, "widths": {"scalar": 1, "128-bit": 4},
+                "extensions": [label for f, label in _ARM_EXTENSIONS if f in feats]}
+    return {"name": machine or "unknown", "registers": 16, "widths": {"scalar": 1}, "extensions": []}
+
+
+def blas_line() -> str:
+    """One line to print beside any comparison with NumPy's BLAS: the BLAS, the kernel it runs, the CPU's
+    vector ISA, and, where the environment holds BLAS to another kernel than the CPU's, that fact."""
+    isa = vector_isa()
+    ext = f" with {', '.join(isa['extensions'])}" if isa["extensions"] else ""
+    line = f"NumPy's BLAS: {blas_kernel()}; CPU vector ISA: {isa['name']}{ext}"
+    forced = blas_forced()
+    if forced:
+        line += ("; NOTE: " + ", ".join(f"{k}={v}" for k, v in forced.items()) + " in this process's environment "
+                 "hold(s) OpenBLAS to another kernel than a student's machine runs: BLAS timed in this process "
+                 "is slower than it should be")
+    return line
+
+
+def native_env() -> dict[str, str]:
+    """This process's environment without BLAS_HANDICAPS, with minitorch importable: for a child process
+    that runs NumPy's BLAS as a student's machine does."""
+    env = {k: v for k, v in os.environ.items() if k not in BLAS_HANDICAPS}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def run_native(target: str, timeout: float = 600.0, **kwargs: Any) -> Any:
+    """Call `target` ('package.module:function') with `kwargs` (JSON values) in a child Python process
+    started with native_env(), and return what it returns (a JSON value). For timing NumPy's BLAS where
+    this process's environment holds it back: OpenBLAS reads BLAS_HANDICAPS only when it loads."""
+    import json
+    import subprocess
+
+    module, sep, function = target.partition(":")
+    if not sep or not module or not function.isidentifier():
+        raise ValueError(f"run_native: target must be 'package.module:function', got {target!r}")
+    code = (f"import json, sys, {module} as m; r = m.{function}(**json.loads(sys.argv[1])); "
+            "print('\\n' + json.dumps(r))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs)], env=native_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"run_native: {target} failed in the child process:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _blas_matmul_run(sizes: list, threads: int | None, dtype: str, repeat: int, rounds: int, pause: float) -> dict:
+    """blas_matmul_gflops's measurement, in whichever process runs it."""
+    rng = np.random.default_rng(0)
+    mats = {n: (rng.standard_normal((n, n)).astype(dtype), rng.standard_normal((n, n)).astype(dtype))
+            for n in sizes}
+    error = 0.0
+    with blas_limit(threads):
+        for a, b in mats.values():  # warm-up, and the check: relative to float64, as large as float32's rounding
+            want = a.astype(np.float64) @ b.astype(np.float64)
+            error = max(error, float(np.abs(np.matmul(a, b) - want).max() / max(np.abs(want).max(), 1e-300)))
+        best = {n: float("inf") for n in sizes}
+        for _ in range(rounds):
+            for n, (a, b) in mats.items():
+                number = max(1, 2_000_000 // n**2)  # calls per timed run: a small product takes microseconds
+                time.sleep(pause)  # another thread pool's spinning threads settle
+                np.matmul(a, b)
+                for _ in range(repeat):
+                    t0 = time.perf_counter()
+                    for _ in range(number):
+                        np.matmul(a, b)
+                    best[n] = min(best[n], (time.perf_counter() - t0) / number)
+    return {"gflops": {str(n): 2.0 * n**3 / t / 1e9 for n, t in best.items()}, "error": error,
+            "blas": blas_kernel(), "forced": blas_forced()}
+
+
+def blas_matmul_gflops(sizes: list[int], threads: int | None = None, dtype=np.float32, repeat: int = 3,
+                       rounds: int = 3, pause: float = 0.3) -> dict[str, Any]:
+    """GFLOP/s of NumPy's matmul on (n, n) @ (n, n) for each n in `sizes`, BLAS on `threads` threads
+    (None: as set up), best of `rounds` x `repeat` runs, each round after a `pause` (seconds). Runs as a
+    student's machine does: in this process when no BLAS_HANDICAPS is set, else in a child process
+    without them. Each product is checked against float64 first (a RuntimeError if it is off by more
+    than float32 rounding allows). Returns {"gflops": {n: GFLOP/s}, "error": largest relative error,
+    "blas": the BLAS and kernel that ran, "where": "this process" or "a child process without ..."}."""
+    args = dict(sizes=[int(n) for n in sizes], threads=threads, dtype=np.dtype(dtype).name, repeat=int(repeat),
+                rounds=int(rounds), pause=float(pause))
+    forced = blas_forced()
+    out = run_native("minitorch.bench:_blas_matmul_run", **args) if forced else _blas_matmul_run(**args)
+    if out["error"] > 1e-4 * max(args["sizes"]) ** 0.5:
+        raise RuntimeError(f"blas_matmul_gflops: NumPy's matmul is off by {out['error']:.2g} (relative to float64)")
+    where = ("a child process without " + ", ".join(forced) + " (as on a student's machine)") if forced \
+        else "this process"
+    return {"gflops": {int(n): g for n, g in out["gflops"].items()}, "error": out["error"], "blas": out["blas"],
+            "where": where}
+
+
+_FMA_LOOPS: dict[tuple[int, int], tuple[Any, Any, str]] = {}
+
+
+def fma_loop_ir(lanes: int, accumulators: int) -> str:
+    """LLVM IR of `float fma_loop(i64 iters, float b, float s)`: `accumulators` independent vectors of
+    `lanes` float32, each updated acc = b * s + acc (llvm.fmuladd: one FMA where the CPU has them)
+    `iters` times; returns one lane of their sum, so that the work is used."""
+    vt, n = (f"<{lanes} x float>", f"v{lanes}f32") if lanes > 1 else ("float", "f32")
+    splat = ([f"  %b0 = insertelement {vt} undef, float %bs, i32 0",
+              f"  %b = shufflevector {vt} %b0, {vt} undef, <{lanes} x i32> zeroinitializer",
+              f"  %s0 = insertelement {vt} undef, float %ss, i32 0",
+              f"  %s = shufflevector {vt} %s0, {vt} undef, <{lanes} x i32> zeroinitializer"] if lanes > 1
+             else ["  %b = fadd float %bs, 0.0", "  %s = fadd float %ss, 0.0"])
+    zero = "zeroinitializer" if lanes > 1 else "0.0"
+    lines = [f"declare {vt} @llvm.fmuladd.{n}({vt}, {vt}, {vt})", "",
+             "define float @fma_loop(i64 %iters, float %bs, float %ss) {", "entry:", *splat, "  br label %loop",
+             "loop:", "  %i = phi i64 [0, %entry], [%i1, %loop]"]
+    lines += [f"  %a{j} = phi {vt} [{zero}, %entry], [%n{j}, %loop]" for j in range(accumulators)]
+    lines += [f"  %n{j} = call {vt} @llvm.fmuladd.{n}({vt} %b, {vt} %s, {vt} %a{j})" for j in range(accumulators)]
+    lines += ["  %i1 = add i64 %i, 1", "  %more = icmp ult i64 %i1, %iters", "  br i1 %more, label %loop, label %done",
+              "done:"]
+    total = "%n0"
+    for j in range(1, accumulators):
+        lines.append(f"  %t{j} = fadd {vt} {total}, %n{j}")
+        total = f"%t{j}"
+    lines.append(f"  %r = extractelement {vt} {total}, i32 0" if lanes > 1 else f"  %r = fadd float {total}, 0.0")
+    return "\n".join(lines + ["  ret float %r", "}", ""])
+
+
+def fma_loop(lanes: int, accumulators: int) -> tuple[Callable[[int, float, float], float], str]:
+    """(function, assembly) of fma_loop_ir(lanes, accumulators) compiled for this CPU by llvmlite: call
+    function(iters, b, s) from any thread (ctypes releases Python's lock while it runs)."""
+    key = (int(lanes), int(accumulators))
+    if key not in _FMA_LOOPS:
+        import ctypes
+
+        import llvmlite.binding as llvm
+
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        tm = llvm.Target.from_default_triple().create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3)
+        module = llvm.parse_assembly(fma_loop_ir(*key))
+        module.verify()
+        asm = tm.emit_assembly(module)
+        engine = llvm.create_mcjit_compiler(module, tm)
+        engine.finalize_object()
+        fn = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float, ctypes.c_float)(
+            engine.get_function_address("fma_loop"))
+        _FMA_LOOPS[key] = (engine, fn, asm)  # the engine owns the machine code: keep it alive
+    return _FMA_LOOPS[key][1], _FMA_LOOPS[key][2]
+
+
+def measure_fma(lanes: int, accumulators: int, threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> float:
+    """FLOP/s (2 per FMA and lane) of the FMA loop with `accumulators` vectors of `lanes` float32, run on
+    `threads` Python threads at once (one per core), each for about `seconds`: the best of `repeat` runs."""
+    import threading
+
+    fn, _ = fma_loop(lanes, accumulators)
+    fn(1000, 1.0, 1e-3)  # page in the code
+    t0 = time.perf_counter()
+    fn(100_000, 1.0, 1e-3)
+    iters = max(1000, int(100_000 * seconds / max(time.perf_counter() - t0, 1e-7)))
+    best = float("inf")
+    for _ in range(repeat):
+        start = threading.Barrier(threads + 1)
+
+        def work():
+            start.wait()
+            fn(iters, 1.0, 1e-3)
+
+        pool = [threading.Thread(target=work) for _ in range(threads)]
+        for t in pool:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in pool:
+            t.join()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * lanes * accumulators * iters * threads / best
+
+
+def fma_accumulators() -> int:
+    """Accumulators of the roof loop: 16 where the ISA has 32 vector registers, 12 where it has 16."""
+    return 16 if vector_isa()["registers"] >= 32 else 12
+
+
+def fma_peaks(threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> dict[str, float]:
+    """{width label: FLOP/s} of the FMA loop at each vector width this CPU has (vector_isa()['widths']),
+    fma_accumulators() accumulators, on `threads` threads at once."""
+    acc = fma_accumulators()
+    return {label: measure_fma(lanes, acc, threads, seconds, repeat) for label, lanes in vector_isa()["widths"].items()}
+
+
+def fma_roof(threads: int = 1, seconds: float = 0.02, repeat: int = 5) -> float:
+    """The compute roof in float32 FLOP/s: the FMA loop on the widest vectors, `threads` threads at once."""
+    widest = max(vector_isa()["widths"].values())
+    return measure_fma(widest, fma_accumulators(), threads, seconds, repeat)
+
+# %% [markdown]
+# **Demo: the FMA loop, and how many accumulators it needs.** First the loop's machine code for
+# the widest vectors here (expect one `vfmadd...ps` per accumulator on `zmm` registers on an
+# AVX-512 CPU, `ymm` on AVX2, `fmla v.4s` on Arm), then its rate on one core with 1 to 16
+# accumulators. With one accumulator the loop runs at one FMA per latency; the rate grows with
+# each accumulator until latency x pipes are in flight, and stays flat after. The ratio of the
+# flat rate to the one-accumulator rate is latency x pipes itself, measured without knowing the
+# clock: lesson 06 sizes its micro-kernel with it.
+#
+# On the course's development machine (an Intel Xeon with AVX-512 under KVM, 2 vCPUs, nearly idle:
+# load average 0.7), one run of the same measurement gave 27.6 GFLOP/s with one accumulator of 16
+# lanes, 197 with 8 and 220 with 10 to 16: 8.0 FMAs in flight, the 2 pipes x 4 cycles of Intel's
+# manuals for its AVX-512 server cores. The loop is one `vfmadd231ps` on `zmm` registers per
+# accumulator. Your own machine prints its own.
+
+# %% tags=["demo"]
+import re
+
+import matplotlib.pyplot as plt
+
+print(load_report())
+isa = vector_isa()
+widest = max(isa["widths"].values())
+_, fma_asm = fma_loop(widest, 4)
+print(f"CPU vector ISA: {isa['name']}, {isa['registers']} vector registers; the FMA loop with 4 accumulators of "
+      f"{widest} float32, its loop:")
+asm_lines = fma_asm.splitlines()
+fma_at = [i for i, ln in enumerate(asm_lines) if re.search(r"\bv?fm(?:add|la)", ln)]
+print("\n".join(asm_lines[max(fma_at[0] - 3, 0):fma_at[-1] + 4]))
+sweep = {a: measure_fma(widest, a, repeat=3 if SMALL else 5) for a in (1, 2, 3, 4, 6, 8, 10, 12, 16)}
+in_flight = max(sweep.values()) / sweep[1]
+for a, r in sweep.items():
+    print(f"{a:2d} accumulator{'s' * (a > 1)}: {r / 1e9:6.1f} GFLOP/s")
+print(f"best / one accumulator = {in_flight:.1f}: FMAs in flight = latency x pipes")
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(list(sweep), [r / 1e9 for r in sweep.values()], "o-")
+ax.set(xlabel="independent accumulators", ylabel="GFLOP/s (one core)",
+       title=f"FMA loop, {widest} float32 lanes: flat from about {round(in_flight)} accumulators")
+ax.grid(True, alpha=0.3)
+plt.show()
+
+# %% [markdown]
+# **Demo: this machine's roofs**, on one thread and on all of them: the triad's bandwidth, the FMA
+# roof at each vector width, and NumPy's float32 matmul at its best size as a fraction of the roof
+# (timed as a student's machine runs it, `blas_matmul_gflops`; `blas_line()` names the kernel that
+# ran).
+#
+# One `make bench L=roofline` run on the same machine (the same functions; load average 0.4-0.7;
+# OpenBLAS 0.3.31 on its AVX-512 "SkylakeX" kernel) printed: one thread, triad 15.2 GB/s and an FMA
+# roof of 230 GFLOP/s (the 512-bit loop; 125 at 256 bits, 63 at 128, 16 scalar), a ridge of about
+# 15 FLOP/byte, NumPy's best float32 matmul 180 GFLOP/s = 78% of the roof; two threads, 30.2 GB/s
+# and 450 GFLOP/s, a ridge of 14.9, the matmul at 324 GFLOP/s = 72%. Both roofs doubled with the
+# second core, so the ridge stayed put.
+#
+# Mixing the roofs, compute from two threads over bandwidth from one, draws a ridge for a machine
+# that does not exist (the last line). Under heavy load the multi-threaded figures fall by 10x or
+# more, which is why `load_report` comes first. Expect your own figures to differ; the ratios are
+# what matters.
 
 # %% tags=["demo"]
 import numba
 
 print(load_report())
+print(blas_line())
 all_threads = numba.get_num_threads()
 roofs = {}
+blas_best = {}
 for threads in sorted({1, all_threads}):
     bw_t = measure_bandwidth(n=4_000_000 if SMALL else 20_000_000, repeat=5 if SMALL else 10, threads=threads)
-    peak_t = max(measure_peak_matmul(n, repeat=3 if SMALL else 5, threads=threads)
-                 for n in ((256, 512) if SMALL else (512, 1024, 2048)))
+    peaks_t = fma_peaks(threads, repeat=3 if SMALL else 5)
+    peak_t = max(peaks_t.values())
+    blas = blas_matmul_gflops((256, 512) if SMALL else (512, 1024, 2048), threads=threads, rounds=1 if SMALL else 2)
+    blas_best[threads] = max(blas["gflops"].values()) * 1e9
     roofs[threads] = (bw_t, peak_t)
-    print(f"{threads} thread{'s' * (threads > 1)}: triad {bw_t / 1e9:6.1f} GB/s   BLAS float32 {peak_t / 1e9:6.1f} "
-          f"GFLOP/s   ridge {peak_t / bw_t:5.1f} FLOP/byte")
+    label = f"{threads} thread{'s' * (threads > 1)}"
+    print(f"{label}: FMA loop " + ", ".join(f"{w} {r / 1e9:.1f}" for w, r in peaks_t.items()) + " GFLOP/s")
+    print(f"{label}: triad {bw_t / 1e9:6.1f} GB/s   FMA roof {peak_t / 1e9:6.1f} GFLOP/s   ridge {peak_t / bw_t:5.1f} "
+          f"FLOP/byte   BLAS float32 matmul {blas_best[threads] / 1e9:6.1f} GFLOP/s = {blas_best[threads] / peak_t:.0%} "
+          f"of the roof ({blas['where']})")
 print(f"mixed (compute on {all_threads} threads, bandwidth on 1): ridge {roofs[all_threads][1] / roofs[1][0]:.1f} "
       "FLOP/byte, a machine that does not exist")
 
@@ -576,28 +910,32 @@ print(f"mixed (compute on {all_threads} threads, bandwidth on 1): ridge {roofs[a
 #   (NumPy's add is a single pass, close to ideal). NumPy's elementwise loops always run on
 #   one thread, so against the all-thread roof it reaches only what one core can pull from
 #   memory.
-# - NumPy softmax lands far *below* its roof (under 10% on the dev machine): its five steps
-#   (`max`, `-`, `exp`, `sum`, `/`) each read a full array and three of them write a fresh
-#   temporary: 8 array passes instead of 2, about 4x the minimum bytes. It also pays page
-#   faults for the new temporaries, and `exp` costs more than the one FLOP we count. Fusing
-#   the steps into one pass (lesson 08's softmax kernel, exercise 8.6) is what moves it up.
-# - matmul climbs with size: small matrices are limited by overheads, large ones approach the
-#   flat roof.
+# - NumPy softmax lands far *below* its roof: its five steps (`max`, `-`, `exp`, `sum`, `/`)
+#   each read a full array and three of them write a fresh temporary: 8 array passes instead
+#   of 2, about 4x the minimum bytes. It also pays page faults for the new temporaries, and
+#   `exp` costs more than the one FLOP we count. Fusing the steps into one pass (lesson 08's
+#   softmax kernel, exercise 8.6) is what moves it up.
+# - matmul (NumPy's BLAS, timed as a student's machine runs it) climbs with size: small
+#   matrices are limited by overheads, large ones approach the flat roof, but stay under it:
+#   the FMA loop does nothing but FMAs, a matmul also loads, packs and stores.
 #
-# A measured roof is the best rate seen. When a kernel beats it (the roof's own run was
-# unlucky), the roof is raised to that kernel rather than reporting more than 100%; such a
-# point then sits at 100% *by construction*, and the plot and table say "sets the roof". The
-# largest matmul often does: it is the same measurement as the compute roof.
+# A measured roof is the best rate seen. If a kernel beats it (the roof's own run was unlucky),
+# the roof is raised to that kernel rather than reporting more than 100%; such a point then
+# sits at 100% *by construction*, and the plot and table say "sets the roof". The bandwidth roof
+# is the one this happens to, when `a + b` beats the triad.
+#
+# In that run, on one thread: `a + b` set the bandwidth roof (it beat the triad), NumPy's softmax
+# reached 15% of its roof, the matmuls 59-65% (n = 32 and 128) and 74-77% (n = 512 to 2048) of
+# the FMA roof.
 
 # %% tags=["demo"]
 rng = np.random.default_rng(0)
-n = 8_000_000 if SMALL else 20_000_000  # 96+ MB: well beyond the L3 cache
+n = 8_000_000 if SMALL else 20_000_000  # 96+ MB: well beyond the L3 cache of most machines
 a, b = rng.random(n, dtype=np.float32), rng.random(n, dtype=np.float32)
 out = np.empty_like(a)
 r, c = (512, 1024) if SMALL else (4096, 1024)
 x = rng.standard_normal((r, c), dtype=np.float32)
-mats = {m: (rng.standard_normal((m, m), dtype=np.float32), rng.standard_normal((m, m), dtype=np.float32))
-        for m in ((32, 128, 512) if SMALL else (32, 128, 512, 2048))}
+sizes = (32, 128, 512) if SMALL else (32, 128, 512, 2048)
 
 
 def np_softmax(x):
@@ -605,6 +943,7 @@ def np_softmax(x):
     return e / e.sum(axis=-1, keepdims=True)
 
 
+print(blas_line())
 fig, axes = plt.subplots(1, len(roofs), figsize=(6.5 * len(roofs), 4.5), squeeze=False)
 for ax, (threads, (bw_t, peak_t)) in zip(axes[0], roofs.items()):
     points = {}
@@ -614,13 +953,13 @@ for ax, (threads, (bw_t, peak_t)) in zip(axes[0], roofs.items()):
         t = benchmark(np_softmax, x, warmup=2, repeat=5)
         points["softmax"] = (arithmetic_intensity(softmax_flops(r, c), softmax_bytes(r, c, 4)),
                              softmax_flops(r, c) / t.min)
-        for m, (A, B) in mats.items():
-            t = benchmark(np.matmul, A, B, warmup=2, repeat=5, number=max(1, 2_000_000 // m**2))
-            points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)),
-                                     matmul_flops(m, m, m) / t.min)
+    blas = blas_matmul_gflops(sizes, threads=threads, rounds=1 if SMALL else 2)
+    for m, g in blas["gflops"].items():
+        points[f"matmul {m}"] = (arithmetic_intensity(matmul_flops(m, m, m), matmul_bytes(m, m, m, 4)), g * 1e9)
     bw_t = max(bw_t, points["add"][1] / points["add"][0])  # raise a roof that a kernel beat
     peak_t = max(peak_t, *(f for k, (i, f) in points.items() if k.startswith("matmul")))
-    print(f"{threads} thread{'s' * (threads > 1)} (roofs {bw_t / 1e9:.1f} GB/s, {peak_t / 1e9:.1f} GFLOP/s):")
+    print(f"{threads} thread{'s' * (threads > 1)} (roofs {bw_t / 1e9:.1f} GB/s, {peak_t / 1e9:.1f} GFLOP/s; "
+          f"matmul timed in {blas['where']}):")
     for k, (i, f) in points.items():
         frac = f / attainable_flops(i, peak_t, bw_t)
         print(f"  {k:12s} intensity {i:8.3f} FLOP/B   {f / 1e9:8.2f} GFLOP/s   {frac:6.1%} of roof"
@@ -851,7 +1190,7 @@ check("4.6")
 
 # %% tags=["demo"]
 day = 24 * 3600
-for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * roofs[all_threads][1]),
+for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * blas_best[all_threads]),
                           ("8 x H100 bf16 at 40%", 8 * 989e12 * 0.4)):
     c = flops_per_s * day
     n_opt, d_opt = chinchilla_optimal(c)
@@ -901,8 +1240,8 @@ for name, flops_per_s in (("this machine (50% of BLAS peak)", 0.5 * roofs[all_th
 # %%
 #| export
 #| given
-from minitorch.checks import (Attrs, Choice, Count, Number, NonNegative, Optional, Positive, Rule,  # noqa: E402
-                              Size, describe, validate_public)
+from minitorch.checks import (Attrs, Choice, Count, Int, Number, NonNegative, Optional, Positive, Rule,  # noqa: E402
+                              Seq, Size, Str, describe, validate_public)
 
 
 class _Intensity(Rule):
@@ -910,6 +1249,7 @@ class _Intensity(Rule):
     with no NaN and no value < 0."""
 
     number = Number(0, finite=False)
+    finite = False  # the validation walk's marker: inf is a valid intensity
 
     def __call__(self, what: str, name: str, value: Any) -> None:
         if not isinstance(value, np.ndarray):
@@ -950,6 +1290,7 @@ class _Points(Rule):
 
 _DIMS = {name: Count for name in ("m", "n", "k", "rows", "cols", "n_inputs", "n_layers", "d_model", "vocab", "n_ctx",
                                   "n_params")}
+_FMA_SHAPE = {"lanes": Int(1, 64), "accumulators": Int(1, 64)}
 _MEMORY = {"n_params": Count, "optimizer": Choice(*OPTIMIZER_STATES), "precision": Choice(*PRECISIONS)}
 
 validate_public(globals(), {
@@ -967,6 +1308,13 @@ validate_public(globals(), {
     "attainable_flops": {"intensity": _Intensity(), "peak_flops": Positive, "peak_bandwidth": Positive},
     "measure_bandwidth": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
     "measure_peak_matmul": {"n": Size, "repeat": Size, "dtype": _FloatDtype(), "threads": Optional(Size)},
+    "run_native": {"target": Str(), "timeout": Positive},
+    "blas_matmul_gflops": {"sizes": Seq(Size, min_len=1), "threads": Optional(Size), "dtype": _FloatDtype(),
+                           "repeat": Size, "rounds": Size, "pause": NonNegative},
+    "fma_loop_ir": _FMA_SHAPE, "fma_loop": _FMA_SHAPE,
+    "measure_fma": {**_FMA_SHAPE, "threads": Size, "seconds": Positive, "repeat": Size},
+    "fma_peaks": {"threads": Size, "seconds": Positive, "repeat": Size},
+    "fma_roof": {"threads": Size, "seconds": Positive, "repeat": Size},
     "roofline_plot": {"peak_flops": Positive, "bandwidth": Positive, "points": Optional(_Points()),
                       "ax": Optional(Attrs("loglog", "plot", "annotate"))},
     "transformer_params": {**_DIMS, "d_ff": Optional(Count)},

@@ -605,6 +605,80 @@ def test_int8_dot_rejects_other_lengths_and_dtypes(lesson):
         lesson.int8_dot(np.ones(5, np.int16), np.ones(5, np.int16))
 
 
+# ---------------------------------------------------------------- 10.13 the zero-point shift for VNNI
+
+
+@pytest.mark.exercise("10.13")
+def test_shift_to_u8_values_shape_and_dtype(lesson):
+    a = np.array([[-128, -1, 0], [1, 126, 127]], np.int8)
+    got = lesson.shift_to_u8(a)
+    want = np.array([[0, 127, 128], [129, 254, 255]], np.uint8)
+    assert isinstance(got, np.ndarray) and got.dtype == np.uint8 and got.shape == a.shape, (
+        f"shift_to_u8 must return a uint8 array of a's shape {a.shape}, got {getattr(got, 'dtype', type(got))} "
+        f"{getattr(got, 'shape', '')}")
+    np.testing.assert_array_equal(got, want, err_msg="shift_to_u8(a) must be a + 128 (-128 -> 0, 127 -> 255)")
+    np.testing.assert_array_equal(a, [[-128, -1, 0], [1, 126, 127]], err_msg="shift_to_u8 must not change a")
+    t = lesson.shift_to_u8(np.arange(-128, 128, dtype=np.int8).reshape(16, 16).T)  # a non-contiguous view
+    np.testing.assert_array_equal(t, (np.arange(256).reshape(16, 16).T).astype(np.uint8))
+    assert lesson.shift_to_u8(np.zeros((0, 3), np.int8)).shape == (0, 3)
+
+
+@pytest.mark.exercise("10.13")
+def test_zero_point_correction_values_and_int32(lesson):
+    b = np.array([[-128, 127, 1], [-128, 127, -1], [-128, 127, 0]], np.int8)
+    got = lesson.zero_point_correction(b)
+    assert isinstance(got, np.ndarray) and got.dtype == np.int32 and got.shape == (3,), (
+        f"zero_point_correction(b (3, 3)) must be an int32 vector of shape (3,), got "
+        f"{getattr(got, 'dtype', type(got))} {getattr(got, 'shape', '')}")
+    np.testing.assert_array_equal(got, [128 * -384, 128 * 381, 0],
+                                  err_msg="zero_point_correction(b)[j] must be 128 * (sum over k of b[k, j])")
+    big = np.full((131071, 2), -128, np.int8)  # a column sum an int16 (or int8) sum would wrap
+    np.testing.assert_array_equal(lesson.zero_point_correction(big), [128 * -128 * 131071] * 2,
+                                  err_msg="sum the columns in int32 (or wider): 131071 x -128 does not fit int16")
+    np.testing.assert_array_equal(lesson.zero_point_correction(np.zeros((0, 4), np.int8)), np.zeros(4, np.int32))
+
+
+@pytest.mark.exercise("10.13")
+def test_matmul_int8_vnni_exact(lesson):
+    rng = np.random.default_rng(13)
+    for m, k, n in [(1, 1, 1), (7, 3, 5), (17, 33, 5), (37, 1031, 70), (3, 4, 130), (64, 4096, 48), (5, 0, 3)]:
+        a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        got = lesson.matmul_int8_vnni(a, b)
+        want = a.astype(np.int64) @ b.astype(np.int64)
+        assert got.dtype == np.int32 and got.shape == (m, n), f"matmul_int8_vnni must return int32 (M, N), got {got.dtype} {got.shape}"
+        np.testing.assert_array_equal(got, want, err_msg=f"matmul_int8_vnni on ({m}, {k}) @ ({k}, {n})")
+    a = rng.integers(-128, 128, (9, 40)).astype(np.int8)
+    np.testing.assert_array_equal(lesson.matmul_int8_vnni(a[:, ::2], a.T[::2]),  # non-contiguous views, K = 20
+                                  a[:, ::2].astype(np.int64) @ a.T[::2].astype(np.int64))
+
+
+@pytest.mark.exercise("10.13")
+def test_matmul_int8_vnni_exact_at_the_widest_k(lesson):
+    """At K = MAX_K_INT32 the shifted products' sum leaves int32's range (131071 x 255 x 128); the
+    instruction adds modulo 2^32 and the correction brings the sum back."""
+    k = 131071
+    for x, y in ((-128, -128), (127, -128), (-128, 127)):
+        a = np.full((3, k), x, np.int8)
+        b = np.full((k, 17), y, np.int8)
+        np.testing.assert_array_equal(lesson.matmul_int8_vnni(a, b), np.full((3, 17), k * x * y, np.int64),
+                                      err_msg=f"matmul_int8_vnni with every a = {x}, every b = {y}, K = {k}")
+
+
+@pytest.mark.exercise("10.13")
+def test_matmul_int8_vnni_uses_vpdpbusd(lesson):
+    from minitorch.simd import u8s8_flavour
+
+    if machine_isa() != "x86_64" or u8s8_flavour() == "generic":
+        pytest.skip(f"this CPU has no VNNI (AVX-512 VNNI or AVX-VNNI): vdot_u8s8 is portable LLVM IR here "
+                    f"({machine_isa()}, flavour {u8s8_flavour()})")
+    a = np.ones((20, 64), np.int8)
+    np.testing.assert_array_equal(lesson.matmul_int8_vnni(a, a.T.copy()), np.full((20, 20), 64))
+    gemm = lesson.gemm_int8_vnni
+    asm = "\n".join(gemm.inspect_asm(sig) for sig in gemm.signatures)
+    assert re.search(r"\bvpdpbusd\b", asm), "the VNNI GEMM's machine code has no vpdpbusd"
+
+
 # ---------------------------------------------------------------- 10.7 dp4a (CUDA C)
 
 

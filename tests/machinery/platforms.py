@@ -5,7 +5,7 @@ target, without installing or building anything:
 
     pip install --dry-run --ignore-installed --report - --only-binary=:all:
         --platform TAG --python-version 3.X --implementation cp --target TMP
-        -c constraints.txt  <the project's requirements, extras [gpu] and [slides]>
+        -c constraints.txt  <the project's requirements, extras [gpu], [slides] and [site]>
 
 pip evaluates environment markers against the interpreter running it, not against `--platform`
 (pypa/pip#10050), so the markers of the project's requirements and of the constraints are
@@ -85,7 +85,7 @@ class Resolution:
     rounds: int = 0
 
 
-def project_requirements(env: dict[str, str], extras: tuple[str, ...] = ("gpu", "slides")) -> list[Requirement]:
+def project_requirements(env: dict[str, str], extras: tuple[str, ...] = ("gpu", "slides", "site")) -> list[Requirement]:
     """pyproject.toml's dependencies and `extras`, those whose markers hold for `env`."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     lines = list(project["dependencies"])

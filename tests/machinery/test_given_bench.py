@@ -109,3 +109,77 @@ def test_roofline_plot():
                 bench.roofline_plot(**{"peak_flops": 1e11, "bandwidth": 2e10, **kwargs})
     finally:
         plt.close("all")
+
+
+def test_blas_line_names_the_kernel_and_the_isa(monkeypatch):
+    for k in bench.BLAS_HANDICAPS:
+        monkeypatch.delenv(k, raising=False)
+    assert bench.blas_forced() == {}
+    line = bench.blas_line()
+    assert line.startswith("NumPy's BLAS: ") and "kernel" in line and "CPU vector ISA: " in line and "NOTE" not in line
+    isa = bench.vector_isa()
+    assert isa["name"] in line and isa["registers"] in (16, 32) and isa["widths"]["scalar"] == 1
+    assert set(isa["widths"].values()) <= {1, 4, 8, 16} and isinstance(bench.cpu_features(), set)
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert bench.blas_forced() == {"OPENBLAS_CORETYPE": "Haswell"}
+    assert "NOTE: OPENBLAS_CORETYPE=Haswell" in bench.blas_line()
+    env = bench.native_env()
+    assert "OPENBLAS_CORETYPE" not in env and env["PYTHONPATH"]
+
+
+def test_blas_matmul_gflops_here_and_in_a_child(monkeypatch):
+    for k in bench.BLAS_HANDICAPS:
+        monkeypatch.delenv(k, raising=False)
+    here = bench.blas_matmul_gflops([16, 33], threads=1, repeat=1, rounds=1, pause=0.0)
+    assert here["where"] == "this process" and set(here["gflops"]) == {16, 33} and here["error"] < 1e-5
+    assert all(g > 0 for g in here["gflops"].values())
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")  # held back: the timing moves to a child without it
+    child = bench.blas_matmul_gflops([16], threads=1, repeat=1, rounds=1, pause=0.0)
+    assert child["where"].startswith("a child process without OPENBLAS_CORETYPE") and child["gflops"][16] > 0
+    assert bench.run_native("minitorch.bench:blas_forced") == {}, "the child's environment keeps the handicaps"
+    for call, error, message in (
+            (lambda: bench.run_native("minitorch.bench"), ValueError, "run_native: target must be 'package.module:function'"),
+            (lambda: bench.run_native(3), TypeError, "run_native: target must be a str, got 3"),
+            (lambda: bench.blas_matmul_gflops([]), ValueError, r"blas_matmul_gflops: sizes must be a sequence of at least 1"),
+            (lambda: bench.blas_matmul_gflops([0]), ValueError, r"blas_matmul_gflops: sizes\[0\] must be an integer >= 1"),
+            (lambda: bench.blas_matmul_gflops([8], pause=-1.0), ValueError, "blas_matmul_gflops: pause must be")):
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_the_fma_loop_and_the_compute_roof():
+    ir = bench.fma_loop_ir(4, 3)
+    assert ir.count("@llvm.fmuladd.v4f32(") == 4 and "%a2 = phi <4 x float>" in ir  # a declaration and 3 calls
+    fn, asm = bench.fma_loop(4, 3)
+    assert fn(10, 1.0, 0.5) == 5.0 * 3 and isinstance(asm, str)  # one lane of the three sums of 10 x 0.5
+    assert bench.fma_loop(1, 2)[0](7, 2.0, 0.25) == 3.5 * 2
+    r1 = bench.measure_fma(4, 1, seconds=0.002, repeat=2)
+    r8 = bench.measure_fma(4, 8, threads=1, seconds=0.002, repeat=2)
+    assert 1e8 < r1 < 1e13 and 1e8 < r8 < 1e13, (r1, r8)
+    assert bench.fma_accumulators() in (12, 16)
+    peaks = bench.fma_peaks(1, seconds=0.002, repeat=1)
+    assert list(peaks) == list(bench.vector_isa()["widths"]) and all(p > 0 for p in peaks.values())
+    assert bench.fma_roof(1, seconds=0.002, repeat=1) > 0
+    for call, error, message in (
+            (lambda: bench.fma_loop_ir(0, 3), ValueError, "fma_loop_ir: lanes must be an integer in \\[1, 64\\], got 0"),
+            (lambda: bench.measure_fma(4, 65), ValueError, "measure_fma: accumulators must be an integer in \\[1, 64\\]"),
+            (lambda: bench.fma_roof(threads=0), ValueError, "fma_roof: threads must be an integer >= 1, got 0"),
+            (lambda: bench.fma_peaks(seconds=0.0), ValueError, "fma_peaks: seconds must be a finite number > 0")):
+        with pytest.raises(error, match=message):
+            call()
+
+
+def test_a_benchmark_times_the_blas_in_a_child_without_the_handicaps(tmp_path, monkeypatch):
+    """benchmarks/native_blas.ran_natively: with a handicap set, the bench file's _main runs in a child
+    whose environment lacks it; without one, nothing runs and the caller times in its own process."""
+    from benchmarks.native_blas import ran_natively
+
+    bench_file = tmp_path / "bench_probe.py"
+    bench_file.write_text("import os, pathlib\n\ndef _main(out):\n"
+                          "    pathlib.Path(out, 'seen.txt').write_text(os.environ.get('OPENBLAS_CORETYPE', 'unset'))\n")
+    for k in bench.BLAS_HANDICAPS:
+        monkeypatch.delenv(k, raising=False)
+    assert not ran_natively(str(bench_file), tmp_path) and not (tmp_path / "seen.txt").exists()
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    assert ran_natively(str(bench_file), tmp_path)
+    assert (tmp_path / "seen.txt").read_text() == "unset"

@@ -99,6 +99,23 @@ def test_the_explicit_pairs_gemm_is_exact():
         quant.check_int8_operands(a, a, "matmul_int8_pairs")
 
 
+def test_the_vnni_kernel_source_and_the_pairs_blocking():
+    source = quant.int8_vnni_kernel_source(2, 1)
+    assert "def int8_vnni_kernel_2x1(ap, bp, c, co, ldc):" in source and source.count("vdot_u8s8(") == 2
+    kernel = quant.make_int8_vnni_kernel(2, 1)
+    assert quant.make_int8_vnni_kernel(2, 1) is kernel
+    ap = np.array([0x01010101, 0x80808080], np.uint32).view(np.int32)  # one k4: row 0's four uint8 are 1, row 1's 128
+    bp = np.tile(np.array([1, -1, 2, -128], np.int8), 16).view(np.int32)  # every column's four int8
+    c = np.zeros(32, np.int32)
+    kernel(ap, bp, c, 0, 16)
+    np.testing.assert_array_equal(c, [1 - 1 + 2 - 128] * 16 + [128 * (1 - 1 + 2 - 128)] * 16)
+    assert quant.pairs_blocking(1024**2) == (48, 1024) and quant.pairs_blocking(32 * 1024, mc=6) == (6, 128)
+    with pytest.raises(ValueError, match="make_int8_vnni_kernel: nv must be an integer >= 1, got 0"):
+        quant.make_int8_vnni_kernel(2, 0)
+    with pytest.raises(TypeError, match="matmul_int8_vnni: a must be an array of 2 axes of dtype int8"):
+        quant.matmul_int8_vnni(np.ones((2, 2)), np.ones((2, 2), np.int8))
+
+
 def test_find_int8_madd_counts_the_widening_multiply_adds_of_an_isa():
     asm = "\tvpmaddwd %ymm1, %ymm2, %ymm3\n\tvpaddd %ymm3, %ymm0, %ymm0\n\tvpmaddwd %ymm4, %ymm2, %ymm5\n\tsdot v0.4s"
     assert quant.find_int8_madd(asm, "x86_64") == {"vpmaddwd": 2}

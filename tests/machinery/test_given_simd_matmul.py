@@ -57,12 +57,31 @@ def test_matmul_simd_matches_numpy():
 
 
 def test_blis_blocking_values_and_errors():
-    assert sm.blis_blocking(1024**2) == (48, 1024)
-    assert sm.blis_blocking(64 * 1024, mc=12) == (12, 256)
-    with pytest.raises(TypeError, match="blis_blocking: mc must be a positive integer, got '6'"):
-        sm.blis_blocking(1024**2, mc="6")
+    assert sm.blis_blocking(48 * 1024, 2 * 1024**2, 14, 32) == (1204, 432, 576)
+    assert sm.blis_blocking(32 * 1024, 256 * 1024, 6, 16, itemsize=8) == (96, 336, 48)
+    with pytest.raises(TypeError, match="blis_blocking: l1_bytes must be a positive integer, got '6'"):
+        sm.blis_blocking("6", 1024**2, 14, 32)
     with pytest.raises(ValueError, match="blis_blocking: need l2_bytes a positive integer, got l2_bytes=nan"):
-        sm.blis_blocking(float("nan"))
+        sm.blis_blocking(32768, float("nan"), 14, 32)
+    mc, kc, nc = sm.machine_blocking(14, 32)
+    assert mc % 14 == 0 and kc % 16 == 0 and nc % 32 == 0
+    assert sm.block_rows(1024, 14, 1204, 2) == 518 and sm.block_rows(1, 6, 6, 1) == 6
+
+
+def test_the_machine_shape_follows_the_vector_registers():
+    from minitorch.simd import target_features, u8s8_flavour, vector_target
+
+    t = vector_target()
+    assert set(t) == {"isa", "registers", "per_vector", "broadcast_registers"} and t["isa"] in sm.IN_FLIGHT
+    assert sm.machine_shape() == sm.blis_shape(t["registers"], t["per_vector"], t["broadcast_registers"],
+                                               sm.IN_FLIGHT[t["isa"]])
+    assert isinstance(target_features(), set) and u8s8_flavour() in ("avx512vnni", "avxvnni", "generic")
+    kernel = sm.make_blis_kernel(2, 1)
+    assert sm.make_blis_kernel(2, 1) is kernel, "one compiled kernel per source"
+    with pytest.raises(ValueError, match="make_blis_kernel: mr must be an integer >= 1, got 0"):
+        sm.make_blis_kernel(0, 1)
+    with pytest.raises(TypeError, match=r"matmul_blis: shape must be a pair \(MR, NV\)"):
+        sm.matmul_blis(np.ones((2, 2), np.float32), np.ones((2, 2), np.float32), shape=(2, 1, 1))
 
 
 def test_best_apart_times_each_kernel():
@@ -79,12 +98,14 @@ def test_best_apart_times_each_kernel():
 
 
 def test_blis_peak_and_peak_rate_on_one_thread():
-    rate = sm.blis_peak(1, kc=16, calls=20)
+    rate = sm.blis_peak(1, shape=(2, 1), kc=16, calls=20)
     assert rate > 0, f"blis_peak must be a positive GFLOP/s, got {rate}"
+    assert sm.blis_peak(1, shape=(2, 1), calls=5) > 0  # KC from this machine's L1 (the kernel compiled above)
     kc = 16
+    kernel = sm.make_blis_kernel(6, 1)
     ap, bp = np.ones((1, 6 * kc), np.float32), np.ones((1, 16 * kc), np.float32)
     c = np.zeros((1, 6 * 16), np.float32)
-    assert sm.peak_rate(sm.blis_kernel_calls, ap, bp, c, 3, 2 * 6 * 16 * kc) > 0
+    assert sm.peak_rate(kernel, ap, bp, c, 16, 3, 2 * 6 * 16 * kc) > 0
     np.testing.assert_array_equal(c[0], np.full(6 * 16, 6 * 3 * kc, np.float32))  # warm-up + 5 runs, 3 calls each
     with pytest.raises(ValueError, match=r"peak_rate: ap, bp and c must have one row per thread"):
-        sm.peak_rate(sm.blis_kernel_calls, ap, np.ones((2, 16 * kc), np.float32), c, 3, 1.0)
+        sm.peak_rate(kernel, ap, np.ones((2, 16 * kc), np.float32), c, 16, 3, 1.0)

@@ -72,3 +72,44 @@ def test_lesson10_widening_madd_predicates_on_aarch64_code_of_int8_dot(t10):
     if host_is_x86():
         native = cross_asm(int8_dot, (x, x), "x86_64")
         assert x86_pattern.search(native) and not pattern.search(native)
+
+
+def kernel_args(mr, nv):
+    nr = 16 * nv
+    return (np.zeros(mr * 16, np.float32), np.zeros(nr * 16, np.float32), np.zeros(mr * nr, np.float32), 0, nr)
+
+
+@pytest.mark.parametrize("target, fits, spills", [("aarch64", (6, 1), (7, 1)), ("x86_64", (6, 1), (7, 1))])
+def test_lesson06_shape_rule_matches_the_compiler_on_neon_and_avx2(t06, target, fits, spills):
+    """The register counts lesson 06's rule uses (vector_target's, exercise 6.7's) against LLVM itself, on
+    NEON (32 q, four per f32x16) and AVX2 (16 ymm, two per f32x16; cross_asm's x86 target is Skylake without
+    AVX-512): the rule's shape compiles to its accumulators with nothing spilled, one row more spills."""
+    from minitorch.simd_matmul import blis_shape, make_blis_kernel
+
+    registers, per_vector, broadcast = {"aarch64": (32, 4, 2), "x86_64": (16, 2, 1)}[target]
+    assert blis_shape(registers, per_vector, broadcast, 8) == fits
+    for shape, ok in ((fits, True), (spills, False)):
+        asm = cross_asm(make_blis_kernel(*shape), kernel_args(*shape), target)
+        if target == "x86_64":
+            assert "zmm" not in asm, "cross_asm's x86 target must be AVX2 only"
+        problems = t06.kernel_loop_problems(asm, *shape, target)
+        if ok:
+            assert problems == [], f"{shape} on {target}: {problems}"
+        else:
+            assert any("spilled" in p or "accumulates into" in p or "stores vectors" in p for p in problems), (
+                f"{shape} on {target} should not fit the registers: {problems}")
+
+
+def test_lesson06_shape_rule_matches_the_compiler_on_avx512(t06):
+    """On an AVX-512 machine (native code): 14 x 32 fits the 32 zmm registers, 15 x 32 spills."""
+    from minitorch.simd import vector_target
+    from minitorch.simd_matmul import make_blis_kernel
+
+    if vector_target()["isa"] != "avx512":
+        pytest.skip(f"Numba compiles for {vector_target()['isa']} here, not AVX-512")
+    for shape, ok in (((14, 2), True), ((15, 2), False)):
+        kernel = make_blis_kernel(*shape)
+        kernel(*kernel_args(*shape))
+        asm = kernel.inspect_asm(kernel.signatures[0])
+        problems = t06.kernel_loop_problems(asm, *shape, "x86_64")
+        assert (problems == []) == ok, f"{shape}: {problems}"
