@@ -148,6 +148,37 @@ def execute_notebook(lesson: Lesson, out_dir: Path, small: bool, stub: bool = Fa
     return not message, message, checks, tests
 
 
+REPOLL_S = 1.0  # how often a wait for the kernel's reply looks again at its socket
+
+
+def repoll_shell(kc) -> None:  # noqa: ANN001 - a jupyter_client AsyncKernelClient
+    """Make waits on the kernel client's shell channel look at the socket every REPOLL_S seconds.
+
+    nbclient waits for a cell's execute_reply with one poll of the shell socket. After a cell that
+    creates widgets (course.live's controls) that poll sometimes never wakes although the reply has
+    arrived (jupyter/nbclient#312): the kernel sits idle and Run All hangs until the cell limit. Under
+    load it happened in one Run All in a few here. A poll repeated with a short timeout sees the
+    message on its next look (pyzmq checks the socket's events first); the overall timeout is kept."""
+    import queue
+
+    from jupyter_client.utils import ensure_async
+
+    channel = kc.shell_channel
+    poll_once = channel.get_msg
+
+    async def get_msg(timeout: float | None = None) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return await ensure_async(poll_once(timeout=REPOLL_S if left is None else min(REPOLL_S, left)))
+            except queue.Empty:
+                if left is not None and left <= REPOLL_S:
+                    raise
+
+    channel.get_msg = get_msg
+
+
 def _run_client(nb, env: dict, limit: int, running: list[int], lesson: Lesson, out: Path) -> tuple[str, bool]:  # noqa: ANN001
     """Execute `nb` in place in a fresh kernel, watched by course.kernel_watch; append each cell's
     index to `running` as it starts. Returns (error message or '', whether the watch killed a
@@ -168,6 +199,7 @@ def _run_client(nb, env: dict, limit: int, running: list[int], lesson: Lesson, o
         watch.cell_started(**kw)
 
     client.on_cell_start, client.on_cell_executed = started, watch.cell_done
+    client.on_notebook_start = lambda **_: repoll_shell(client.kc)
     message = ""
     with watch:
         try:

@@ -86,3 +86,40 @@ def test_tree_cpu_counts_live_children():
         child.wait()
     assert with_child - mine > 0.5, (mine, with_child)
     assert kernel_watch.tree_cpu_seconds(2**22 + 12345) is None  # no such process
+
+
+def test_a_reply_whose_poll_never_woke_is_seen_on_the_next_look(monkeypatch):
+    """course.maintain.repoll_shell: nbclient's single wait for an execute_reply can miss its wake-up
+    after a widget cell (jupyter/nbclient#312); the wrapped wait looks again every REPOLL_S seconds,
+    and still raises Empty once the caller's own timeout has passed."""
+    import asyncio
+    import queue
+    import types
+
+    from course import maintain
+
+    monkeypatch.setattr(maintain, "REPOLL_S", 0.05)
+    looks = []
+
+    async def poll_once(timeout=None):  # the first look misses the reply that is already there
+        looks.append(timeout)
+        await asyncio.sleep(min(timeout or 0.05, 0.05))
+        if len(looks) == 1:
+            raise queue.Empty
+        return {"msg_type": "execute_reply"}
+
+    kc = types.SimpleNamespace(shell_channel=types.SimpleNamespace(get_msg=poll_once))
+    maintain.repoll_shell(kc)
+    assert asyncio.run(kc.shell_channel.get_msg(timeout=None)) == {"msg_type": "execute_reply"}
+    assert looks == [0.05, 0.05], looks
+
+    async def never(timeout=None):
+        await asyncio.sleep(timeout)
+        raise queue.Empty
+
+    kc.shell_channel.get_msg = never
+    maintain.repoll_shell(kc)
+    t0 = time.monotonic()
+    with pytest.raises(queue.Empty):
+        asyncio.run(kc.shell_channel.get_msg(timeout=0.2))
+    assert 0.15 < time.monotonic() - t0 < 1.0
