@@ -2,16 +2,18 @@
 # `make` alone lists the targets by who uses them (help). A target's line ending in `## who: what | settings`
 # is its entry in that list: give a new target one (tests/machinery/test_make_help.py checks).
 .DEFAULT_GOAL := help
+FORCE   ?=
+
+.PHONY: help setup lab build test check browser browser-test demo bench gpucheck gpu-report clean release grade-class gradescope slides serve cluster site site-test site-serve
+
+# >>> student Makefile: `make release` copies the lines from here to the next "# <<<" into a class's Makefile
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 L       ?=
-FORCE   ?=
 # Notebooks started by `make lab` and `make demo` give NumPy's BLAS this many threads. One:
 # lessons 01-04 multiply small matrices, where threads only wait for each other (lesson 03
 # measures it); lessons 04-06 set the count themselves where they compare with a threaded BLAS.
 BLAS_THREADS ?= 1
-
-.PHONY: help setup lab build test check browser browser-test demo bench gpucheck gpu-report clean release grade-class gradescope slides serve cluster site site-test site-serve
 
 # The Python that creates .venv (3.11-3.13): `make setup PYTHON=python3.12` to choose another.
 PYTHON ?= python3
@@ -33,11 +35,12 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP) ## student: open JupyterLab on the lessons | BLAS_THREADS=1 LAB_ARGS=...
 	OPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT) $(LAB_ARGS)
 
-build: $(STAMP) ## maintainer: generate lessons/ and minitorch/ from solutions/ | FORCE=1
-	$(PY) -m course.build $(if $(FORCE),--force)
-
 test: $(STAMP) ## student: grade your saved notebooks, print a scoreboard | L=NN
 	$(PY) -m course.grade $(L)
+# <<< student Makefile
+
+build: $(STAMP) ## maintainer: generate lessons/ and minitorch/ from solutions/ | FORCE=1
+	$(PY) -m course.build $(if $(FORCE),--force)
 
 # Maintainers: the browser test's Python package (Playwright; the browser is the system's Chromium).
 BROWSER_STAMP := .venv/.browser
@@ -109,7 +112,7 @@ slides: $(STAMP) $(SLIDES_STAMP) $(if $(SHOTS),$(BROWSER_STAMP)) ## lecturer: of
 # (the first Ctrl-C finishes the requests in flight, a second stops at once).
 PORT ?= 8000
 serve: $(STAMP) ## lecturer: serve lesson 15's tiny GPT on http://127.0.0.1:PORT/ | PORT=8000
-	$(PY) -c "from minitorch.server import serve; serve(port=$(PORT))"
+	$(PY) -c "from minitorch.api_server import serve; serve(port=$(PORT))"
 
 # Lessons 12, 13, 16: an emulated cluster on this machine (Linux, root; course/cluster.py) until Ctrl-C, then removed:
 # NODES nodes of PPN ranks, each rank's NIC shaped to LINK. run(fn, N, engine="mpi", nodes=NODES) runs on it.
@@ -164,6 +167,8 @@ help: ## all: this list (the default target)
 	                if (title[w] != "") print "\n" title[w]; else print ""; printf "%s", lines[w] }            \
 	            print "\nOld names that still work: " alias ". The guides: README.md and docs/." }' $(firstword $(MAKEFILE_LIST))
 
+# >>> student Makefile (as above)
 clean: ## maintainer: remove build/ and the caches
 	rm -rf build .pytest_cache
 	find . -name __pycache__ -not -path "./.venv/*" -prune -exec rm -rf {} +
+# <<< student Makefile

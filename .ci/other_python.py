@@ -21,7 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from course.grade import LessonResult, run_tests  # noqa: E402
-from course.maintain import BUILD, _all_pass, _check_cell_problems, execute_notebook, serialise_ast_parse  # noqa: E402
+from course.executor import execute_notebook  # noqa: E402
+from course.maintain import BUILD, all_pass, check_cell_problems, serialise_ast_parse  # noqa: E402
 from course.source import all_lessons, find_lesson  # noqa: E402
 
 NOTEBOOKS = ("09", "10", "11")
@@ -42,13 +43,13 @@ def main() -> int:
         lesson = find_lesson(number)
         t0 = time.perf_counter()
         ok, message, checks, tests = execute_notebook(lesson, BUILD / f"check-{version}", small=True)
-        problems = ([] if ok else [f"solution notebook failed:\n{message}"]) + _check_cell_problems(checks, lesson, stub=False)
-        problems += _all_pass(LessonResult(lesson, "solution", tests, [], ""))
+        problems = ([] if ok else [f"solution notebook failed:\n{message}"]) + check_cell_problems(checks, lesson, stub=False)
+        problems += all_pass(LessonResult(lesson, "solution", tests, [], ""))
         return lesson, problems, len(tests), time.perf_counter() - t0
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         for lesson, result, t in pool.map(reference, all_lessons()):
-            problems = _all_pass(result)
+            problems = all_pass(result)
             skipped = sum(r["outcome"] == "skipped" for r in result.tests)
             n_tests, n_skipped = n_tests + len(result.tests), n_skipped + skipped
             print(f"   reference {lesson.stem:<20} {'ok' if not problems else 'FAIL':<4} {len(result.tests):>4} tests "

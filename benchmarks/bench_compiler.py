@@ -47,7 +47,7 @@ def threads_for_kernels(batch: int = 8, t: int = 64, c: int = 256, rounds: int =
 
     ws = mc.gpt_block_weights(c, 4, dtype=np.float32)
     x = np.random.default_rng(1).standard_normal((batch, t, c)).astype(np.float32)
-    args = [Tensor(x), Tensor(mc.causal_mask(t)), *map(Tensor, ws)]
+    args = [Tensor(x), Tensor(mc.additive_causal_mask(t)), *map(Tensor, ws)]
     default = mc.PARALLEL_MIN
     variants = {f"threads from 2**{default.bit_length() - 1} elements (lesson 14)": default,
                 "threads from 2**19 (the GELU kernel too)": 1 << 19, "threads for every kernel": 0}

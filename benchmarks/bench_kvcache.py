@@ -9,7 +9,7 @@
    the time of each step against its position. The same up to 512 tokens for a 4x wider model
    (d = 256, 8 heads), where the cached step's time is mostly arithmetic rather than NumPy's
    per-call overhead.
-2. Continuous batching (minitorch.serve.Scheduler, paged cache, blocks of 8) against serving the
+2. Continuous batching (minitorch.kv_cache.Scheduler, paged cache, blocks of 8) against serving the
    same 48 requests one at a time with the dense cache (generate), on the trained tiny GPT in
    float32: prompts of 4-40 characters of the validation text, 8-24 new tokens, all waiting at
    the start. Tokens/s of generated tokens, and model steps.
@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from minitorch.gpt import CharTokenizer, load_corpus, split_ids, tiny_gpt_meta
-from minitorch.serve import (BigramLM, CachedLM, Request, Scheduler, decode_latencies, generate, load_tiny_weights,
-                             random_gpt_weights, speculative_generate, truncate_layers)
+from minitorch.kv_cache import (BigramLM, CachedLM, Request, Scheduler, decode_latencies, generate, load_tiny_weights,
+                                random_gpt_weights, speculative_generate, truncate_layers)
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 

@@ -1,6 +1,6 @@
 """Lesson 15: the served tiny GPT under load.
 
-1. Decode tokens/s for one sequence at 512 tokens, four ways in one run (minitorch.server_kit.
+1. Decode tokens/s for one sequence at 512 tokens, four ways in one run (minitorch.fused_decode.
    decode_speeds, the table the lesson prints): no cache (lesson 11's gpt_forward on every token),
    lesson 11's dense-cache step (forward_cached), and the engine's step for one request with
    decode="reference" (lesson 11's paged_forward) and decode="fused" (the default: one Numba
@@ -16,7 +16,7 @@
    tiny GPT and on a wider GPT of random weights (d = 512, 4 layers: 12.6 M parameters, 50 MB in
    float32, 13 MB in int8, larger than the CPU's caches). One thread for both (BLAS and Numba:
    see one_thread for why matmul_int8's parallel kernel measured the OS scheduler before). The
-   benchmark swaps minitorch.serve.linear for the run; nothing in the lessons changes; the fused
+   benchmark swaps minitorch.kv_cache.linear for the run; nothing in the lessons changes; the fused
    step does not call it. What it shows: on the tiny GPT int8 runs at about 0.4-0.5x float32
    (its weights sit in the cache, so the bytes saved buy nothing, and quantizing each
    activation costs NumPy calls). On the wider model at batch 1, where a step reads every
@@ -26,7 +26,7 @@
    while lesson 10's int8 kernel computes one int8 dot product per output: about even
    (0.89-1.06x). Int8 is a memory saving here (4x smaller weights), a speed-up only where the
    weight bytes bound the step.
-3. Throughput: the server (minitorch.server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
+3. Throughput: the server (minitorch.api_server.serve, float32, fused decode, 64 blocks of 8, max_running 32) in its
    own process, its engine in a third (EngineProcess, serve()'s default) and then, for
    comparison, in a thread of the server's process; 128 requests of sample_workload (prompts of
    8-32 characters, 8-24 new tokens, greedy, streamed) sent one at a time, and by 16 concurrent
@@ -54,13 +54,14 @@ from pathlib import Path
 import numba
 import numpy as np
 
-import minitorch.serve as serve_mod
+import minitorch.kv_cache as kv_cache_mod
 from minitorch.quant import matmul_int8, quantize
 from minitorch.bench import blas_limit, load_report
-from minitorch.serve import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
-from minitorch.server import Engine, goodput, latency_stats, poisson_arrivals
-from minitorch.server_kit import (ServerProcess, decode_speeds, print_decode_speeds, process_threads, run_load,
-                                  sample_workload)
+from minitorch.kv_cache import KVCache, forward_cached, load_tiny_weights, random_gpt_weights
+from minitorch.engine import Engine
+from minitorch.metrics import goodput, latency_stats, poisson_arrivals
+from minitorch.fused_decode import decode_speeds, print_decode_speeds
+from minitorch.serving_kit import ServerProcess, process_threads, run_load, sample_workload
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 REPEATS = 1 if SMALL else 3                        # interleaved throughput runs (section 3)
@@ -196,7 +197,7 @@ def int8_linears(W):
             # (K, N) as the transpose of a C-contiguous (N, K): matmul_int8 wants b.T contiguous, so it
             # then copies nothing per call
             qw[name[:-len(".weight")]] = (np.ascontiguousarray(q.q.T).T, q.scale)
-    original = serve_mod.linear
+    original = kv_cache_mod.linear
 
     def linear8(x, params, name):
         q = qw.get(name)
@@ -208,11 +209,11 @@ def int8_linears(W):
         out = matmul_int8(qx.q, q[0]).astype(np.float32) * qx.scale * q[1]
         return out.reshape(*x.shape[:-1], -1) + params[name + ".bias"]
 
-    serve_mod.linear = linear8
+    kv_cache_mod.linear = linear8
     try:
         yield
     finally:
-        serve_mod.linear = original
+        kv_cache_mod.linear = original
 
 
 @contextmanager

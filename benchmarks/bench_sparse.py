@@ -52,8 +52,8 @@ def sparse_kernels(results: dict) -> None:
 def many_adapters(results: dict) -> None:
     from minitorch.lora import LORA_TARGETS, AdapterEngine, merge_adapter_weights
     from minitorch.parallel import machine_load
-    from minitorch.serve import random_gpt_weights
-    from minitorch.server import Engine
+    from minitorch.kv_cache import random_gpt_weights
+    from minitorch.engine import Engine
 
     width, layers = (256, 2) if SMALL else (512, 4)
     W = random_gpt_weights(vocab_size=103, block_size=64, n_layer=layers, n_head=8, n_embd=width, seed=0,

@@ -60,36 +60,6 @@ def missing() -> str | None:
     return None
 
 
-def drive_serving_page(url: str, prompt: str, max_tokens: int, final_length: int) -> dict:
-    """Lesson 15's page at `url` in headless Chromium, as a lecturer uses it: type the prompt, ask
-    for max_tokens, press Go. Returns what the page showed: "partial" (the text once the first
-    tokens are in), "blocks" (KV blocks in use while the request runs), "final" (the text once it
-    has final_length characters) and "total" (the pool's blocks, once nothing runs)."""
-    from playwright.sync_api import sync_playwright
-
-    seen: dict = {}
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page()
-            page.goto(url + "/")
-            page.fill("#prompt", prompt)
-            page.fill("#max", str(max_tokens))
-            page.click("#go")
-            page.wait_for_function("document.getElementById('out').textContent.length > 0", timeout=20_000)
-            seen["partial"] = page.text_content("#out")
-            page.wait_for_function("document.getElementById('running').textContent === '1'", timeout=20_000)
-            seen["blocks"] = int(page.text_content("#blocks"))
-            page.wait_for_function(f"document.getElementById('out').textContent.length === {final_length}",
-                                   timeout=30_000)
-            seen["final"] = page.text_content("#out")
-            page.wait_for_function("document.getElementById('running').textContent === '0'", timeout=20_000)
-            seen["total"] = int(page.text_content("#total"))
-        finally:
-            browser.close()
-    return seen
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -144,13 +114,15 @@ class Lab:
     def close(self) -> None:
         import signal
 
+        from course.process import kill_group
+
         if self.proc.poll() is not None:
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=20)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_group(self.proc)
         self.log.close()
 
 
@@ -210,7 +182,7 @@ def run_all(page, lab: Lab, name: str, n_cells: int, limit: float) -> tuple[list
 def judge(lesson: Lesson, cells: list[dict], solution: bool, gpu_reason: str | None) -> list[str]:
     """What is wrong with what the page shows, against the notebook's cells and tags."""
     from course.build import solution_notebook, student_notebook
-    from course.maintain import GPU_SKIP, check_cell_exercise, check_cell_says_what_it_must
+    from course.executor import GPU_SKIP, check_cell_exercise, check_cell_says_what_it_must
 
     nb = solution_notebook(lesson) if solution else student_notebook(lesson)
     problems = []

@@ -25,11 +25,13 @@ from course.percent import from_dict
 from course.source import (
     BEGIN,
     END,
+    EXERCISE_METADATA,
     LESSONS,
     PACKAGE,
     ROOT,
     Lesson,
     all_lessons,
+    cell_exercise,
     default_module,
     directives,
     enclosing_names,
@@ -119,13 +121,16 @@ def slide_types(cells) -> list[str]:
 
 
 def _finish(nb, lesson: Lesson):
-    """Deterministic ids, no outputs, standard metadata, slide types from the structure."""
+    """Deterministic ids, no outputs, standard metadata (tags, the exercise a cell belongs to),
+    slide types from the structure."""
     nb = copy.deepcopy(nb)
     nb.nbformat, nb.nbformat_minor = 4, 5
     nb.metadata = from_dict(NOTEBOOK_METADATA)
     for i, (cell, kind) in enumerate(zip(nb.cells, slide_types(nb.cells))):
         cell["id"] = f"{lesson.stem.replace('_', '-')}-{i:03d}"
         meta = {"tags": cell.metadata["tags"]} if cell.metadata.get("tags") else {}
+        if cell.metadata.get(EXERCISE_METADATA):  # the student notebook's map from cells to exercises
+            meta[EXERCISE_METADATA] = cell.metadata[EXERCISE_METADATA]
         meta["slideshow"] = {"slide_type": kind}
         cell.metadata = from_dict(meta)
         if cell.cell_type == "code":
@@ -168,26 +173,53 @@ def given_import(module: str, names: list[str]) -> str:
             f"from minitorch.{module} import (  # noqa: F401\n{body}\n)")
 
 
-def _student_view(nb, lesson: Lesson):
-    """Hide the build machinery: directive lines go, and the cells marked `#| given` (machinery
-    the student reads but does not write: a simulator, a tracer) become one import per module,
-    at the first of them."""
+def _given_by_module(nb, where: str) -> dict[str, list[str]]:
+    """{module: the public names its given cells define} (a module's given cells become one import
+    of those names in the student notebook)."""
     default = default_module(nb)
     given: dict[str, list[str]] = {}
     for cell in nb.cells:
         d = directives(cell)
         if "given" in d:
             if "export" not in d:
-                raise ValueError(f"{lesson.source.name}: a `#| given` cell must also be exported")
+                raise ValueError(f"{where}: a `#| given` cell must also be exported")
             given.setdefault(d["export"] or default, []).extend(given_names(cell.source))
-    cells, placed = [], set()
-    for cell in nb.cells:
+    return given
+
+
+def student_view_cells(nb, where: str = "lesson") -> list[int]:
+    """The indices of the source cells the student notebook keeps, in order: all but a module's
+    given cells after its first (which becomes the module's import) and the given cells of a module
+    that defines no public name (its validate_public call). The one walk of it: the student
+    notebook (_student_view), the site's pages and a release's own modules all use this."""
+    default, given = default_module(nb), _given_by_module(nb, where)
+    kept, placed = [], set()
+    for i, cell in enumerate(nb.cells):
         d = directives(cell)
         if "given" in d:
             module = d["export"] or default
-            if module in placed or not given[module]:  # a given cell that defines no public name (a
-                continue                              # module's validate_public call) is not shown
+            if module in placed or not given[module]:
+                continue
             placed.add(module)
+        kept.append(i)
+    return kept
+
+
+def _student_view(nb, lesson: Lesson):
+    """Hide the build machinery: directive lines go, and the cells marked `#| given` (machinery
+    the student reads but does not write: a simulator, a tracer) become one import per module,
+    at the first of them. The cell of each exercise says which it is in its metadata
+    (`minitorch.exercise`, the map from cells to exercises that exercise_cells reads)."""
+    default = default_module(nb)
+    given = _given_by_module(nb, lesson.source.name)
+    cells = []
+    for i in student_view_cells(nb, lesson.source.name):
+        cell = nb.cells[i]
+        d = directives(cell)
+        if d.get("exercise"):
+            cell.metadata[EXERCISE_METADATA] = {"exercise": d["exercise"]}
+        if "given" in d:
+            module = d["export"] or default
             cell.source = given_import(module, list(dict.fromkeys(given[module])))
         elif cell.cell_type == "code":
             cell.source = strip_directives(cell.source)
@@ -212,28 +244,9 @@ def student_notebook(lesson: Lesson, nb=None, solved: frozenset[str] = frozenset
 
 
 def exercise_cells(lesson: Lesson, nb=None) -> dict[str, str]:
-    """{cell id in the student notebook: exercise id} for the cells of exercises. The student
-    notebook carries no directives, so this walks the source as `_student_view` does (the given
-    cells of a module after its first are dropped) beside the generated cells."""
-    nb = nb if nb is not None else read_source(lesson)
-    default, placed, kept = default_module(nb), set(), []
-    names: dict[str, bool] = {}
-    for cell in nb.cells:
-        d = directives(cell)
-        if "given" in d:
-            module = d["export"] or default
-            names[module] = names.get(module, False) or bool(given_names(cell.source))
-    for cell in nb.cells:
-        d = directives(cell)
-        if "given" in d:
-            module = d["export"] or default
-            if module in placed or not names[module]:
-                continue
-            placed.add(module)
-        kept.append(d.get("exercise"))
-    stub = student_notebook(lesson, nb)
-    assert len(stub.cells) == len(kept), "exercise_cells: out of step with _student_view"
-    return {cell["id"]: ex for cell, ex in zip(stub.cells, kept) if ex}
+    """{cell id in the student notebook: exercise id} for the cells of exercises, as the student
+    notebook's cells say (their `minitorch.exercise` metadata, written by _student_view)."""
+    return {cell["id"]: ex for cell in student_notebook(lesson, nb).cells if (ex := cell_exercise(cell))}
 
 
 def solution_notebook(lesson: Lesson, nb=None):

@@ -209,9 +209,9 @@ def worker(lesson_key: str, notebook: str, out: str) -> int:
 def _other_lesson_stub(test: dict, lesson: Lesson) -> dict:
     """A test that stopped at a stub of another lesson (a window's earlier lesson, the student's own) did
     not find this exercise unattempted: it failed for want of that one."""
-    from course.notebook import _STUB
+    from course.notebook import STUB_MESSAGE
 
-    m = _STUB.search(test.get("message") or "")
+    m = STUB_MESSAGE.search(test.get("message") or "")
     if test.get("outcome") == "stub" and m and m.group(1).split(".")[0] != str(int(lesson.number)):
         other = f"{int(m.group(1).split('.')[0]):02d}"
         return {**test, "outcome": "failed",

@@ -294,21 +294,32 @@ def _wrong_exception(exc: BaseException, test_file: str) -> str:
         if os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(test_file):
             lines.append(tb.tb_lineno)
         tb = tb.tb_next
-    parsed = _parsed(str(test_file))
-    if not lines or parsed is None:
-        return ""
+    for first, last, what in _raises_blocks(os.path.realpath(test_file)) if lines else ():
+        if any(first <= line <= last for line in lines):
+            return f"Expected {what}, but {type(exc).__name__} was raised:\n"
+    return ""
+
+
+@lru_cache(maxsize=32)
+def _raises_blocks(test_file: str) -> tuple[tuple[int, int, str], ...]:
+    """(first line, last line, what it expects) of each `with pytest.raises(X)` body in the file, in
+    the order ast.walk meets them (found once per file: a lesson's stubs fail a hundred tests)."""
+    parsed = _parsed(test_file)
+    if parsed is None:
+        return ()
     source, tree = parsed
+    blocks = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.With) or not node.body or not any(
-                node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno) for line in lines):
+        if not isinstance(node, ast.With) or not node.body:
             continue
         for item in node.items:
             call = item.context_expr
             func = getattr(call, "func", None)
             if getattr(func, "attr", getattr(func, "id", "")) == "raises" and call.args:
                 what = ast.get_source_segment(source, call.args[0]) or "an exception"
-                return f"Expected {what}, but {type(exc).__name__} was raised:\n"
-    return ""
+                blocks.append((node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno, what))
+                break
+    return tuple(blocks)
 
 
 def _values(statements: list[ast.stmt], local: dict) -> str:

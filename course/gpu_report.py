@@ -6,7 +6,7 @@
 
 It runs with the machine's own Python (no virtual environment needed) and needs NumPy, Numba (with
 numba-cuda), CuPy for the machine's CUDA, pytest and hypothesis; jupytext and nbformat are not
-needed (course.percent stands in for them). Lesson 17 also needs Triton and PyTorch's CUDA build (GPU
+needed (course.percent reads the lesson sources). Lesson 17 also needs Triton and PyTorch's CUDA build (GPU
 images have both: Triton comes with PyTorch); without them its gpu cells and tests skip, saying why.
 Steps, each in its own process with a time limit:
 
@@ -51,18 +51,16 @@ GPU_CELL_LESSONS = ("09_attention", "10_quantization", "14_compiler", "17_triton
 GPU_TEST_FILES = [f"tests/test_{stem}.py" for stem in GPU_CELL_LESSONS]  # their tests marked gpu
 
 
-_SHIMMED: list[str] | None = None
+_IMPORTABLE = False
 
 
-def _setup_imports() -> list[str]:
-    """Make the course importable without jupytext/nbformat; returns the modules shimmed."""
-    global _SHIMMED
-    if _SHIMMED is None:
+def _setup_imports() -> None:
+    """Make the course importable by the machine's own Python (the checkout first on sys.path); no
+    Jupyter package is needed (course.percent reads the lesson sources)."""
+    global _IMPORTABLE
+    if not _IMPORTABLE:
         sys.path.insert(0, str(ROOT))
-        from course.percent import install_shims
-
-        _SHIMMED = install_shims()
-    return _SHIMMED
+        _IMPORTABLE = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,7 +97,6 @@ def step_env() -> dict:
     info["cuda_include_dirs"] = list(cuda_include_dirs())
     info["g++ (CPU emulator)"] = compiler() or "missing"
     info["compute-sanitizer"] = _sanitizer() or "missing"
-    info["shims"] = _setup_imports()
     return {"ok": ok, "info": info}
 
 

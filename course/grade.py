@@ -13,19 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from course import process
 from course.feedback import PYTEST_ARGS
+from course.process import LESSON_TIME_LIMIT  # seconds for one lesson's whole test process
 from course.source import ROOT, Lesson, all_lessons, find_lesson
-
-LESSON_TIME_LIMIT = 900  # seconds for one lesson's whole test process
 
 
 @dataclass
@@ -88,93 +84,13 @@ class LessonResult:
     output: str
 
     def exercises(self) -> list[Exercise]:
-        from course.loader import exercise_titles
+        from course.source import exercise_titles
 
         found = {k: Exercise(k, v) for k, v in exercise_titles(self.lesson).items()}
         for t in self.tests:
             ex = t.get("exercise") or "?"
             found.setdefault(ex, Exercise(ex, "(not an exercise of this lesson)")).tests.append(t)
         return list(found.values())
-
-
-def _child_env(extra: dict | None = None) -> dict:
-    # One BLAS thread: tests check correctness, and on a busy 2-core machine OpenBLAS's
-    # threads can make small matmuls 100x slower. Speed is measured by `make bench`.
-    from course.timing import time_scale
-
-    time_scale()  # measured once here, inherited by every child through MT_TIME_SCALE
-    return {"OPENBLAS_NUM_THREADS": "1", **os.environ, **(extra or {}), "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written when we looked
-            pass
-    return out
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Kill the child and everything it started (its own process group)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
-
-
-def _watch(cmd: list[str], env: dict, report: str, limit_of, poll: float = 0.2) -> tuple[object, str]:
-    """Run cmd, killing it when the unit of work it reports as running (the last "start"
-    record in `report` without its "end") outlives limit_of(record). Returns (exit code or
-    "timeout", output). With MT_SANDBOX in env (class grading), cmd runs in that sandbox, able to
-    write `report` and nothing else outside it."""
-    cleanup = None
-    if env.get("MT_SANDBOX"):  # class grading: the student's code runs isolated (course/isolation.py)
-        from course.isolation import Sandbox
-
-        box = Sandbox.from_json(env["MT_SANDBOX"])
-        cmd, env, cleanup = box.prepare(cmd, {k: v for k, v in env.items() if k != "MT_SANDBOX"}, [report])
-    try:
-        return _watch_run(cmd, env, report, limit_of, poll)
-    finally:
-        if cleanup is not None:
-            cleanup()
-
-
-def _watch_run(cmd: list[str], env: dict, report: str, limit_of, poll: float) -> tuple[object, str]:
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-        started: dict[str, float] = {}
-        deadline = time.monotonic() + LESSON_TIME_LIMIT
-        rc: object = None
-        while rc is None:
-            try:
-                rc = proc.wait(timeout=poll)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            running = None
-            for rec in _read_jsonl(report):
-                key = str(rec.get("test", rec.get("cell")))
-                if rec["event"] == "start":
-                    running = rec
-                    started.setdefault(key, now)
-                elif rec["event"] == "end":
-                    running = None
-            if now > deadline or (running is not None and
-                                  now - started[str(running.get("test", running.get("cell")))] > limit_of(running)):
-                _kill(proc)
-                rc = "timeout"
-        out.seek(0)
-        return rc, out.read()
 
 
 def survey(lesson: Lesson, impl: str) -> dict[int, str]:
@@ -185,15 +101,15 @@ def survey(lesson: Lesson, impl: str) -> dict[int, str]:
     survey starts again without it."""
     from course.loader import cell_time_limit
 
-    env = _child_env()
+    env = process.child_env()
     limit = cell_time_limit()
     bad: dict[int, str] = {}
     for _attempt in range(100):
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
             report = f.name
         cmd = [sys.executable, "-m", "course.loader", "survey", lesson.number, impl, report]
-        rc, out = _watch(cmd, {**env, "MT_SKIP_CELLS": json.dumps(bad)}, report, lambda rec: limit + 5)
-        records = _read_jsonl(report)
+        rc, out = process.watch(cmd, {**env, "MT_SKIP_CELLS": json.dumps(bad)}, report, lambda rec: limit + 5)
+        records = process.read_jsonl(report)
         os.unlink(report)
         for rec in records:  # a cell the in-process limit stopped: skip it too, it would cost that again
             if rec["event"] == "end" and "CellTimeout" in (rec["error"] or ""):
@@ -214,12 +130,13 @@ def survey(lesson: Lesson, impl: str) -> dict[int, str]:
 
 def _exercise_at(lesson: Lesson, impl: str, cell: int) -> str | None:
     """The exercise a notebook cell belongs to: by the cell's id in the lesson as generated (the
-    student may have replaced its source), else the cell's own directive, else the first
-    exercise after it (by id or directive)."""
-    from course.loader import _notebook
-    from course.source import directives, release_index
+    student may have replaced its source), else what the cell itself says (the `minitorch.exercise`
+    metadata the build writes, which a copied cell keeps, or a directive), else the first exercise
+    after it (by id or by what it says)."""
+    from course.loader import notebook_of
+    from course.source import cell_exercise, release_index
 
-    nb, _, _ = _notebook(lesson, impl)
+    nb, _, _ = notebook_of(lesson, impl)
     index = release_index()
     if index is not None:
         by_id = index["lessons"][lesson.stem]["cells"]
@@ -230,7 +147,7 @@ def _exercise_at(lesson: Lesson, impl: str, cell: int) -> str | None:
     ids = cell_ids(lesson, nb.cells)
     if by_id.get(ids[cell]):
         return by_id[ids[cell]]
-    after = [by_id.get(i) or directives(c).get("exercise") for i, c in zip(ids[cell:], nb.cells[cell:])]
+    after = [by_id.get(i) or cell_exercise(c) for i, c in zip(ids[cell:], nb.cells[cell:])]
     return next((ex for ex in after if ex), None)
 
 
@@ -276,13 +193,13 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
     problems: list[str] = []
     outputs: list[str] = []
     collected: dict[str, dict] = {}
-    generated = impl in ("reference", "solution", "stub") or impl.startswith("only:")
+    generated = impl in ("reference", "solution", "stub", "isolated") or impl.startswith("only:")
     skip_cells = {} if generated else survey(lesson, impl)
     for cell, why in skip_cells.items():
         name = f"loading cell {cell}"
         done[name] = {"test": name, "name": name, "exercise": _exercise_at(lesson, impl, cell),
                       "outcome": "failed", "message": f"cell {cell} of the notebook {why}"}
-    child_env = _child_env({**(env or {}), "MT_SKIP_CELLS": json.dumps(skip_cells)})
+    child_env = process.child_env({**(env or {}), "MT_SKIP_CELLS": json.dumps(skip_cells)})
     while True:
         with tempfile.NamedTemporaryFile("r", suffix=".jsonl", delete=False) as f:
             results_path = f.name
@@ -291,10 +208,10 @@ def run_tests(lesson: Lesson, impl: str, extra: list[str] = (), env: dict | None
         cmd += [f"--deselect={nodeid}" for nodeid in done if "::" in nodeid]
         # pytest-timeout's signal stops a test in Python code; the watchdog kills one stuck in
         # compiled code, with some grace so pytest-timeout's clearer report comes first.
-        rc, out = _watch(cmd, {**child_env, "MT_RESULTS": results_path}, results_path,
+        rc, out = process.watch(cmd, {**child_env, "MT_RESULTS": results_path}, results_path,
                          lambda rec: (rec.get("limit") or LESSON_TIME_LIMIT) * 1.5 + 10)
         outputs.append(out)
-        records = _read_jsonl(results_path)
+        records = process.read_jsonl(results_path)
         os.unlink(results_path)
         running = None
         for rec in records:

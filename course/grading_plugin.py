@@ -13,6 +13,11 @@
   pytest-timeout's, so that course.pytest_plugin reports it as the time limit it is and names the
   student's line), and re-arms the alarm until the test has returned (code that swallows it once is
   stopped again).
+- No shrinking of an exercise that is not written yet. A stub raises NotImplementedError("Exercise
+  ..."); Hypothesis would treat it as any failure and shrink the example, calling the stub again and
+  again for an answer that cannot change (half a second a test, minutes over a lesson's stubs). In a
+  Hypothesis test the stub's exception leaves Hypothesis at once (inside a BaseException of this
+  plugin) and is restored unchanged for the report: the student sees the same "not written yet".
 """
 
 from __future__ import annotations
@@ -25,6 +30,36 @@ import pytest
 HIDDEN_MARKER = "hidden"
 TIMEOUT_MESSAGE = "Timeout (>%ss) from pytest-timeout."  # pytest-timeout's own words (course.pytest_plugin reads them)
 REARM_S = 0.5
+
+
+class _StubReached(BaseException):
+    """Carries a stub's NotImplementedError through Hypothesis, which would shrink it."""
+
+    def __init__(self, error: NotImplementedError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _is_stub(exc: BaseException) -> bool:
+    from course.feedback import STUB_PREFIX
+
+    return isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX)
+
+
+def _passing_stubs_through(inner):
+    """`inner` (a Hypothesis test's body) with a stub's NotImplementedError raised as _StubReached."""
+    import functools
+
+    @functools.wraps(inner)
+    def wrapped(*args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 - pytest leaves this frame out of the traceback
+        try:
+            return inner(*args, **kwargs)
+        except NotImplementedError as exc:
+            if _is_stub(exc):
+                raise _StubReached(exc) from None
+            raise
+    return wrapped
 
 
 class Failed(BaseException):  # noqa: N818 - named as pytest's, whose message course.pytest_plugin recognises
@@ -53,12 +88,27 @@ def _limit(item) -> float | None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    armed = (getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
-             and threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    hypothesis_test = getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+    handle = getattr(item.obj, "hypothesis", None) if hypothesis_test else None
+    inner = getattr(handle, "inner_test", None)
+    if inner is not None:
+        handle.inner_test = _passing_stubs_through(inner)
+    try:
+        outcome = yield from _with_time_limit(item, hypothesis_test)
+    finally:
+        if inner is not None:
+            handle.inner_test = inner
+    if outcome is not None and isinstance(outcome.exception, _StubReached):
+        error = outcome.exception.error
+        outcome.force_exception(error.with_traceback(error.__traceback__))
+
+
+def _with_time_limit(item, hypothesis_test: bool):
+    armed = (hypothesis_test and threading.current_thread() is threading.main_thread()
+             and hasattr(signal, "setitimer")
              and signal.getitimer(signal.ITIMER_REAL)[0] > 0)  # pytest-timeout's alarm (signal method) is set
     if not armed:
-        yield
-        return
+        return (yield)
     limit = _limit(item) or 0.0
     fired = []
 
@@ -69,7 +119,7 @@ def pytest_runtest_call(item):
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     try:
-        yield
+        return (yield)
     finally:
         if fired:
             signal.setitimer(signal.ITIMER_REAL, 0)

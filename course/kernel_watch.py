@@ -15,7 +15,7 @@ checked every POLL_S seconds:
 
 Either way the kernel and its session are killed, nbclient reports the kernel dead, and `reason` says
 which rule fired (`idle`: the second). make check runs a notebook whose kernel went idle once
-more (course.maintain.execute_notebook).
+more (course.executor.execute_notebook).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 
-from course.grade import _kill
+from course.process import kill_group
 
 IDLE_S = 120.0  # s a running cell may leave the kernel's process tree without CPU
 POLL_S = 5.0
@@ -101,6 +101,6 @@ class KernelWatch:
                 self.reason = (f"the kernel and every process under it sat idle for {quiet:.0f} s in the middle of a "
                                f"cell (more than {self.idle_s:.0f} s): the kernel stopped answering")
             if self.reason:  # the kernel's whole session: jupyter_client starts each kernel in its own,
-                _kill(process)  # so no child of a cell (a server, a subprocess) outlives it
+                kill_group(process)  # so no child of a cell (a server, a subprocess) outlives it
                 return
 

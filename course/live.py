@@ -13,7 +13,7 @@ Executed in a plain kernel (`make check`, `make demo`, `make slides`) the cell r
 picture once, which is also what the slides and a static page show (the output carries a PNG
 beside the widget); in JupyterLab the widget takes over and each move redraws.
 
-With MT_LIVE_PROBE=<file> in the environment (course.maintain's notebook runs set it) each control
+With MT_LIVE_PROBE=<file> in the environment (course.executor's notebook runs set it) each control
 is also driven at its extremes and its middle, and one line per control goes to the file: whether
 the pictures differ and the slowest redraw, so `make check` proves every control is live and fast.
 """

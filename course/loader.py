@@ -4,6 +4,8 @@
     solution    the cells of solutions/NN_topic.py, run in a fresh module
     stub        the student notebook as `make build` generates it (in memory)
     only:L.K    that notebook with exercise L.K solved and the others stubbed
+    isolated    each test sees `only:` its own exercise (make check's isolation stage, one process
+                for a lesson: `Isolated`)
     <path>      a notebook: the student's saved work
 
 Loading runs the code cells that are not tagged demo/gpu/check, one at a time, each under a
@@ -31,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-from course.source import Lesson, exercises, loadable_code, read_source
+from course.source import Lesson, loadable_code, read_source
 
 CELL_TIME_LIMIT = float(os.environ.get("MT_CELL_TIME_LIMIT", 20))  # seconds a cell may run while loading (x MT_TIME_SCALE)
 LIVE: dict = {}  # lesson number -> namespace of a running notebook (set by course.check)
@@ -62,6 +64,44 @@ class LessonNamespace:
     @property
     def load_errors(self) -> list[str]:
         return list(self._errors)
+
+    @property
+    def namespace(self) -> LessonNamespace:
+        """The namespace a test sees now: itself (an `Isolated` lesson answers its current exercise's)."""
+        return self
+
+
+class Isolated:
+    """A lesson whose every test sees the notebook with only its own exercise solved: attribute
+    access goes to `only:<exercise>` of the test that is running (`Isolated.exercise`, set by the
+    tests' conftest before each test). Each exercise's namespace is loaded once, in a module of its
+    own name, so the isolation of a whole lesson runs in one process instead of one per exercise."""
+
+    exercise: str | None = None
+
+    def __init__(self, lesson: Lesson):
+        self._lesson = lesson
+        self._loaded: dict[str, LessonNamespace] = {}
+
+    @property
+    def namespace(self) -> LessonNamespace:
+        ex = Isolated.exercise
+        if ex is None:
+            raise RuntimeError(f"lesson {self._lesson.number} (isolated) is used outside a test of an exercise")
+        if ex not in self._loaded:
+            self._loaded[ex] = load(self._lesson, f"only:{ex}")
+        return self._loaded[ex]
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.namespace, name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.namespace
+
+    def __repr__(self) -> str:
+        return f"<lesson {self._lesson.stem} (isolated, now only:{Isolated.exercise})>"
 
 
 class CellTimeout(Exception):
@@ -160,7 +200,7 @@ def load_reference(lesson: Lesson) -> LessonNamespace:
     return LessonNamespace(lesson, "reference", names, [])
 
 
-def _notebook(lesson: Lesson, impl: str):
+def notebook_of(lesson: Lesson, impl: str):
     """(notebook, label, generated?) for an implementation other than the reference."""
     if impl == "solution":
         nb, label = read_source(lesson), f"solutions/{lesson.stem}.py"
@@ -184,8 +224,10 @@ def load(lesson: Lesson, impl: str) -> LessonNamespace:
     """Load `impl` ('reference', 'solution', 'stub' or a notebook path) of `lesson`."""
     if impl == "reference":
         return load_reference(lesson)
-    nb, label, generated = _notebook(lesson, impl)
+    nb, label, generated = notebook_of(lesson, impl)
     module_name = f"lesson{lesson.number}_{'generated' if generated else 'notebook'}"
+    if impl.startswith("only:"):  # several may live in one process (Isolated): a module each
+        module_name = f"lesson{lesson.number}_only_" + "".join(c if c.isalnum() else "_" for c in impl[5:])
     names, errors = run_cells(loadable_code(nb), module_name, label)
     return LessonNamespace(lesson, impl if generated else "your notebook", names, errors)
 
@@ -193,7 +235,7 @@ def load(lesson: Lesson, impl: str) -> LessonNamespace:
 def survey(lesson: Lesson, impl: str, report: str) -> None:
     """Load `impl` cell by cell, appending {"event", "cell", "error"} JSON lines to `report`
     (flushed at once, so a parent sees which cell was running if this process dies)."""
-    nb, label, generated = _notebook(lesson, impl)
+    nb, label, generated = notebook_of(lesson, impl)
 
     def progress(event: str, index: int, error: str | None) -> None:
         with open(report, "a") as f:
@@ -206,12 +248,6 @@ def survey(lesson: Lesson, impl: str, report: str) -> None:
 def from_globals(lesson: Lesson, names: dict) -> LessonNamespace:
     """The live namespace of a running notebook (the check cell's view)."""
     return LessonNamespace(lesson, "this notebook", names, [])
-
-
-def exercise_titles(lesson: Lesson) -> dict[str, str]:
-    from course.source import exercise_titles as titles
-
-    return titles(lesson)
 
 
 if __name__ == "__main__":  # python -m course.loader survey LESSON IMPL REPORT (used by course.grade)

@@ -29,7 +29,7 @@ import ast
 import re
 from collections.abc import Iterator
 
-_STUB = re.compile(r"Exercise (\d+\.\d+): ([\w.<>]+)")
+STUB_MESSAGE = re.compile(r"Exercise (\d+\.\d+): ([\w.<>]+)")
 
 
 class SkipCell(Exception):
@@ -57,7 +57,7 @@ def stub_exercise(exc: BaseException | None) -> tuple[str, str] | None:
     for e in exception_chain(exc):
         text = str(e)
         if isinstance(e, NotImplementedError) or "NotImplementedError" in text:
-            m = _STUB.search(text)
+            m = STUB_MESSAGE.search(text)
             if m:
                 return m.group(1), m.group(2)
     return None

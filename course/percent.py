@@ -1,21 +1,18 @@
-"""A small reader for the course's jupytext "percent" sources, for machines without jupytext.
+"""A small reader for the course's jupytext "percent" sources, without jupytext or nbformat.
 
-GPU machines often have a preinstalled Python stack (NumPy, Numba, CuPy, PyTorch, pytest) and no
-Jupyter packages. `read(path)` parses `solutions/NN_topic.py` into the same cells jupytext gives
-(cell type, source, tags), as plain dicts with attribute access; `install_shims()` registers
-minimal `jupytext` and `nbformat` modules built on it when the real ones are missing, so the
-course's machinery (course.source, course.loader, course.build) imports and can load the
-reference package and the solutions. tests/machinery/test_gpu_report.py checks the reader
-against jupytext on every lesson.
+`read(path)` parses `solutions/NN_topic.py` into the same cells jupytext gives (cell type, source,
+tags), as plain dicts with attribute access (`from_dict` makes such a notebook of any JSON one).
+The machinery reads every lesson with it (course.source.read_source, course.loader, course.build):
+importing jupytext and nbformat costs seconds in every grading process, and GPU machines often
+have a preinstalled Python stack (NumPy, Numba, CuPy, PyTorch, pytest) and no Jupyter packages
+(course.gpu_report). tests/machinery/test_gpu_report.py checks the reader against jupytext on
+every lesson.
 """
 
 from __future__ import annotations
 
 import ast
-import json
 import re
-import sys
-import types
 from pathlib import Path
 
 _MARKER = re.compile(r"^# %%(.*)$")
@@ -91,33 +88,3 @@ def read(path: str | Path, fmt: str = "py:percent") -> NotebookNode:
             body.append(line)
     flush()
     return NotebookNode(cells=cells, metadata=NotebookNode(), nbformat=4, nbformat_minor=5)
-
-
-def install_shims() -> list[str]:
-    """Register minimal `jupytext` and `nbformat` modules if the real ones cannot be imported.
-    Returns the names of the modules shimmed."""
-    shimmed = []
-    try:
-        import jupytext  # noqa: F401
-    except ImportError:
-        mod = types.ModuleType("jupytext")
-        mod.read = read
-        mod.__version__ = "course.percent stand-in"
-        mod.__doc__ = "course.percent's stand-in for jupytext (read only)"
-        sys.modules["jupytext"] = mod
-        shimmed.append("jupytext")
-    try:
-        import nbformat  # noqa: F401
-    except ImportError:
-        mod = types.ModuleType("nbformat")
-        mod.NotebookNode = NotebookNode
-        mod.__version__ = "course.percent stand-in"
-        mod.from_dict = from_dict
-        mod.read = lambda fp, as_version=4: from_dict(json.loads(Path(fp).read_text() if isinstance(fp, (str, Path))
-                                                                 else fp.read()))
-        mod.reads = lambda s, as_version=4: from_dict(json.loads(s))
-        mod.writes = lambda nb, version=4: json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False)
-        mod.__doc__ = "course.percent's stand-in for nbformat (read and write JSON, no validation)"
-        sys.modules["nbformat"] = mod
-        shimmed.append("nbformat")
-    return shimmed

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import json
 import re
 import shutil
@@ -112,28 +113,11 @@ def own_parts(lesson, nb, module: str) -> list[dict]:
     """How to rebuild `module` of `lesson` from a student's notebook (course/own.py): its export cells in
     order, each {"cell": id in the student notebook, "stub": the cell as generated} (the student's code)
     or {"source": code} (a given cell, shipped as it is: machinery, never an answer)."""
-    from course.build import given_names, student_notebook
+    from course.build import student_notebook, student_view_cells
     from course.source import BEGIN, END, default_module, directives, strip_directives
 
     default = default_module(nb)
-    names: dict[str, bool] = {}
-    for cell in nb.cells:
-        d = directives(cell)
-        if "given" in d:
-            m = d["export"] or default
-            names[m] = names.get(m, False) or bool(given_names(cell.source))
-    kept, placed = [], set()  # the source cells the student notebook keeps (as course.build's _student_view)
-    for i, cell in enumerate(nb.cells):
-        d = directives(cell)
-        if "given" in d:
-            m = d["export"] or default
-            if m in placed or not names[m]:
-                continue
-            placed.add(m)
-        kept.append(i)
-    stub = student_notebook(lesson, nb)
-    assert len(stub.cells) == len(kept), "own_parts: out of step with the student notebook"
-    in_stub = {src: stub.cells[k] for k, src in enumerate(kept)}
+    in_stub = dict(zip(student_view_cells(nb), student_notebook(lesson, nb).cells))  # source cell -> student cell
     parts = []
     for i, cell in enumerate(nb.cells):
         d = directives(cell)
@@ -191,6 +175,11 @@ def _is_hidden_mark(node: ast.AST) -> bool:
 def hidden_tests(source: str) -> list[tuple[str, int, int]]:
     """(name, first line, last line) of each top-level test function or class marked hidden (its
     decorators and the comment lines right above them included)."""
+    return list(_hidden_tests(source))
+
+
+@functools.lru_cache(maxsize=64)
+def _hidden_tests(source: str) -> tuple[tuple[str, int, int], ...]:
     tree = ast.parse(source)
     lines = source.splitlines()
     out = []
@@ -205,7 +194,7 @@ def hidden_tests(source: str) -> list[tuple[str, int, int]]:
             while start > 1 and lines[start - 2].lstrip().startswith("#"):
                 start -= 1
             out.append((node.name, start, node.end_lineno))
-    return out
+    return tuple(out)
 
 
 def strip_hidden(source: str) -> tuple[str, list[str]]:
@@ -327,39 +316,45 @@ above in `minitorch/`).
 """
 
 
-MAKEFILE = """# A student release of the minitorch systems course (written by `make release`).
-PY      := .venv/bin/python
-STAMP   := .venv/.installed
-L       ?=
-BLAS_THREADS ?= 1
-PYTHON ?= python3
-CONSTRAINTS := constraints.txt
-GPU ?= 1
-
+# The class's Makefile: the student targets of the course's own Makefile (the lines between its
+# `# >>> student Makefile` and `# <<< student Makefile` markers, their `## who: what` help entries
+# dropped: the class's Makefile has no `make help`), with `make verify` added.
+MAKEFILE_HEAD = """# A student release of the minitorch systems course (written by `make release`).
 .PHONY: setup lab test verify clean
-
-# GPU=0: no CuPy/NVRTC (the `gpu` extra); the PTX checks of CUDA C kernels then skip, saying why.
-setup: $(STAMP)
-
-$(STAMP): pyproject.toml $(CONSTRAINTS)
-\t@$(PYTHON) course/setup_venv.py .venv $(CONSTRAINTS) $(if $(filter 0,$(GPU)),--cpu)
-\t@touch $(STAMP)
-
-ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)  # JupyterLab run as root needs it
-
-lab: $(STAMP)
-\tOPENBLAS_NUM_THREADS=$(BLAS_THREADS) MKL_NUM_THREADS=$(BLAS_THREADS) .venv/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/lessons $(ALLOW_ROOT)
-
-test: $(STAMP)
-\t$(PY) -m course.grade $(L)
-
-verify: $(STAMP)
-\t$(PY) -m course.release --verify .
-
-clean:
-\trm -rf build .pytest_cache
-\tfind . -name __pycache__ -not -path "./.venv/*" -prune -exec rm -rf {} +
 """
+MAKEFILE_VERIFY = """verify: $(STAMP)
+\t$(PY) -m course.release --verify .
+"""
+
+
+def student_makefile_blocks(text: str) -> list[str]:
+    """The blocks of the course's Makefile `text` marked for the student's Makefile, in order."""
+    blocks, current = [], None
+    for line in text.splitlines(keepends=True):
+        if line.startswith("# >>> student Makefile"):
+            if current is not None:
+                raise ValueError("Makefile: `# >>> student Makefile` inside another such block")
+            current = []
+        elif line.startswith("# <<< student Makefile"):
+            if current is None:
+                raise ValueError("Makefile: `# <<< student Makefile` without its `# >>>`")
+            blocks.append("".join(current))
+            current = None
+        elif current is not None:
+            if re.match(r"[a-zA-Z$][^\t=]*:(?!=)", line):  # a rule: its help entry goes
+                line = re.sub(r" +## [a-z]+: .*", "", line)
+            current.append(line)
+    if current is not None or not blocks:
+        raise ValueError("Makefile: no complete `# >>> student Makefile` ... `# <<< student Makefile` block")
+    return blocks
+
+
+def makefile(course_makefile: Path | None = None) -> str:
+    """A class release's Makefile, made from the course's Makefile (this checkout's): its student
+    targets (setup, lab, test, clean and what they use), then `make verify` before the last block."""
+    blocks = student_makefile_blocks((course_makefile or REPO / "Makefile").read_text())
+    parts = [MAKEFILE_HEAD, *blocks[:-1], MAKEFILE_VERIFY, blocks[-1]]
+    return "\n".join(part.strip("\n") + "\n" for part in parts)
 
 
 def step_id(lesson) -> str:
@@ -447,6 +442,22 @@ def requirements() -> str:
         "\n".join(deps) + "\n"
 
 
+_PARTS: dict = {}  # (what, lesson, hash of its source and tests) -> a derived text: see _lesson_part
+
+
+def _lesson_part(what: str, le, compute):
+    """compute() -> one of a lesson's derived parts (its student notebook's text, its tests without the
+    hidden ones, its index entry), made once per content of its source and test files: a release of
+    every lesson in turn (matrix) builds each lesson's parts once, not once per release."""
+    import hashlib
+
+    digest = hashlib.sha256(le.source.read_bytes() + b"\0" + le.tests.read_bytes()).hexdigest()
+    key = (what, le.stem, digest)
+    if key not in _PARTS:
+        _PARTS[key] = compute()
+    return _PARTS[key]
+
+
 def _write_release(dest: Path, released, first, last, hidden: bool = False) -> dict:
     """Write the release's files into the empty folder `dest`; returns its index (course/lessons.json).
     hidden: keep the hidden tests (a grading tree), else strip them."""
@@ -465,10 +476,10 @@ def _write_release(dest: Path, released, first, last, hidden: bool = False) -> d
     (dest / "tests").mkdir(parents=True, exist_ok=True)
     for le in released:
         nb = read_source(le)
-        write(f"lessons/{le.notebook.name}", notebook_text(student_notebook(le, nb)))
+        write(f"lessons/{le.notebook.name}", _lesson_part("notebook", le, lambda: notebook_text(student_notebook(le, nb))))
         tests = le.tests.read_text()
-        write(f"tests/{le.tests.name}", tests if hidden else strip_hidden(tests)[0])
-        index["lessons"][le.stem] = index_entry(le, nb)
+        write(f"tests/{le.tests.name}", tests if hidden else _lesson_part("tests", le, lambda: strip_hidden(tests)[0]))
+        index["lessons"][le.stem] = json.loads(_lesson_part("index", le, lambda: json.dumps(index_entry(le, nb))))
         if int(le.number) < int(first.number):
             chosen = {m: (text, "reference") for m, text in exported_modules(le, nb).items()}
         else:
@@ -507,7 +518,7 @@ def _write_release(dest: Path, released, first, last, hidden: bool = False) -> d
     for name in ("pyproject.toml", "constraints.txt", "setup.py", ".gitignore"):  # the course's own, else this checkout's
         shutil.copyfile(root / name if (root / name).exists() else REPO / name, dest / name)
     write("MANIFEST.in", "include setup.py pyproject.toml constraints.txt\ninclude tests/*.py data/*\n")
-    write("Makefile", MAKEFILE)
+    write("Makefile", makefile())
     write("README.md", readme(released, last, modules, first))
     write(WORKFLOW, workflow(released))
     return index
@@ -755,7 +766,13 @@ def check_release(dest: Path, last, first=None, hidden: bool = False) -> list[st
     return problems
 
 
-def minitorch_references(source: str) -> set[str]:
+def minitorch_references(source: str) -> frozenset[str]:
+    """Every minitorch module a Python file can reach by name (see _minitorch_references)."""
+    return _minitorch_references(source)
+
+
+@functools.lru_cache(maxsize=512)
+def _minitorch_references(source: str) -> frozenset[str]:
     """Every minitorch module a Python file can reach by name: `import minitorch.x`, `from minitorch.x
     import ...`, `from minitorch import x`, and any string that names one (`importlib.import_module(
     "minitorch.x")`, `__import__`, a monkeypatch target "minitorch.x.f"), docstrings aside."""
@@ -776,7 +793,7 @@ def minitorch_references(source: str) -> set[str]:
                 names |= {a.name for a in node.names}
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             names |= set(re.findall(r"\bminitorch\.(\w+)", node.value))
-    return names
+    return frozenset(names)
 
 
 def _in_release(root: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess:

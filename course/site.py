@@ -168,7 +168,7 @@ def _outputs(lesson: Lesson, path: Path, small: bool, default_by: str) -> Output
 
 
 def _execute(lesson: Lesson, out_dir: Path, small: bool) -> Path:
-    from course.maintain import execute_notebook
+    from course.executor import execute_notebook
 
     what = "small (MINITORCH_SMALL=1)" if small else "at full size, as `make demo` does"
     print(f"  executing solutions/{lesson.stem}.py {what} -> {_shown(out_dir / (lesson.stem + '.ipynb'))}",
@@ -468,31 +468,6 @@ def _clean_outputs(cell) -> None:
     cell["outputs"] = kept
 
 
-def student_view_cells(src) -> list[int]:
-    """The indices of the source cells the student notebook keeps, in order: all but a module's
-    given cells after its first (which becomes the module's import) and given cells that define no
-    public name (course.build._student_view's walk; course.build.exercise_cells walks it too)."""
-    from course.build import given_names
-    from course.source import default_module
-
-    default, placed, public = default_module(src), set(), {}
-    for cell in src.cells:
-        d = directives(cell)
-        if "given" in d:
-            module = d["export"] or default
-            public[module] = public.get(module, False) or bool(given_names(cell.source))
-    kept = []
-    for i, cell in enumerate(src.cells):
-        d = directives(cell)
-        if "given" in d:
-            module = d["export"] or default
-            if module in placed or not public[module]:
-                continue
-            placed.add(module)
-        kept.append(i)
-    return kept
-
-
 def page_notebook(lesson: Lesson, out: Outputs, site_lessons: dict[str, Lesson], repo: str, terms: list[Term],
                   pages: set[str], answers: bool = False):
     """The lesson's page: the executed notebook's outputs under the code as the student notebook
@@ -500,7 +475,7 @@ def page_notebook(lesson: Lesson, out: Outputs, site_lessons: dict[str, Lesson],
     cells left out, widget views dropped, links fixed, and the run box under the title."""
     import nbformat
 
-    from course.build import BEGIN, END, student_notebook
+    from course.build import BEGIN, END, student_notebook, student_view_cells
     from course.source import read_source
 
     executed = _read_nb(out.path)

@@ -103,9 +103,9 @@ def ran_to_the_end(path: Path) -> bool:
 
 def demo_notebook(lesson: Lesson, small: bool = False, out_dir: Path | None = None) -> Path:
     """The executed demo notebook: build/demo/NN.ipynb if newer than its source, else run it now
-    (course.maintain.execute_notebook, as `make demo` does; small: MINITORCH_SMALL=1, written to
+    (course.executor.execute_notebook, as `make demo` does; small: MINITORCH_SMALL=1, written to
     build/slides/small/ so it never stands in for a full-size demo)."""
-    from course.maintain import execute_notebook
+    from course.executor import execute_notebook
 
     out_dir = out_dir or (SLIDES / "small" if small else BUILD / "demo")
     nb = out_dir / f"{lesson.stem}.ipynb"

@@ -44,6 +44,10 @@ END = "### END SOLUTION"
 _DIRECTIVE = re.compile(r"^\s*#\|\s*(\w+)\s*(.*?)\s*$")
 _LESSON_FILE = re.compile(r"^(\d\d)_(\w+)\.py$")
 
+# The cell metadata of the student notebook that says which exercise a cell belongs to (the
+# notebook has no directives): {"minitorch": {"exercise": "1.2"}}.
+EXERCISE_METADATA = "minitorch"
+
 # Tags whose cells are not run when a lesson is loaded for grading.
 NOT_LOADED = {"demo", "gpu", "check"}
 
@@ -161,6 +165,14 @@ def exercise_titles(lesson: Lesson) -> dict[str, str]:
     if index is not None:
         return dict(index["lessons"][lesson.stem]["exercises"])
     return exercises(read_source(lesson))
+
+
+def cell_exercise(cell) -> str | None:
+    """The exercise a cell belongs to: in the student notebook (and a student's copy of it) its
+    metadata says (`minitorch.exercise`, written by `make build`), in the source and the solution
+    notebook its `#| exercise L.K` directive."""
+    meta = cell.get("metadata", {}).get(EXERCISE_METADATA)
+    return (meta.get("exercise") if isinstance(meta, dict) else None) or directives(cell).get("exercise")
 
 
 def enclosing_names(source: str) -> list[str]:

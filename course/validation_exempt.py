@@ -46,7 +46,7 @@ EXEMPT: dict[tuple[str, str, str], str] = {
         for name in ("bias_gelu", "gelu_unfused", "l2norm", "sgemm", "softmax", "softmax_unfused", "hgemm",
                      "cuda_time_ms", "enable_cuda")}
        if not __import__("course.gpu", fromlist=["gpu_status"]).gpu_status()[0] else {}),
-    # -- lessons 09 and 11 (attention, gpt, serve)
+    # -- lessons 09 and 11 (attention, gpt, kv_cache)
     ("attention.check_size", "value", "*"): "a helper that raises on behalf of its caller: the message names the "
                                             "caller's parameter (its `name` argument) and the value",
     ("attention.check_size", "minimum", "negative"): "any integer is a valid lower bound",
@@ -57,17 +57,17 @@ EXEMPT: dict[tuple[str, str, str], str] = {
                                     "(Embedding) and evaluate_loss refuse ids outside it",
     ("gpt.*", "warmup", "zero size"): "no warm-up is a valid schedule (the full rate from step 0)",
     ("gpt.*", "max_new_tokens", "zero size"): "generating no token is valid: the prompt comes back",
-    ("serve.*generate", "max_new_tokens", "zero size"): "generating no token is valid: an empty result",
+    ("kv_cache.*generate", "max_new_tokens", "zero size"): "generating no token is valid: an empty result",
     ("gpt.bigram_loss", "alpha", "fraction above 1"): "add-alpha smoothing takes any alpha > 0 (add-one is the classic)",
-    ("serve.BigramLM", "alpha", "fraction above 1"): "add-alpha smoothing takes any alpha > 0 (add-one is the classic)",
-    ("serve.kv_cache_bytes", "*", "zero size"): "the formula's counts may be 0 (no tokens, no layers: 0 bytes), as its "
+    ("kv_cache.BigramLM", "alpha", "fraction above 1"): "add-alpha smoothing takes any alpha > 0 (add-one is the classic)",
+    ("kv_cache.kv_cache_bytes", "*", "zero size"): "the formula's counts may be 0 (no tokens, no layers: 0 bytes), as its "
                                                 "docstring and lesson 11's tests say",
-    ("serve.PagedKVCache.add", "seq", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are ids)",
-    ("serve.PagedKVCache.fork", "child", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are ids)",
-    ("serve.PagedKVCache.*", "n", "zero size"): "0 more tokens is valid: no slot, no block (lesson 11's tests check it)",
-    ("serve.*.truncate", "n", "zero size"): "truncating a language model to 0 tokens (forgetting everything) is valid",
-    ("serve.speculative_generate", "k", "zero size"): "k = 0 drafts nothing: one target token per call (plain decoding)",
-    ("serve.BlockAllocator.*", "block", "zero size"): "a block id, not a size: block 0 is the first block",
+    ("kv_cache.PagedKVCache.add", "seq", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are ids)",
+    ("kv_cache.PagedKVCache.fork", "child", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are ids)",
+    ("kv_cache.PagedKVCache.*", "n", "zero size"): "0 more tokens is valid: no slot, no block (lesson 11's tests check it)",
+    ("kv_cache.*.truncate", "n", "zero size"): "truncating a language model to 0 tokens (forgetting everything) is valid",
+    ("kv_cache.speculative_generate", "k", "zero size"): "k = 0 drafts nothing: one target token per call (plain decoding)",
+    ("kv_cache.BlockAllocator.*", "block", "zero size"): "a block id, not a size: block 0 is the first block",
     # -- lessons 10, 12, 13 (quant, parallel, comm, model_parallel)
     **({("quant.int8_gemm_dp4a", "*", "*"): "launches a CuPy kernel, and no CUDA GPU runs it here (its rules refuse "
                                             "bad operands before CuPy is touched; the emulated kernel, "
@@ -121,38 +121,38 @@ EXEMPT: dict[tuple[str, str, str], str] = {
                                                     "valid what-if: lesson 13's tests plan with flop_rate=inf"
        for name in ("memory", "flop_rate")},
     ("model_parallel.split_layers", "rank", "zero size"): "rank 0 is the first stage (a rank >= p is refused)",
-    # -- lessons 14-16 (compiler, server, server_kit, moe)
+    # -- lessons 14-16 (compiler; scheduler, engine, api_server, metrics, serving_kit; moe)
     **{(f"compiler.{fn}", param, value): "the generated kernels' scalar math: inf and nan are values it must "
                                          "compute as NumPy does (test_given_compiler checks vexp(nan) is nan, "
                                          "vtanh(-inf) is -1); a non-number is refused by name"
        for fn, params in (("vexp", ("x",)), ("vtanh", ("x",)), ("vrelu", ("x",)), ("vmax", ("a", "b")))
        for param in params for value in ("nan", "inf")},
-    ("server.PrefixCache.admit", "seq", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are "
+    ("scheduler.PrefixCache.admit", "seq", "*"): "a new sequence id is any hashable but a bool (None, -1, 2.5, '3' are "
                                               "ids), as lesson 11's PagedKVCache.add takes",
     **{(name, "tokens", "an id of 10**9"): "the prefix cache hashes token ids and knows no vocabulary: the engine "
                                            "refuses ids outside it when a request comes in (add_request); negative "
                                            "ids are refused here"
-       for name in ("server.block_hashes", "server.PrefixCache.*")},
-    ("server.PrefixCache.evict", "n", "zero size"): "evicting 0 blocks is valid (the engine asks for what it is short "
+       for name in ("scheduler.block_hashes", "scheduler.PrefixCache.*")},
+    ("scheduler.PrefixCache.evict", "n", "zero size"): "evicting 0 blocks is valid (the engine asks for what it is short "
                                                     "of; lesson 15's tests check evict(0))",
     **{(name, "n", "zero size"): "n = 0 is an empty schedule or workload, as the docstring says (lesson 15's tests "
                                  "check poisson_arrivals(rate, 0))"
-       for name in ("server.poisson_arrivals", "server_kit.sample_workload")},
-    ("server.SamplingParams", "top_k", "zero size"): "top_k = 0 turns top-k sampling off (vLLM's 0 or -1)",
-    **{(f"server.{cls}*", "*", "*"): "lives in one asyncio event loop (its futures and mailbox): no copy of a call can "
+       for name in ("metrics.poisson_arrivals", "serving_kit.sample_workload")},
+    ("scheduler.SamplingParams", "top_k", "zero size"): "top_k = 0 turns top-k sampling off (vLLM's 0 or -1)",
+    **{(f"api_server.{cls}*", "*", "*"): "lives in one asyncio event loop (its futures and mailbox): no copy of a call can "
                                      "be made to replay it; it checks its arguments inline (once per token) and "
                                      "test_serving_given calls it with bad ones"
        for cls in ("TokenStream", "LoopMailbox", "TextStream")},
     **{(name, "*", "*"): "starts (or is the main of) an engine process: a replay would start another; "
                          "test_engine_process checks, by name, the settings it refuses before any process starts"
-       for name in ("server.EngineProcess*", "server.engine_process_main")},
-    **{(f"server.{name}", "*", "*"): "serves until Ctrl-C (make serve): test_serve_signals runs it in a process"
+       for name in ("engine.EngineProcess*", "engine.engine_process_main")},
+    **{(f"api_server.{name}", "*", "*"): "serves until Ctrl-C (make serve): test_serve_signals runs it in a process"
        for name in ("serve", "main")},
-    ("server.RequestLog.record", "*", "*"): "the server calls it for every finished request, whose on_token "
+    ("api_server.RequestLog.record", "*", "*"): "the server calls it for every finished request, whose on_token "
                                             "callback lives in the event loop (no copy to replay), so the walk "
                                             "stops trying before a test's own call; test_serving_given checks its "
                                             "refusals",
-    **{(f"server_kit.ServerThread.{name}", "*", "*"): "starts or stops the server's thread, which runs once: a copy "
+    **{(f"serving_kit.ServerThread.{name}", "*", "*"): "starts or stops the server's thread, which runs once: a copy "
                                                       "of the call cannot run it again"
        for name in ("start", "stop")},
     **{(f"moe.{name}", "*", "*"): "runs only inside the processes of an MPI run (mpi4py's COMM_WORLD), which the "

@@ -37,8 +37,6 @@ import importlib
 import inspect
 import io
 import json
-import math
-import os
 import re
 import signal
 import sys

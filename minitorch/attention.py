@@ -531,7 +531,7 @@ def _flash_cuda_args(q: Any, k: Any, v: Any, o: Any, lse: Any, causal: bool) -> 
 def flash_attention_emulated(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                              causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(o, lse) of flash_forward run on the CPU emulator (course.cuda_c). q (G, Nq, d), k, v (G, Nk, d) float32."""
-    from course.cuda_c import emulate
+    from course.cuda_c import emulate  # the CPU emulator of CUDA C is course machinery (course/cuda_c.py)
 
     q, k, v = _flash_cuda_operands(np.asarray(q), np.asarray(k), np.asarray(v), np)
     o = np.zeros_like(q)

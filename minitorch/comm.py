@@ -868,8 +868,8 @@ def run(fn: Callable, nranks: int, *args: Any, engine: str = "sim", alpha: float
 def _time_scale() -> float:
     """How many times slower than the course's reference machine this one runs (course.timing)."""
     try:
-        from course.timing import time_scale
-    except ImportError:
+        from course.timing import time_scale  # the grader's measure of this machine (MT_TIME_SCALE)
+    except ImportError:  # minitorch without the course: no scaling
         return 1.0
     return time_scale()
 

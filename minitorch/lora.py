@@ -17,8 +17,8 @@ from minitorch.checks import check_number, describe
 from minitorch.gpt import DATA_DIR, GPT, layer_norm_np
 from minitorch.nn import Linear, Module, Parameter, cross_entropy
 from minitorch.quant import group_size_for, pack_int4, quantize, replace_linears, unpack_int4
-from minitorch.serve import GPTWeights, OutOfBlocks, embed, gelu, linear, lm_head, paged_attention
-from minitorch.server import Engine
+from minitorch.kv_cache import GPTWeights, OutOfBlocks, embed, gelu, linear, lm_head, paged_attention
+from minitorch.engine import Engine
 
 
 def frozen_linear(x: Tensor, weight: np.ndarray, bias: np.ndarray | None = None) -> Tensor:

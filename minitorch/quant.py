@@ -828,7 +828,7 @@ def int8_gemm_dp4a(a: Any, b: Any) -> Any:
 
 def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The same kernel on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
-    from course.cuda_c import emulate
+    from course.cuda_c import emulate  # the CPU emulator of CUDA C is course machinery (course/cuda_c.py)
 
     a, b = check_int8_operands(a, b, "int8_gemm_dp4a_emulated")
     m, n = a.shape[0], b.shape[1]

@@ -18,7 +18,7 @@ from minitorch.checks import check_int, check_number
 from minitorch.gpt import get_batch
 from minitorch.nn import Module
 from minitorch.optim import Adam
-from minitorch.serve import GPTWeights
+from minitorch.kv_cache import GPTWeights
 
 
 def _check_sparsity(what: str, sparsity: Any) -> float:

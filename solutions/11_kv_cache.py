@@ -26,7 +26,7 @@
 #    proposes k tokens, the model checks them in one pass, and a rejection rule keeps the
 #    output distribution exactly the model's.
 #
-# The course's reference version of this lesson is `minitorch/serve.py`. Background: the
+# The course's reference version of this lesson is `minitorch/kv_cache.py`. Background: the
 # hardware side of inference
 # (bandwidth per token, batch size against arithmetic intensity, cache sizes of real models) in
 # [inference](../hardware_notes/inference.md); the roofline in
@@ -49,9 +49,9 @@ from course.check import check
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 
 # %%
-#| default_exp serve
+#| default_exp kv_cache
 #| export
-"""minitorch.serve: generation with a KV cache, grouped-query attention, a paged KV cache with a
+"""minitorch.kv_cache: generation with a KV cache, grouped-query attention, a paged KV cache with a
 block allocator, continuous batching and speculative decoding, on lesson 09's tiny GPT in NumPy.
 """
 from __future__ import annotations
@@ -74,7 +74,11 @@ from minitorch.gpt import GELU_C, GPT, check_sampling, layer_norm_np, load_tiny_
 #
 # Lesson 09's model, rewritten as plain functions over its weights: `gpt_forward` is the same
 # arithmetic as `GPT.forward` (the check below compares them), in whatever dtype the weights
-# have. Every matrix product goes through `matmul`, which counts multiply-adds while a
+# have. Why a copy rather than `GPT.forward` itself: generation needs no gradients, so nothing
+# should record an autograd tape per token, and the cached, paged and (lesson 15) fused forwards
+# below all read one flat layout of the weights (`GPTWeights.params`: lesson 09's names, Linear
+# weights (in, out)). Each of them is lesson 09's model with one thing changed, and
+# `tests/machinery/test_one_transformer.py` holds each to `GPT.forward`'s logits. Every matrix product goes through `matmul`, which counts multiply-adds while a
 # `count_macs()` block is open: the tests grade the cache by the work it saves, not by a clock.
 #
 # The pieces you will reuse: `embed(W, idx, pos)` (token plus position embeddings, for any
@@ -153,7 +157,12 @@ class GPTWeights:
 
 
 def gpt_weights(model: GPT, dtype: Any = np.float64) -> GPTWeights:
-    """The weights of a lesson 09 GPT, converted to `dtype`."""
+    """The weights of a lesson 09 GPT, converted to `dtype`.
+
+    Serving (this lesson and lesson 15) runs this NumPy copy and never GPT.forward: a forward pass
+    with no autograd tape to record, in any dtype, and one flat layout (name -> array, Linear
+    weights (in, out)) that the paged cache's forward and lesson 15's fused step read as they are.
+    The arithmetic is GPT.forward's (tests/machinery/test_one_transformer.py compares them)."""
     c = model.config
     return GPTWeights({k: np.asarray(v).astype(dtype) for k, v in model.state_dict().items()},
                       c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_head, c.n_embd, c.ln_eps)
@@ -330,7 +339,8 @@ def _token_ids(W: GPTWeights, ids: Any, what: str, name: str) -> np.ndarray:
 def gpt_forward(W: GPTWeights, idx: Any, attend_fn: Any = None,
                 return_kv: bool = False) -> np.ndarray | tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """The whole model on idx (B, T), T <= block_size, positions 0..T-1, causal: logits (B, T,
-    vocab) in the weights' dtype. No cache: everything is computed from the tokens. attend_fn
+    vocab) in the weights' dtype. No cache: everything is computed from the tokens. A variant of
+    lesson 09's GPT.forward that changes only where the numbers live (NumPy arrays, no tape). attend_fn
     replaces attend (section 4). With return_kv, also [(k, v) of each layer], each (B, n_kv_head,
     T, hd): what a cache would hold."""
     idx = check_ids(W, idx, "gpt_forward")
@@ -467,7 +477,8 @@ class KVCache:
 #| export
 #| exercise 11.1
 def forward_cached(W: GPTWeights, cache: KVCache, idx: Any, rows: Any = None) -> np.ndarray:
-    """One step of the model with a KV cache.
+    """One step of the model with a KV cache: gpt_forward's layers (layer_qkv, attend, layer_finish,
+    lm_head) on the new tokens only, their keys and values kept and the earlier ones read back.
 
     idx (b, t) int: t new tokens for each of b cache rows `rows` (distinct row indices; default:
     all rows, b = cache.batch). Row r's tokens take positions cache.lengths[r] ...
@@ -1457,7 +1468,8 @@ class Request:
 
 def paged_forward(W: GPTWeights, cache: PagedKVCache, seqs: Sequence[Any], chunks: Sequence[np.ndarray]) -> np.ndarray:
     """One model step over a ragged batch: chunks[i] (t_i,) new tokens of sequence seqs[i],
-    appended to the paged cache. All the step's tokens go through the layers with weights as one
+    appended to the paged cache. forward_cached's layers, with the cache in blocks (paged_attention
+    reads keys through each sequence's block table) and sequences of different lengths in one step. All the step's tokens go through the layers with weights as one
     (1, sum t_i, C) matrix; attention is per sequence, through its block table. Returns (len(seqs),
     vocab): the logits of each chunk's last token. OutOfBlocks (nothing changed) if the cache
     cannot hold the new tokens."""
@@ -1948,8 +1960,9 @@ for name, factory in drafts.items():
 #   work for fewer target passes; it speeds up only when a target pass of k + 1 tokens costs
 #   about as much as one.
 #
-# **In minitorch.** `minitorch.serve`: the NumPy model (`gpt_weights`, `load_tiny_weights`,
-# `random_gpt_weights`, `gpt_forward`, `lm_loss`, `count_macs`), the cache (`KVCache`,
+# **In minitorch.** `minitorch.kv_cache` (`minitorch.serve` before the rename; that name still
+# imports): the NumPy model (`gpt_weights`, `load_tiny_weights`, `random_gpt_weights`,
+# `gpt_forward`, `lm_loss`, `count_macs`), the cache (`KVCache`,
 # `forward_cached`, `generate`, `decode_latencies`), the costs (`kv_cache_bytes`,
 # `decode_step_cost`), GQA (`grouped_attention`, `pool_kv_heads`), paging (`BlockAllocator`,
 # `OutOfBlocks`, `PagedKVCache`, `paged_attention`, `paged_forward`), batching (`Request`,
@@ -2079,3 +2092,15 @@ validate_public(globals(), {
     "speculative_generate": {"target": _MODEL, "draft": _MODEL, "prompt": _IDS, "max_new_tokens": Count, "k": Count,
                              "temperature": NonNegative},
 })
+
+# %%
+#| export serve
+#| given
+"""minitorch.serve: the old name of lesson 11's module, now minitorch.kv_cache (the KV cache, paged
+attention, continuous batching, speculative decoding). Kept so that a notebook saved before the
+rename, `from minitorch.serve import ...`, still runs: it holds the very objects of
+minitorch.kv_cache. Import from minitorch.kv_cache in new code."""
+if __name__ == "minitorch.serve":  # the module, not this notebook (whose names are its own)
+    import minitorch.kv_cache as _kv_cache
+
+    globals().update({k: v for k, v in vars(_kv_cache).items() if not k.startswith("__")})

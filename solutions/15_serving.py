@@ -25,8 +25,10 @@
 # streaming as server-sent events, 15.4 the metrics (Prometheus histograms, latency
 # percentiles), 15.5 the load generator's arrival schedule and goodput. The server around them,
 # the page, the load generator's HTTP plumbing and the fused decode step are given
-# (`minitorch/server_kit.py`).
-# The course's reference version is `minitorch/server.py`. Background: why decode is
+# (`minitorch/serving_kit.py`, `minitorch/fused_decode.py`).
+# The course's reference version is split the way vLLM's is: `minitorch/scheduler.py` (requests,
+# prefix caching, the scheduling policy), `minitorch/engine.py` (the engine core),
+# `minitorch/api_server.py` (the HTTP API) and `minitorch/metrics.py`. Background: why decode is
 # memory-bound and what batching buys, in [inference](../hardware_notes/inference.md#serving);
 # the roofline in [roofline](../hardware_notes/roofline.md).
 #
@@ -45,42 +47,66 @@ from course.check import check
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 
 # %%
-#| default_exp server
+#| default_exp engine
 #| export
-"""minitorch.server: an inference server for lesson 09's tiny GPT: an engine with a step loop
-(admission, chunked prefill, decode, preemption, retirement, prefix caching) over lesson 11's
-paged KV cache, an OpenAI-compatible HTTP API with streaming and Prometheus metrics, and the
-pieces of a load generator (arrivals, latency statistics, goodput)."""
+"""minitorch.engine: the engine core of lesson 15's inference server (vLLM's LLMEngine /
+EngineCore): Engine, a Scheduler (minitorch.scheduler) with a model, a step loop in a background
+thread, requests coming in and tokens going out; how a token is drawn (sampling_probs, stop
+strings); the engine in its own process (EngineProcess).
+
+Lesson 15's modules, the way vLLM lays them out: minitorch.scheduler (requests, prefix caching,
+the scheduling policy), minitorch.engine (this), minitorch.fused_decode (the decode step as one
+Numba function), minitorch.api_server (the OpenAI-compatible HTTP API), minitorch.metrics
+(Prometheus metrics, latency statistics, the load generator's arrivals and goodput) and
+minitorch.serving_kit (uvicorn in a thread or a process, the lecture page, the front door, the
+load generator's HTTP client). (Before: minitorch.server and minitorch.server_kit, names that
+still import.)"""
 from __future__ import annotations
 
-import asyncio
-import functools
 import itertools
-import json
 import math
-import numbers
 import threading
 import time
-import uuid
-import weakref
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
-from starlette.requests import Request  # FastAPI reads the handlers' annotations from the module's names
 
-from minitorch.gpt import CharTokenizer, load_tiny_gpt
-from minitorch.serve import GPTWeights, PagedKVCache, draw, gpt_forward, gpt_weights, paged_forward, sample_token
-from minitorch.server_kit import FusedDecoder
+from minitorch.fused_decode import FusedDecoder
+from minitorch.gpt import load_tiny_gpt
+from minitorch.kv_cache import GPTWeights, draw, gpt_forward, gpt_weights, paged_forward, sample_token
+if globals().get("__spec__") is not None:  # a module (not a notebook, whose own cells define these names)
+    from minitorch.scheduler import (FUSED_CHUNK_MAX, MAX_STOP, PLAIN, GenRequest, QueueFull, SamplingParams,
+                                     Scheduler, _check_callbacks, _check_engine_options, _check_generation, _describe,
+                                     _is_int, _is_number, _token_logprobs)
 
 # %%
-#| export server_kit
+# The notebook's own imports: what the cells of the lesson's other modules use (each module
+# imports its own; the student's notebook runs them all in one namespace).
+import asyncio
+import functools
+import json
+import numbers
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from starlette.requests import Request  # FastAPI reads the handlers' annotations from the module's names
+
+from minitorch.gpt import CharTokenizer
+from minitorch.kv_cache import PagedKVCache
+
+# %%
+#| export serving_kit
 #| given
-"""minitorch.server_kit: the machinery around lesson 15's server that the student reads but does
-not write: the lecture page, uvicorn in a thread, the load generator's HTTP plumbing, and the
-engine's fused decode step (one Numba function for a whole decode step of the tiny GPT)."""
+"""minitorch.serving_kit: the machinery around lesson 15's server that the student reads but does
+not write: the lecture page, uvicorn in a thread or a process, the front door (limits, API key,
+CORS, Host), and the load generator's HTTP plumbing (vLLM's benchmark_serving client). The
+engine's fused decode step is minitorch.fused_decode."""
 from __future__ import annotations
 
 import asyncio
@@ -94,7 +120,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 PAGE_HTML = """<!doctype html>
 <html><head><meta charset="utf-8"><title>minitorch server</title>
@@ -255,7 +280,7 @@ class ServerThread:
 
 
 class ServerProcess:
-    """`minitorch.server.serve(port=..., **serve_kw)` in a child process (its own interpreter, so
+    """`minitorch.api_server.serve(port=..., **serve_kw)` in a child process (its own interpreter, so
     a load generator in this one does not share its lock). `with ServerProcess(...) as url:`
     waits for /health, and on leaving sends SIGINT (a graceful stop) and waits for the exit."""
 
@@ -275,7 +300,7 @@ class ServerProcess:
         import httpx
 
         args = "".join(f", {k}={v!r}" for k, v in self.serve_kw.items())
-        code = f"from minitorch.server import serve; serve(host={self.host!r}, port={self.port}{args})"
+        code = f"from minitorch.api_server import serve; serve(host={self.host!r}, port={self.port}{args})"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
@@ -763,9 +788,33 @@ def run_load(url: str, workload: list[tuple[str, int]], arrivals: Any, model: st
 # pool too small for one whole context, a negative step interval, ...), before anything runs.
 
 # %%
-#| export
+#| export scheduler
+#| given
+"""minitorch.scheduler: the scheduling half of lesson 15's engine (vLLM's Scheduler and its
+KV cache manager): the requests the engine serves (GenRequest, SamplingParams, QueueFull),
+prefix caching over lesson 11's paged KV cache (block_hashes, PrefixCache), and Scheduler, the
+policy that picks each step's chunks under a token budget (chunked prefill), preempting and
+admitting. It runs no model: minitorch.engine's Engine is a Scheduler that does."""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from minitorch.kv_cache import GPTWeights, PagedKVCache
+
 FUSED_CHUNK_MAX = 32   # longer prefill chunks go through paged_forward (BLAS), shorter ones the fused step
 MAX_LOGPROBS = 20      # the most alternatives a token's log-probabilities may list (OpenAI's top_logprobs bound)
+MAX_STOP = 4           # stop strings per request (OpenAI's bound)
+
+# %%
+#| export scheduler
 
 
 class QueueFull(RuntimeError):
@@ -1040,7 +1089,7 @@ def _token_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list
 # that only the cache holds). Use Python's `hash` of a tuple `(previous hash, tuple of ints)`.
 
 # %%
-#| export
+#| export scheduler
 #| exercise 15.1
 def block_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[int]:
     """The chained hashes of the full blocks of `tokens` (1-D ids): len(tokens) // block_size ints,
@@ -1162,7 +1211,7 @@ class PrefixCache:
 # tokens); the ninth token is in a partial block and is computed again.
 
 # %%
-from minitorch.serve import load_tiny_weights
+from minitorch.kv_cache import load_tiny_weights
 
 W64 = load_tiny_weights(np.float64)
 try:
@@ -1208,13 +1257,125 @@ check("15.1")
 # records the step. The tests check the plan's structure: the budget respected,
 # decodes first, every request served exactly as if alone, the pool empty when idle.
 #
-# **Exercise 15.2.** Write `Engine.schedule`.
+# The policy lives in its own class, `Scheduler` (`minitorch/scheduler.py`, as vLLM keeps its
+# scheduler apart from the engine): it holds the paged cache, the queue and the running requests
+# and decides; `Engine` (`minitorch/engine.py`) is a `Scheduler` that also runs the model, samples
+# and serves requests from other threads. It reuses lesson 11's pieces (`PagedKVCache`, its
+# `blocks_needed`, the preemption rule: the newest running request goes back to the front of the
+# queue) but is not a subclass of lesson 11's `Scheduler`: that one's `step()` runs the model and
+# feeds each prompt whole, its `Request` has no count of tokens computed, and its ids are the
+# paged cache's; chunked prefill needs a plan (`schedule()`) apart from the step that runs it, and
+# a request that remembers how far it got (`GenRequest.num_computed`). So you write the policy
+# again, with those two additions, rather than override half of lesson 11's.
+#
+# **Exercise 15.2.** Write `Scheduler.schedule`.
+
+# %%
+#| export scheduler
+#| exercise 15.2
+class Scheduler:
+    """The scheduling policy of the engine (vLLM's Scheduler.schedule): which requests the next
+    step feeds, and how many of their tokens. It holds the paged KV cache (lesson 11's
+    PagedKVCache) with its prefix cache, the waiting queue (GenRequests, first come first served)
+    and the running requests (in admission order), and runs no model: Engine (minitorch.engine)
+    is a Scheduler that runs the plan.
+
+    W: the model's weights (the cache's shape, the context); num_blocks blocks of block_size
+    tokens; at most max_running requests in the cache; at most max_num_batched_tokens tokens fed
+    per step; prefix_caching on or off, or a class to use for it (PrefixCache's interface)."""
+
+    def __init__(self, W: GPTWeights, num_blocks: int = 64, block_size: int = 8, max_running: int = 32,
+                 max_num_batched_tokens: int = 48, prefix_caching: Any = True):
+        if not (isinstance(prefix_caching, bool) or callable(prefix_caching)):
+            raise TypeError(f"Scheduler: prefix_caching must be True, False or a class like PrefixCache, "
+                            f"got {prefix_caching!r}")
+        self.W = W
+        self.cache = PagedKVCache.for_model(W, block_size, num_blocks)
+        kind = PrefixCache if prefix_caching is True else prefix_caching
+        self.prefix = kind(self.cache) if kind else None
+        self.max_running = int(max_running)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.waiting: deque[GenRequest] = deque()
+        self.running: list[GenRequest] = []
+        self.counters = {"preemptions": 0}   # the engine's counters (Engine adds its own)
+
+    # ---------------------------------------------------------------- scheduling
+    def _fits(self, need: int, promised: int) -> bool:
+        """Whether `need` more blocks fit beside `promised` ones, evicting from the prefix cache."""
+        short = promised + need - self.cache.num_free
+        if short > 0 and self.prefix is not None:
+            self.prefix.evict(short)
+        return promised + need <= self.cache.num_free
+
+    def _preempt(self, request: GenRequest) -> None:
+        """Free a running request's blocks and put it back at the head of the queue."""
+        self.running.remove(request)
+        self.cache.free(request.id)
+        request.num_computed = 0
+        request.preemptions += 1
+        self.counters["preemptions"] += 1
+        self.waiting.appendleft(request)
+
+    def _admit(self, request: GenRequest) -> None:
+        """Put a waiting request in the cache: num_computed becomes its cached prefix (0 without
+        prefix caching)."""
+        if self.prefix is not None:
+            request.num_computed = self.prefix.admit(request.id, request.tokens)
+        else:
+            self.cache.add(request.id)
+            request.num_computed = 0
+        request.num_cached = request.num_computed
+
+    def _unadmit(self, request: GenRequest) -> None:
+        """Undo _admit (the request stays at the head of the queue)."""
+        self.cache.free(request.id)
+        request.num_computed = 0
+
+    def schedule(self) -> list[tuple[GenRequest, int]]:
+        """Plan one step: [(request, n tokens to feed)], running requests first, then admissions;
+        moves preempted requests to self.waiting and admitted ones to self.running (in order).
+        Every planned chunk fits the budget and the free blocks."""
+        ### BEGIN SOLUTION
+        plan: list[tuple[GenRequest, int]] = []
+        budget, promised, preempted = self.max_num_batched_tokens, 0, False
+        for request in list(self.running):
+            if budget == 0 or request not in self.running:   # out of budget, or preempted below
+                break
+            n = min(request.num_tokens - request.num_computed, budget)
+            need = self.cache.blocks_needed(request.id, n)
+            while not self._fits(need, promised):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if request not in self.running:
+                break
+            plan.append((request, n))
+            budget -= n
+            promised += need
+        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_running:
+            request = self.waiting[0]
+            self._admit(request)
+            n = min(request.num_tokens - request.num_computed, budget)
+            need = self.cache.blocks_needed(request.id, n)
+            if not self._fits(need, promised):
+                self._unadmit(request)
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            plan.append((request, n))
+            budget -= n
+            promised += need
+        return plan
+        ### END SOLUTION
 
 # %%
 #| export
-#| exercise 15.2
-class Engine:
-    """Continuous batching over a paged KV cache, with chunked prefill and prefix caching.
+class Engine(Scheduler):
+    """Continuous batching over a paged KV cache, with chunked prefill and prefix caching: a
+    Scheduler (its schedule() picks each step's chunks) with a model, requests coming in, a step
+    that runs the plan and samples, and a loop in a background thread.
 
     W: the model's weights; num_blocks blocks of block_size tokens; at most max_running requests
     in the cache and max_waiting in the queue (more: QueueFull); at most max_num_batched_tokens
@@ -1222,26 +1383,24 @@ class Engine:
     interface); step_interval: each step of the background loop lasts at least this many seconds
     (slow motion for a lecture or a test); decode: "fused" runs the step's single-token chunks
     through one compiled function (FusedDecoder, section 10) and the longer chunks through
-    paged_forward, "reference" runs everything through lesson 11's paged_forward."""
+    paged_forward, "reference" runs everything through lesson 11's paged_forward.
+
+    The model runs on lesson 11's NumPy copy of the weights (W, from gpt_weights), never through
+    lesson 09's GPT.forward: no autograd tape to build per token, and one flat layout of arrays
+    (dtype chosen, Linear weights (in, out)) that paged_forward and the fused step both read."""
 
     def __init__(self, W: GPTWeights, num_blocks: int = 64, block_size: int = 8, max_running: int = 32,
                  max_waiting: int = 256, max_num_batched_tokens: int = 48, prefix_caching: Any = True,
                  step_interval: float = 0.0, history: int = 4096, decode: str = "fused"):
         if not isinstance(getattr(W, "params", None), dict) or "wte.weight" not in W.params:
-            raise TypeError(f"Engine: W must be the model's GPTWeights (minitorch.serve.gpt_weights), got "
+            raise TypeError(f"Engine: W must be the model's GPTWeights (minitorch.kv_cache.gpt_weights), got "
                             f"{type(W).__name__}")
         _check_engine_options("Engine", W.block_size, W.dtype, num_blocks, block_size, max_running, max_waiting,
                              max_num_batched_tokens, prefix_caching, step_interval, history, decode)
-        self.W = W
+        super().__init__(W, num_blocks, block_size, max_running, max_num_batched_tokens, prefix_caching)
         self.decoder = FusedDecoder(W) if decode == "fused" else None
-        self.cache = PagedKVCache.for_model(W, block_size, num_blocks)
-        kind = PrefixCache if prefix_caching is True else prefix_caching
-        self.prefix = kind(self.cache) if kind else None
-        self.max_running, self.max_waiting = int(max_running), int(max_waiting)
-        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.max_waiting = int(max_waiting)
         self.step_interval = float(step_interval)
-        self.waiting: deque[GenRequest] = deque()
-        self.running: list[GenRequest] = []
         self.lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
         self._ids = itertools.count()
@@ -1343,77 +1502,6 @@ class Engine:
         work = sum(r.max_tokens * (1 + len(r.followers)) for r in self.waiting) + \
             sum(r.max_tokens - len(r.output) for r in self.running)
         return float(max(1, math.ceil(work / rate)))
-
-    # ---------------------------------------------------------------- scheduling
-    def _fits(self, need: int, promised: int) -> bool:
-        """Whether `need` more blocks fit beside `promised` ones, evicting from the prefix cache."""
-        short = promised + need - self.cache.num_free
-        if short > 0 and self.prefix is not None:
-            self.prefix.evict(short)
-        return promised + need <= self.cache.num_free
-
-    def _preempt(self, request: GenRequest) -> None:
-        """Free a running request's blocks and put it back at the head of the queue."""
-        self.running.remove(request)
-        self.cache.free(request.id)
-        request.num_computed = 0
-        request.preemptions += 1
-        self.counters["preemptions"] += 1
-        self.waiting.appendleft(request)
-
-    def _admit(self, request: GenRequest) -> None:
-        """Put a waiting request in the cache: num_computed becomes its cached prefix (0 without
-        prefix caching)."""
-        if self.prefix is not None:
-            request.num_computed = self.prefix.admit(request.id, request.tokens)
-        else:
-            self.cache.add(request.id)
-            request.num_computed = 0
-        request.num_cached = request.num_computed
-
-    def _unadmit(self, request: GenRequest) -> None:
-        """Undo _admit (the request stays at the head of the queue)."""
-        self.cache.free(request.id)
-        request.num_computed = 0
-
-    def schedule(self) -> list[tuple[GenRequest, int]]:
-        """Plan one step: [(request, n tokens to feed)], running requests first, then admissions;
-        moves preempted requests to self.waiting and admitted ones to self.running (in order).
-        Every planned chunk fits the budget and the free blocks."""
-        ### BEGIN SOLUTION
-        plan: list[tuple[GenRequest, int]] = []
-        budget, promised, preempted = self.max_num_batched_tokens, 0, False
-        for request in list(self.running):
-            if budget == 0 or request not in self.running:   # out of budget, or preempted below
-                break
-            n = min(request.num_tokens - request.num_computed, budget)
-            need = self.cache.blocks_needed(request.id, n)
-            while not self._fits(need, promised):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted = True
-                if victim is request:
-                    break
-            if request not in self.running:
-                break
-            plan.append((request, n))
-            budget -= n
-            promised += need
-        while self.waiting and not preempted and budget > 0 and len(self.running) < self.max_running:
-            request = self.waiting[0]
-            self._admit(request)
-            n = min(request.num_tokens - request.num_computed, budget)
-            need = self.cache.blocks_needed(request.id, n)
-            if not self._fits(need, promised):
-                self._unadmit(request)
-                break
-            self.waiting.popleft()
-            self.running.append(request)
-            plan.append((request, n))
-            budget -= n
-            promised += need
-        return plan
-        ### END SOLUTION
 
     # ---------------------------------------------------------------- one step
     def step(self) -> dict[str, Any]:
@@ -1761,7 +1849,7 @@ except NotImplementedError as exc:
 # meanwhile (`until_disconnected`) and aborts the request the moment it closes.
 #
 # The request plumbing (`check_request`, the streams, `ResponseBuilder` for OpenAI's JSON) is
-# given, in `minitorch/server.py`; `make_app` below wires it together, and the front door of
+# given, in `minitorch/api_server.py`; `make_app` below wires it together, and the front door of
 # section 12 (limits on bodies, headers, connections; an API key; CORS; the Host header) wraps it.
 #
 # **Exercise 15.3.** Write `sse_event` (one event's bytes) and `sse_stream`, the async generator
@@ -1772,10 +1860,42 @@ except NotImplementedError as exc:
 # final chunk is the first).
 
 # %%
-#| export
+#| export api_server
+#| given
+"""minitorch.api_server: lesson 15's OpenAI-compatible HTTP API (vLLM's
+entrypoints/openai/api_server): request validation (check_request), the token and text streams
+between the engine's thread and the event loop, OpenAI's JSON (ResponseBuilder), server-sent
+events (sse_stream), the FastAPI application (make_app) and the server's entry points
+(build_server, serve, `python -m minitorch.api_server`)."""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+from starlette.requests import Request  # FastAPI reads the handlers' annotations from the module's names
+
+from minitorch.gpt import CharTokenizer, load_tiny_gpt
+
+if globals().get("__spec__") is not None:  # a module (not a notebook, whose own cells define these names)
+    from minitorch.engine import Engine, EngineProcess, StopStrings, model_engine
+    from minitorch.metrics import render_metrics
+    from minitorch.scheduler import MAX_LOGPROBS, MAX_STOP, GenRequest, QueueFull, SamplingParams, _describe, _is_int
+
+# %%
+#| export api_server
 #| given
 MAX_N = 16                  # samples per request (OpenAI allows 128; a server sizes this to its pool)
-MAX_STOP = 4                # stop strings per request (OpenAI's bound)
 SEED_RANGE = (-2 ** 63, 2 ** 63 - 1)   # a seed is a signed 64-bit integer (vLLM's bound)
 
 
@@ -2468,7 +2588,7 @@ async def until_disconnected(request: Request, work: "asyncio.Future[Any]") -> b
 
 
 # %%
-#| export
+#| export api_server
 #| exercise 15.3
 def sse_event(data: dict[str, Any] | str) -> bytes:
     """One server-sent event: b"data: " + the JSON of `data` on one line (a str such as "[DONE]" as
@@ -2500,7 +2620,7 @@ async def sse_stream(stream: Any, chunk: Callable[[Any, str | None, bool], dict[
 
 
 # %%
-#| export
+#| export api_server
 def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-gpt", api_key: str | None = None,
              allowed_origins: Sequence[str] | None = None, allowed_hosts: Sequence[str] | None = None,
              max_body_bytes: int = 1 << 20, body_timeout: float = 30.0) -> Any:
@@ -2509,7 +2629,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     /metrics (Prometheus text), /stats (JSON for the page) and / (the page); POST
     /reset_prefix_cache (empties the prefix cache and the peak-running counter, as vLLM's endpoint
     of that name); /docs and /openapi.json. The engine's loop starts with the app and stops, after
-    draining, when the server shuts down. The front door (server_kit.FrontDoor, section 12): the
+    draining, when the server shuts down. The front door (serving_kit.FrontDoor, section 12): the
     Host header must name one of allowed_hosts (None: this machine's loopback names; ["*"]: any),
     /v1 and /reset_prefix_cache need `Authorization: Bearer <api_key>` when api_key is set, bodies
     over max_bytes get 413 before they are read, a body not read whole within body_timeout
@@ -2520,7 +2640,7 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
-    from minitorch.server_kit import PAGE_HTML, add_front_door
+    from minitorch.serving_kit import PAGE_HTML, add_front_door
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -2662,6 +2782,8 @@ def make_app(engine: Engine, tokenizer: CharTokenizer, model_name: str = "tiny-g
     return app
 
 
+# %%
+#| export
 def model_engine(model: Any, dtype: Any, **engine_kw: Any) -> Engine:
     """An Engine over `model`'s weights in `dtype` (engine_kw go to Engine), its fused decode step
     compiled (the first request does not wait for Numba)."""
@@ -2670,7 +2792,8 @@ def model_engine(model: Any, dtype: Any, **engine_kw: Any) -> Engine:
         engine.decoder.warm_up()
     return engine
 
-
+# %%
+#| export api_server
 def build_server(dtype: Any = np.float32, engine_process: bool = False, app_kw: dict[str, Any] | None = None,
                  **engine_kw: Any) -> tuple[Any, Any]:
     """(engine, app) serving lesson 09's shipped tiny GPT in `dtype`; engine_kw go to Engine, app_kw
@@ -2685,7 +2808,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02
           api_key: str | None = None, allowed_origins: Sequence[str] | None = None,
           allowed_hosts: Sequence[str] | None = None, **engine_kw: Any) -> None:
     """Serve the tiny GPT until Ctrl-C (`make serve`): the first Ctrl-C finishes the requests in
-    flight, a second aborts them and stops at once (server_kit.uvicorn_server). step_interval slows
+    flight, a second aborts them and stops at once (serving_kit.uvicorn_server). step_interval slows
     each step so a lecture can watch the tokens arrive; engine_process: the engine in a process of
     its own (section 11), or in a thread of this one. api_key (default: the environment's
     MINITORCH_API_KEY, as vLLM reads VLLM_API_KEY): the Bearer token /v1 requires; allowed_origins:
@@ -2693,7 +2816,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02
     give besides the loopback ones and `host` (a server on 0.0.0.0 is reached by other names)."""
     import os
 
-    from minitorch.server_kit import uvicorn_server
+    from minitorch.serving_kit import uvicorn_server
 
     api_key = api_key if api_key is not None else os.environ.get("MINITORCH_API_KEY") or None
     hosts = list(allowed_hosts or ()) + ([host] if host not in ("0.0.0.0", "::", "") else [])
@@ -2710,12 +2833,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, step_interval: float = 0.02
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m minitorch.server [--host H] [--port P] [--api-key KEY] [--allowed-origins O ...]
+    """`python -m minitorch.api_server [--host H] [--port P] [--api-key KEY] [--allowed-origins O ...]
     [--allowed-hosts H ...] [--step-interval S] [--thread]`: serve() from the command line, with
     vLLM's names for the options."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m minitorch.server", description="Serve lesson 09's tiny GPT.")
+    ap = argparse.ArgumentParser(prog="python -m minitorch.api_server", description="Serve lesson 09's tiny GPT.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY on /v1 (vLLM's --api-key)")
@@ -2727,10 +2850,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve(a.host, a.port, a.step_interval, not a.thread, a.api_key, a.allowed_origins, a.allowed_hosts)
 
 
-if __name__ == "__main__" and globals().get("__spec__") is not None:  # python -m minitorch.server, not a kernel
-    import minitorch.server
+if __name__ == "__main__" and globals().get("__spec__") is not None:  # python -m minitorch.api_server, not a kernel
+    import minitorch.api_server
 
-    minitorch.server.main()
+    minitorch.api_server.main()
 
 
 # %% tags=["check"]
@@ -2796,7 +2919,35 @@ check("15.3")
 # interpolation); NaN where there is no value.
 
 # %%
-#| export
+#| export metrics
+#| given
+"""minitorch.metrics: what lesson 15's server reports and what its load generator measures
+(vLLM's metrics and benchmark_serving's statistics): Prometheus histograms and the /metrics
+text, latency percentiles (TTFT, TPOT, inter-token), Poisson arrivals and goodput."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if globals().get("__spec__") is not None:  # a module (not a notebook, whose own cells define these names)
+    from minitorch.scheduler import _describe, _is_int, _is_number
+if TYPE_CHECKING:  # annotations only: the engine and the API server import this module
+    from minitorch.api_server import RequestLog
+    from minitorch.engine import Engine
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+HISTOGRAMS = (  # RequestLog's name, the metric's (vLLM's names), help, buckets
+    ("ttft", "time_to_first_token_seconds", "Time to first token, from arrival.", LATENCY_BUCKETS),
+    ("tpot", "time_per_output_token_seconds", "Time per output token after the first.", LATENCY_BUCKETS),
+    ("e2e", "e2e_request_latency_seconds", "From arrival to the last token.", REQUEST_BUCKETS),
+    ("queue", "request_queue_time_seconds", "From arrival to the first step that ran it.", REQUEST_BUCKETS))
+
+# %%
+#| export metrics
 #| exercise 15.4
 class Histogram:
     """A Prometheus histogram: `buckets`, increasing finite upper bounds; counts of observations
@@ -2878,16 +3029,7 @@ def latency_stats(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, floa
     ### END SOLUTION
 
 # %%
-#| export
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-REQUEST_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
-HISTOGRAMS = (  # RequestLog's name, the metric's (vLLM's names), help, buckets
-    ("ttft", "time_to_first_token_seconds", "Time to first token, from arrival.", LATENCY_BUCKETS),
-    ("tpot", "time_per_output_token_seconds", "Time per output token after the first.", LATENCY_BUCKETS),
-    ("e2e", "e2e_request_latency_seconds", "From arrival to the last token.", REQUEST_BUCKETS),
-    ("queue", "request_queue_time_seconds", "From arrival to the first step that ran it.", REQUEST_BUCKETS))
-
-
+#| export metrics
 def render_metrics(engine: Engine, log: RequestLog) -> str:
     """The engine's state in Prometheus text format: gauges (requests running and waiting, KV
     blocks used, cached and total, tokens/s, prefix hit rate), counters (finished requests by
@@ -2962,7 +3104,7 @@ check("15.4")
 # **Exercise 15.5.** Write `poisson_arrivals` and `goodput`.
 
 # %%
-#| export
+#| export metrics
 #| exercise 15.5
 def poisson_arrivals(rate: float, n: int, rng: Any = 0) -> np.ndarray:
     """Send times (n,) float64 in seconds from the start of a Poisson process of `rate`
@@ -3423,7 +3565,7 @@ except NotImplementedError as exc:
 
 # %% tags=["demo"]
 from minitorch.bench import blas_limit, load_report
-from minitorch.serve import decode_step_cost, kv_cache_bytes
+from minitorch.kv_cache import decode_step_cost, kv_cache_bytes
 
 W32 = W64.astype(np.float32)
 batches = [1, 4, 16] if SMALL else [1, 2, 4, 8, 16, 32, 64]
@@ -3572,7 +3714,7 @@ live(draw_batching, rate=(5.0, 500.0, 5.0), max_batch=batches)
 # 4,096 (lesson 11; vLLM's `gpu_memory_utilization` sizes this pool).
 
 # %%
-from minitorch.serve import kv_cache_bytes
+from minitorch.kv_cache import kv_cache_bytes
 
 per_token = kv_cache_bytes(W64.n_layer, W64.n_kv_head, W64.head_dim, 1, 4)
 pool_blocks, block = 48, 8
@@ -3606,7 +3748,7 @@ if points:
 # interpreter between them.
 #
 # The engine's default, `decode="fused"`, does what llama.cpp does. `fused_decode_kernel` (given,
-# in `minitorch/server_kit.py`; read it there) is one Numba function for one decode step of b
+# in `minitorch/fused_decode.py`; read it there) is one Numba function for one decode step of b
 # sequences, one token each: the embeddings; per layer LayerNorm, q, k and v as one matrix
 # product (the three weight matrices concatenated, `FusedDecoder` repacks them once), the new key
 # and value written to the sequence's slot in the paged pool, each head's attention over keys 0
@@ -3642,7 +3784,25 @@ if points:
 # dynamic shapes and CUDA graphs, is the long one).
 
 # %%
-#| export server_kit
+#| export fused_decode
+#| given
+"""minitorch.fused_decode: the engine's decode step as one Numba function (FusedDecoder): every
+layer of lesson 09's transformer for a batch of new tokens over lesson 11's paged KV cache, in a
+compiled loop with no Python between the operations, and the measurement of what that buys
+(decode_speeds). A variant of lesson 09's GPT.forward: the same weights (lesson 11's GPTWeights
+layout), the same arithmetic, one token per row against the cache."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+# %%
+#| export fused_decode
 #| given
 from minitorch.attention import FASTMATH  # noqa: E402 - lesson 09's flags: the dot products vectorise, -inf stays -inf
 
@@ -3783,7 +3943,13 @@ class FusedDecoder:
     """The engine's fused decode step for the GPTWeights W: __call__(cache, seqs, tokens) appends
     one token to each sequence of a PagedKVCache and returns the logits (len(seqs), vocab) in W's
     dtype, equal to paged_forward(W, cache, seqs, [[t] for t in tokens]) up to rounding. The
-    weights are packed once, here; Numba compiles the kernel at the first call for each dtype."""
+    weights are packed once, here; Numba compiles the kernel at the first call for each dtype.
+
+    A variant of lesson 09's GPT.forward (through lesson 11's paged_forward): the same layers on the
+    same weights, written as loops over rows that Numba compiles into one function per step, so
+    nothing of lesson 09's (Tensor operations) or lesson 11's (NumPy calls) can run inside it; it
+    reads lesson 11's GPTWeights, packed per layer. tests/machinery/test_one_transformer.py checks
+    its logits against GPT.forward."""
 
     def __init__(self, W: Any):
         self.W = W
@@ -3810,7 +3976,7 @@ class FusedDecoder:
     def warm_up(self) -> None:
         """Compile the kernel for W's dtype now (one step on a scratch cache of one block), not at the
         first request."""
-        from minitorch.serve import PagedKVCache
+        from minitorch.kv_cache import PagedKVCache
 
         W = self.W
         scratch = PagedKVCache(W.n_layer, W.n_kv_head, W.head_dim, 1, 1, W.dtype)
@@ -3887,7 +4053,7 @@ def decode_speeds(W: Any, n_tokens: int, engine: Callable[..., Any], prompt_len:
     from tqdm.auto import tqdm
 
     from minitorch.bench import blas_limit
-    from minitorch.serve import decode_latencies
+    from minitorch.kv_cache import decode_latencies
 
     prompt = np.random.default_rng(seed).integers(0, W.vocab_size, prompt_len)
 
@@ -3935,10 +4101,9 @@ def print_decode_speeds(runs: dict[str, np.ndarray], W: Any, prompt_len: int = 1
               f"{rate['lesson 11'] / rate['no cache']:>21.1f}x {rate['engine fused'] / rate['no cache']:>5.1f}x")
 
 # %%
-#| export server_kit
+#| export serving_kit
 #| given
-from minitorch.checks import (Attrs, Func, Instance, Int, Optional, Positive, Seq, Size, Str, Unchecked,  # noqa: E402
-                              validate_public)
+from minitorch.checks import Attrs, Func, Int, Optional, Positive, Seq, Size, Str, validate_public  # noqa: E402
 
 validate_public(globals(), {
     "uvicorn_server": {"app": Func(), "header_timeout": Positive, "max_connections": Optional(Size),
@@ -3954,6 +4119,14 @@ validate_public(globals(), {
     "add_front_door": {"app": Attrs("add_middleware"), "allowed_origins": Optional(Seq(Str())),
                        "allowed_hosts": Optional(Seq(Str())), "max_body_bytes": Size, "body_timeout": Positive},
     "guarded_protocol": {"header_timeout": Positive, "max_connections": Optional(Size), "max_header_bytes": Size},
+})
+
+# %%
+#| export fused_decode
+#| given
+from minitorch.checks import Attrs, Func, Instance, Seq, Size, Unchecked, validate_public  # noqa: E402
+
+validate_public(globals(), {
     "FusedDecoder": {"W": Attrs("params", "n_layer", "n_head", "vocab_size", "block_size", "dtype")},
     "FusedDecoder.__call__": {"cache": Attrs("k", "v", "lengths", "block_size"), "seqs": Seq()},
     "FusedDecoder.forward": {"cache": Unchecked(), "seqs": Unchecked(),   # once per step: its own checks
@@ -3974,7 +4147,7 @@ validate_public(globals(), {
 
 # %% tags=["demo"]
 from minitorch.bench import load_report
-from minitorch.serve import decode_step_cost, random_gpt_weights
+from minitorch.kv_cache import decode_step_cost, random_gpt_weights
 
 n_decode = 128 if SMALL else 512
 W_long = random_gpt_weights(block_size=16 + n_decode, dtype=np.float32)
@@ -4177,7 +4350,7 @@ class EngineProcess:
         ours.set_inheritable(False)                # a fork of this process must not keep the engine alive
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", f"from minitorch.server import engine_process_main; engine_process_main({theirs.fileno()})"],
+            [sys.executable, "-c", f"from minitorch.engine import engine_process_main; engine_process_main({theirs.fileno()})"],
             pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -4430,14 +4603,11 @@ class EngineProcess:
 
 
 # %%
-#| export
+#| export scheduler
 #| given
-from minitorch.checks import (Attrs, Bool, FloatDType, Instance, Int, Number, Optional, Positive, Seq,  # noqa: E402
-                              Size, Str, Unchecked, validate_public)
+from minitorch.checks import Size, Unchecked, validate_public  # noqa: E402
 
 _OWN = Unchecked()          # checked in the body (once per token or per step: a fast path of its own)
-_ENGINE = Attrs("add_parallel", "abort", "stats", "reset_prefix_cache", "start", "stop", "W")   # Engine, EngineProcess
-_REQUEST = Attrs("prompt", "output", "logprobs", "finish_reason", "token_times")   # a GenRequest (a notebook's too)
 validate_public(globals(), {
     "block_hashes": {"tokens": _OWN, "block_size": _OWN},      # _check_ids and its own check: per admission
     "PrefixCache": {"cache": _OWN},
@@ -4445,12 +4615,32 @@ validate_public(globals(), {
     "PrefixCache.admit": {"seq": _OWN, "tokens": _OWN},    # seq: any hashable id, as the paged cache takes
     "PrefixCache.register": {"seq": _OWN, "tokens": _OWN},
     "PrefixCache.evict": {"n": _OWN},
-    "Engine": {"W": _OWN, "prefix_caching": _OWN},    # _check_engine_options: by name, before anything is built
-    "Engine.add_request": {"sampling": _OWN},        # _check_generation: by its fields (a notebook's class too)
-    "Engine.add_parallel": {"sampling": _OWN},
-    "Engine.abort": {"request": _OWN, "reason": _OWN},   # another engine's request: its own message
-    "Engine.tokens_per_s": {"window": Positive},
-    "Engine.stop": {"timeout": Number(0, lo_open=True, finite=False)},
+    "Scheduler": {"W": _OWN, "num_blocks": Size, "block_size": Size, "max_running": Size,
+                  "max_num_batched_tokens": Size, "prefix_caching": _OWN},   # Engine checks them by name first
+})
+
+# %%
+#| export metrics
+#| given
+from minitorch.checks import Attrs, Number, Unchecked, validate_public  # noqa: E402
+
+validate_public(globals(), {
+    "Histogram.observe": {"value": Number(finite=False)},      # inf is a (slow) observation: the +Inf bucket
+    "render_metrics": {"engine": Attrs("stats"), "log": Attrs("drain", "histograms")},
+    "poisson_arrivals": {"rate": Number(0, lo_open=True, finite=False), "rng": Unchecked()},   # inf: all at once
+    "goodput": {"ttft_slo": Number(0, finite=False), "tpot_slo": Number(0, finite=False)},   # inf: no bound
+})
+
+# %%
+#| export api_server
+#| given
+from minitorch.checks import Attrs, FloatDType, Instance, Int, Number, Optional, Positive, Seq, Size, Str  # noqa: E402
+from minitorch.checks import Unchecked, validate_public  # noqa: E402
+
+_OWN = Unchecked()          # checked in the body (once per token or per step: a fast path of its own)
+_ENGINE = Attrs("add_parallel", "abort", "stats", "reset_prefix_cache", "start", "stop", "W")   # Engine, EngineProcess
+_REQUEST = Attrs("prompt", "output", "logprobs", "finish_reason", "token_times")   # a GenRequest (a notebook's too)
+validate_public(globals(), {
     "parse_body": {"raw": _OWN},
     "check_request": {"body": Instance(dict, must="a JSON object (a dict)"), "context": Size,
                       "tokenizer": Attrs("encode", "decode", "vocab_size")},
@@ -4464,15 +4654,26 @@ validate_public(globals(), {
     "RequestLog.record": {"request": _REQUEST},
     "make_app": {"engine": _ENGINE, "allowed_origins": Optional(Seq(Str())), "allowed_hosts": Optional(Seq(Str())),
                  "max_body_bytes": Size, "body_timeout": Positive},
-    "model_engine": {"model": Attrs("state_dict", "config"), "dtype": FloatDType(np.float32, np.float64)},
     "build_server": {"dtype": FloatDType(np.float32, np.float64), "app_kw": Optional(Instance(dict))},
     "serve": {"port": Int(0, 65535), "step_interval": Number(0), "allowed_origins": Optional(Seq(Str())),
               "allowed_hosts": Optional(Seq(Str()))},
     "main": {"argv": Optional(Seq(Str()))},
-    "Histogram.observe": {"value": Number(finite=False)},      # inf is a (slow) observation: the +Inf bucket
-    "render_metrics": {"engine": Attrs("stats"), "log": Attrs("drain", "histograms")},
-    "poisson_arrivals": {"rate": Number(0, lo_open=True, finite=False), "rng": _OWN},   # inf: all at once
-    "goodput": {"ttft_slo": Number(0, finite=False), "tpot_slo": Number(0, finite=False)},   # inf: no bound
+})
+
+# %%
+#| export
+#| given
+from minitorch.checks import Attrs, FloatDType, Int, Number, Positive, Unchecked, validate_public  # noqa: E402
+
+_OWN = Unchecked()          # checked in the body (once per token or per step: a fast path of its own)
+validate_public(globals(), {
+    "Engine": {"W": _OWN, "prefix_caching": _OWN},    # _check_engine_options: by name, before anything is built
+    "Engine.add_request": {"sampling": _OWN},        # _check_generation: by its fields (a notebook's class too)
+    "Engine.add_parallel": {"sampling": _OWN},
+    "Engine.abort": {"request": _OWN, "reason": _OWN},   # another engine's request: its own message
+    "Engine.tokens_per_s": {"window": Positive},
+    "Engine.stop": {"timeout": Number(0, lo_open=True, finite=False)},
+    "model_engine": {"model": Attrs("state_dict", "config"), "dtype": FloatDType(np.float32, np.float64)},
     "sampling_probs": {"logits": _OWN, "params": _OWN, "counts": _OWN},   # checked in the body, by duck type
     "engine_process_main": {"fd": Int(0)},
     "EngineProcess": {"dtype": FloatDType(np.float32, np.float64), "start_timeout": Positive},
@@ -4499,7 +4700,7 @@ from contextlib import ExitStack
 from tqdm.auto import tqdm
 
 from minitorch.bench import load_report
-from minitorch.server_kit import ServerProcess, process_threads, run_load, sample_workload
+from minitorch.serving_kit import ServerProcess, process_threads, run_load, sample_workload
 
 
 def layout_run(url: str, pid: int, n: int) -> dict:
@@ -4568,7 +4769,7 @@ except NotImplementedError as exc:
 # from the lecturer's own browser. Every connection costs a file descriptor and some memory,
 # every request in flight a task, and a client need not send much to hold them. `make_app` and
 # `ServerThread`/`serve` put the limits that nginx, uvicorn and vLLM deployments set
-# (`server_kit.FrontDoor`, an ASGI middleware, and `guarded_protocol`, uvicorn's HTTP protocol
+# (`serving_kit.FrontDoor`, an ASGI middleware, and `guarded_protocol`, uvicorn's HTTP protocol
 # with timers; given):
 #
 # | threat | limit | answer |
@@ -4595,7 +4796,7 @@ except NotImplementedError as exc:
 # (vLLM's `--api-key`): with one, `/v1` needs `Authorization: Bearer <key>` (401 otherwise,
 # compared in constant time), while `/health` and `/metrics` stay open to the load balancer and
 # Prometheus. `serve(api_key=...)` takes one, or the environment's `MINITORCH_API_KEY`; from a
-# shell, `python -m minitorch.server --api-key KEY --allowed-origins http://host:port`.
+# shell, `python -m minitorch.api_server --api-key KEY --allowed-origins http://host:port`.
 #
 # Below, each limit meets its client, on a server with small limits (timeouts of 1 s).
 
@@ -4604,7 +4805,7 @@ import socket
 
 import httpx
 
-from minitorch.server_kit import ServerThread
+from minitorch.serving_kit import ServerThread
 
 
 def raw_request(srv, data: bytes, wait: float = 3.0) -> bytes:
@@ -4698,3 +4899,39 @@ except NotImplementedError as exc:
 # `client_body_timeout`; Hansen 2009 (Slowloris); the WHATWG Fetch standard (CORS); RFC 9110 and
 # RFC 6585 (408, 413, 415, 431); the WHATWG HTML standard, server-sent events; Prometheus's text
 # exposition format and its histograms.
+
+# %%
+#| export server
+#| given
+"""minitorch.server: the old name of lesson 15's server module, split since into the modules vLLM's
+layout names: minitorch.scheduler (requests, prefix caching, the scheduling policy),
+minitorch.engine (the engine core, the engine process), minitorch.api_server (the OpenAI HTTP API,
+serve, main) and minitorch.metrics (Prometheus metrics, latency statistics, arrivals, goodput).
+Kept so that a notebook saved before the split, `from minitorch.server import ...`, still runs
+(and `python -m minitorch.server`): it holds the very objects of those modules. Import from them
+in new code."""
+if __name__ in ("minitorch.server", "__main__") and globals().get("__spec__") is not None:  # not a notebook
+    import minitorch.api_server
+    import minitorch.engine
+    import minitorch.metrics
+    import minitorch.scheduler
+
+    for _module in (minitorch.scheduler, minitorch.engine, minitorch.metrics, minitorch.api_server):
+        globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})
+    if __name__ == "__main__":  # python -m minitorch.server
+        minitorch.api_server.main()
+
+# %%
+#| export server_kit
+#| given
+"""minitorch.server_kit: the old name of lesson 15's given machinery, split since into
+minitorch.serving_kit (uvicorn in a thread or a process, the lecture page, the front door, the load
+generator's HTTP client) and minitorch.fused_decode (the fused decode step, FusedDecoder). Kept so
+that a notebook saved before the split, `from minitorch.server_kit import ...`, still runs: it
+holds the very objects of those modules. Import from them in new code."""
+if __name__ == "minitorch.server_kit":  # the module, not this notebook
+    import minitorch.fused_decode
+    import minitorch.serving_kit
+
+    for _module in (minitorch.serving_kit, minitorch.fused_decode):
+        globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})

@@ -70,7 +70,7 @@ from minitorch.checks import check_int, check_number
 from minitorch.gpt import get_batch
 from minitorch.nn import Module
 from minitorch.optim import Adam
-from minitorch.serve import GPTWeights
+from minitorch.kv_cache import GPTWeights
 
 
 def _check_sparsity(what: str, sparsity: Any) -> float:
@@ -374,7 +374,7 @@ check("18.2")
 # %% tags=["demo"]
 from minitorch.bench import load_report
 from minitorch.gpt import eval_windows
-from minitorch.serve import gpt_forward, gpt_weights, lm_loss
+from minitorch.kv_cache import gpt_forward, gpt_weights, lm_loss
 
 W32 = gpt_weights(tiny, np.float32)
 vx, vy = eval_windows(val_ids, 64, EVAL)

@@ -64,8 +64,8 @@ from minitorch.checks import check_number, describe
 from minitorch.gpt import DATA_DIR, GPT, layer_norm_np
 from minitorch.nn import Linear, Module, Parameter, cross_entropy
 from minitorch.quant import group_size_for, pack_int4, quantize, replace_linears, unpack_int4
-from minitorch.serve import GPTWeights, OutOfBlocks, embed, gelu, linear, lm_head, paged_attention
-from minitorch.server import Engine
+from minitorch.kv_cache import GPTWeights, OutOfBlocks, embed, gelu, linear, lm_head, paged_attention
+from minitorch.engine import Engine
 
 
 def frozen_linear(x: Tensor, weight: np.ndarray, bias: np.ndarray | None = None) -> Tensor:
@@ -824,8 +824,8 @@ check("19.4")
 # cell checks it, in float64, and prints both texts.
 
 # %% tags=["demo"]
-from minitorch.serve import generate as generate_np
-from minitorch.serve import gpt_weights
+from minitorch.kv_cache import generate as generate_np
+from minitorch.kv_cache import gpt_weights
 
 W64 = gpt_weights(tiny, np.float64)
 code_adapter = model_adapter(lora_model)
@@ -852,7 +852,7 @@ for p, a, h in handles:
 
 # %% tags=["demo"]
 from minitorch.bench import load_report
-from minitorch.serve import random_gpt_weights
+from minitorch.kv_cache import random_gpt_weights
 
 N_ADAPTERS, WIDTH, LAYERS = 4, (256 if SMALL else 512), (2 if SMALL else 4)
 N_REQ, NEW = (8, 6) if SMALL else (32, 16)

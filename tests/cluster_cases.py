@@ -101,12 +101,16 @@ def _mpi_cases() -> Any:
     return sys.modules[key]
 
 
-def run_cluster_cases(lesson: Any, request: Any, cases: dict[str, Callable], timeout: float = 120) -> ClusterRuns:
-    """Run the selected cases on the simulator (nodes=2) and, where a cluster can be made, on one."""
+def run_cluster_cases(lesson: Any, request: Any, cases: dict[str, Callable], timeout: float = 120,
+                      exercise: str | None = None) -> Any:
+    """Run the selected cases (of `exercise` if given) on the simulator (nodes=2) and, where a cluster
+    can be made, on one. A lesson graded `isolated`: each exercise's, when one of them is checked."""
+    from course.loader import Isolated
     from course.pytest_plugin import exercise_of, timed_out
 
-    items = {item.originalname: item for item in request.session.items}
-    wanted = [name for name in cases if name in items]
+    if isinstance(lesson, Isolated):
+        return _mpi_cases().PerExercise(lambda ex: run_cluster_cases(lesson.namespace, request, cases, timeout, ex))
+    items, wanted = _mpi_cases().selected(request, cases, exercise)
     sim_out, sim_runs, ready = {}, {}, {}
     for name in wanted:
         if timed_out(exercise_of(items[name])):

@@ -44,7 +44,7 @@ _loaded: dict[tuple[str, str], loader.LessonNamespace] = {}
 
 def pytest_addoption(parser):
     parser.addoption("--impl", default=os.environ.get("MT_IMPL", "reference"),
-                     help="reference | solution | stub | path to a lesson notebook")
+                     help="reference | solution | stub | only:L.K | isolated | path to a lesson notebook")
     parser.addoption("--exercise", default=None, help="run only this exercise's tests, e.g. 1.2")
 
 
@@ -58,10 +58,16 @@ def pytest_configure(config):
         config.pluginmanager.register(WalkPlugin(path), "validation-walk")
 
 
+def _exercise(item) -> str | None:
+    mark = item.get_closest_marker("exercise")
+    return str(mark.args[0]) if mark else None
+
+
 def pytest_collection_modifyitems(config, items):
     wanted = config.getoption("--exercise")
-    if wanted:
-        keep = [it for it in items if (m := it.get_closest_marker("exercise")) and str(m.args[0]) == wanted]
+    isolated = config.getoption("--impl") == "isolated"  # the tests of exercises, each on only:<its own>
+    if wanted or isolated:
+        keep = [it for it in items if (ex := _exercise(it)) is not None and (ex == wanted or not wanted)]
         config.hook.pytest_deselected(items=[it for it in items if it not in keep])
         items[:] = keep
     if any(it.get_closest_marker("gpu") for it in items):
@@ -73,6 +79,12 @@ def pytest_collection_modifyitems(config, items):
             for it in items:
                 if it.get_closest_marker("gpu"):
                     it.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """--impl=isolated: the namespace this test sees is that of its own exercise (loader.Isolated)."""
+    loader.Isolated.exercise = _exercise(item)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -104,7 +116,7 @@ def lesson(request):
     impl = request.config.getoption("--impl")
     key = (les.number, impl)
     if key not in _loaded:
-        _loaded[key] = loader.load(les, impl)
+        _loaded[key] = loader.Isolated(les) if impl == "isolated" else loader.load(les, impl)
     return _loaded[key]
 
 

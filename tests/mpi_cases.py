@@ -64,13 +64,39 @@ class CaseRuns:
                 assert_same(self.sim_out[name][n][r], self.mpi_out[r][n][name], where)
 
 
-def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callable, timeout: float) -> CaseRuns:
-    """Run the cases the session selected; sim(lesson, fn, n, *args) runs fn on the simulator
-    with n ranks."""
-    from course.pytest_plugin import exercise_of, timed_out
+class PerExercise:
+    """The runs of a lesson graded `isolated` (course.loader.Isolated): each exercise's cases run on
+    the first check of one of them, with the namespace of that exercise alone."""
+
+    def __init__(self, run: Callable[[str], Any]):
+        self._run, self._runs = run, {}
+
+    def check(self, name: str) -> None:
+        from course.loader import Isolated
+
+        if Isolated.exercise not in self._runs:
+            self._runs[Isolated.exercise] = self._run(Isolated.exercise)
+        self._runs[Isolated.exercise].check(name)
+
+
+def selected(request: Any, cases: dict[str, Callable], exercise: str | None) -> tuple[dict, list[str]]:
+    """({test name: item} of the session, the names of `cases` it selected, of `exercise` if given)."""
+    from course.pytest_plugin import exercise_of
 
     items = {item.originalname: item for item in request.session.items}
-    wanted = [name for name in cases if name in items]
+    return items, [name for name in cases if name in items and exercise in (None, exercise_of(items[name]))]
+
+
+def run_cases(lesson: Any, request: Any, cases: dict[str, Callable], sim: Callable, timeout: float,
+              exercise: str | None = None) -> CaseRuns | PerExercise:
+    """Run the cases the session selected (of `exercise` if given); sim(lesson, fn, n, *args) runs fn on
+    the simulator with n ranks."""
+    from course.loader import Isolated
+    from course.pytest_plugin import exercise_of, timed_out
+
+    if isinstance(lesson, Isolated):
+        return PerExercise(lambda ex: run_cases(lesson.namespace, request, cases, sim, timeout, ex))
+    items, wanted = selected(request, cases, exercise)
     sim_out, ready = {}, {}
     for name in wanted:
         if timed_out(exercise_of(items[name])):  # its test will not run: spare a second time limit

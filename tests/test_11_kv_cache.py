@@ -82,9 +82,16 @@ def greedy_alone(W, prompt, n):
     return np.array(tokens[len(prompt):])
 
 
-@pytest.fixture(scope="module")
+_TINY: dict = {}
+
+
+@pytest.fixture
 def tiny(lesson):
-    return lesson.load_tiny_weights(np.float64)
+    """The tiny GPT's weights in float64, loaded once per namespace (an isolated lesson has one per exercise)."""
+    ns = lesson.namespace
+    if id(ns) not in _TINY:
+        _TINY[id(ns)] = (ns, ns.load_tiny_weights(np.float64))
+    return _TINY[id(ns)][1]
 
 
 def small_gqa(lesson, seed=0):

@@ -689,7 +689,8 @@ def test_float32_kernels_compute_in_float32(solo):
         g = lesson.optimize(lesson.trace(fn, *args))
         group = lesson.fuse(g)[0]
         src = lesson.numba_source(g, group, "k")
-        kernel = lesson.compile_numba(src, "k", parallel=False)
+        # compiled afresh: a kernel that compile_numba loads from its disk cache carries no type annotations
+        kernel = numba.njit(error_model="numpy")(lesson.compile_numba(src, "k", parallel=False).py_func)
         writes = lesson.kernel_io(g, group)[1]
         rows, c = 4, 6
         ins = [(np.asarray(a).reshape(rows, c) if np.asarray(a).size == rows * c else np.asarray(a).reshape(1, c))

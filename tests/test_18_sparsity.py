@@ -15,7 +15,7 @@ import pytest
 
 from minitorch.nn import Linear, Module, Parameter
 from minitorch.optim import Adam
-from minitorch.serve import gpt_forward, random_gpt_weights
+from minitorch.kv_cache import gpt_forward, random_gpt_weights
 
 pytestmark = pytest.mark.lesson18
 

@@ -13,7 +13,7 @@ import pytest
 from minitorch.autograd import Tensor
 from minitorch.nn import Linear, Parameter
 from minitorch.quant import QTensor, quantize
-from minitorch.serve import generate, random_gpt_weights
+from minitorch.kv_cache import generate, random_gpt_weights
 
 pytestmark = pytest.mark.lesson19
 

@@ -1,4 +1,4 @@
-"""Lesson 11's given code that no exercise test calls (minitorch.serve): the language models behind
+"""Lesson 11's given code that no exercise test calls (minitorch.kv_cache): the language models behind
 speculative decoding's interface, the dtype cast of the weights, the dense cache's reset, the paged
 cache's constructor for a model and its block tables, the latency probe and the loss. Small random
 models; each test checks what the function promises (and feeds the validation walk a call to replay)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minitorch.serve import (BigramLM, CachedLM, KVCache, PagedKVCache, RecomputeLM, decode_latencies, forward_cached,
-                             gpt_forward, lm_loss, random_gpt_weights)
+from minitorch.kv_cache import (BigramLM, CachedLM, KVCache, PagedKVCache, RecomputeLM, decode_latencies, forward_cached,
+                                gpt_forward, lm_loss, random_gpt_weights)
 
 
 @pytest.fixture(scope="module")

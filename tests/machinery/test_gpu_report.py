@@ -37,15 +37,14 @@ def no_jupyter(tmp_path):
 
 
 def test_machinery_loads_lessons_without_jupyter_packages(no_jupyter):
-    code = ("from course.percent import install_shims; print(install_shims()); "
-            "from course import loader; from course.source import find_lesson; "
+    code = ("from course import loader; from course.source import find_lesson; "
             "ref = loader.load(find_lesson('08'), 'reference'); sol = loader.load(find_lesson('07'), 'solution'); "
             "print(ref.sgemm_vec4_source()[:9] == sol.vector_add_kernel.__name__[:0] + ref.sgemm_vec4_source()[:9], "
             "sol.load_errors)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=no_jupyter, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "['jupytext', 'nbformat']" in out.stdout and "True []" in out.stdout, out.stdout
+    assert "True []" in out.stdout, out.stdout
 
 
 def test_gpu_report_runs_and_reports_when_there_is_no_gpu(no_jupyter, tmp_path):
@@ -54,7 +53,7 @@ def test_gpu_report_runs_and_reports_when_there_is_no_gpu(no_jupyter, tmp_path):
                          cwd=ROOT, env=no_jupyter, capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, "no usable GPU: the report must not claim success"
     text = md.read_text()
-    assert "NOT USABLE: MINITORCH_NO_GPU=1 is set" in text and "shims: ['jupytext', 'nbformat']" in text, text
+    assert "NOT USABLE: MINITORCH_NO_GPU=1 is set" in text and "jupytext: missing (ImportError)" in text, text
     assert "skipped: needs a CUDA GPU" in text
     assert Path(md.with_suffix(".json")).exists()
 

@@ -21,7 +21,7 @@ def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> t
     the cells started, seconds, what each cell printed)."""
     import nbformat
 
-    from course.maintain import _run_client
+    from course.executor import run_client
 
     monkeypatch.setattr(kernel_watch, "IDLE_S", idle_s)
     monkeypatch.setattr(kernel_watch, "POLL_S", 0.5)
@@ -30,7 +30,7 @@ def run(cells: list[str], tmp_path: Path, monkeypatch, idle_s: float = 4.0) -> t
     lesson = SimpleNamespace(notebook=tmp_path / "watched.ipynb")
     running: list[int] = []
     t0 = time.monotonic()
-    message, idle = _run_client(nb, {}, 120, running, lesson, tmp_path / "out.ipynb")
+    message, idle = run_client(nb, {}, 120, running, lesson, tmp_path / "out.ipynb")
     printed = ["".join(o.get("text", "") for o in c.get("outputs", [])) for c in nb.cells]
     return message, idle, running, time.monotonic() - t0, printed
 
@@ -89,16 +89,16 @@ def test_tree_cpu_counts_live_children():
 
 
 def test_a_reply_whose_poll_never_woke_is_seen_on_the_next_look(monkeypatch):
-    """course.maintain.repoll_shell: nbclient's single wait for an execute_reply can miss its wake-up
+    """course.executor.repoll_shell: nbclient's single wait for an execute_reply can miss its wake-up
     after a widget cell (jupyter/nbclient#312); the wrapped wait looks again every REPOLL_S seconds,
     and still raises Empty once the caller's own timeout has passed."""
     import asyncio
     import queue
     import types
 
-    from course import maintain
+    from course import executor
 
-    monkeypatch.setattr(maintain, "REPOLL_S", 0.05)
+    monkeypatch.setattr(executor, "REPOLL_S", 0.05)
     looks = []
 
     async def poll_once(timeout=None):  # the first look misses the reply that is already there
@@ -109,7 +109,7 @@ def test_a_reply_whose_poll_never_woke_is_seen_on_the_next_look(monkeypatch):
         return {"msg_type": "execute_reply"}
 
     kc = types.SimpleNamespace(shell_channel=types.SimpleNamespace(get_msg=poll_once))
-    maintain.repoll_shell(kc)
+    executor.repoll_shell(kc)
     assert asyncio.run(kc.shell_channel.get_msg(timeout=None)) == {"msg_type": "execute_reply"}
     assert looks == [0.05, 0.05], looks
 
@@ -118,7 +118,7 @@ def test_a_reply_whose_poll_never_woke_is_seen_on_the_next_look(monkeypatch):
         raise queue.Empty
 
     kc.shell_channel.get_msg = never
-    maintain.repoll_shell(kc)
+    executor.repoll_shell(kc)
     t0 = time.monotonic()
     with pytest.raises(queue.Empty):
         asyncio.run(kc.shell_channel.get_msg(timeout=0.2))

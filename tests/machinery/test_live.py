@@ -1,6 +1,6 @@
 """course.live: the lecturer's live controls. The helper itself on toy figures; every lesson
 has one. (Each lesson's own control is driven over its extremes and middle, and timed,
-whenever its notebook runs under course.maintain: `make check` fails on a control that changes
+whenever its notebook runs under course.executor: `make check` fails on a control that changes
 nothing or whose redraw takes more CPU time than LIVE_REDRAW_LIMIT x the machine's time scale; the timings are
 written to build/check/NN_topic.live.jsonl.)"""
 

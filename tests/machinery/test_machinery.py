@@ -117,6 +117,23 @@ def test_one_solved_exercise_passes_alone(course):
     assert rc == 1 and "passed" in rows["1.2"] and "not attempted" in rows["1.3"], out
 
 
+def test_a_copied_cell_that_breaks_loading_fails_its_own_exercise(course):
+    """make build writes each exercise cell's exercise into its metadata ({"minitorch": {"exercise": "1.2"}}):
+    a cell the student copied (a new id) keeps it, so if the copy ends the process while the notebook
+    loads, the scoreboard files that under exercise 1.2, not under the next exercise after the copy."""
+    path = course / "lessons" / "01_sample.ipynb"
+    nb = json.loads(path.read_text())
+    marked = [(i, c) for i, c in enumerate(nb["cells"]) if c["metadata"].get("minitorch")]
+    assert [c["metadata"]["minitorch"]["exercise"] for _, c in marked][:2] == ["1.1", "1.2"], marked
+    (first, _), (_, area) = marked[:2]
+    nb["cells"].insert(first, {**area, "id": "my-copy", "source": "import os\nos._exit(1)\n"})
+    path.write_text(json.dumps(nb))
+    rc, rows, out = scoreboard(course)
+    assert "FAIL" in rows["1.2"] and "ended the whole process while the notebook was loaded" in \
+        out.split(rows["1.2"], 1)[1].split("\n  [", 1)[0], out
+    assert "not attempted" in rows["1.1"], out
+
+
 BLOCK_ALARM = "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})\n"  # as if stuck in C code
 BROKEN = {
     # exercise: (its cell's new source, what the scoreboard must say)
@@ -168,7 +185,7 @@ def test_check_cell_grades_live_code(course):
 
 
 def first_two_exercises(root: Path) -> None:
-    """Cut the sample down to exercises 1.1 and 1.2 (make check runs once per exercise)."""
+    """Cut the sample down to exercises 1.1 and 1.2 (fewer tests in every stage of make check)."""
     src = root / "solutions" / "01_sample.py"
     src.write_text(src.read_text().split("# %% [markdown]\n# Five more")[0])
     tests = root / "tests" / "test_01_sample.py"
@@ -177,12 +194,14 @@ def first_two_exercises(root: Path) -> None:
     run(root, "course.build")
 
 
-@pytest.mark.timeout(600)  # measured: ~60 s on the idle 2-core machine (two notebook kernels, 8 pytest runs)
-def test_make_check_catches_vacuous_tests_and_check_cells_that_disagree(course):
+@pytest.mark.timeout(600)  # measured: ~25 s on the idle 2-core machine (two notebook kernels, three pytest runs)
+def test_make_check_catches_vacuous_tests_dependent_tests_and_check_cells_that_disagree(course):
     first_two_exercises(course)
     tests = course / "tests" / "test_01_sample.py"
     tests.write_text(tests.read_text() + '\n\n@pytest.mark.exercise("1.1")\ndef test_vacuous(lesson):\n    assert True\n'
-                     '\n\n@pytest.mark.exercise("1.2")\ndef test_unit(lesson):\n    assert lesson.UNIT == 1\n')
+                     '\n\n@pytest.mark.exercise("1.2")\ndef test_unit(lesson):\n    assert lesson.UNIT == 1\n'
+                     # passes with every exercise solved; with 1.2 alone, 1.1's double is a stub
+                     '\n\n@pytest.mark.exercise("1.2")\ndef test_leans_on_1_1(lesson):\n    assert lesson.double(lesson.Circle(1).r) == 2\n')
     # UNIT is given code defined after 1.2's check cell: `make test` passes, the live check cell cannot.
     src = course / "solutions" / "01_sample.py"
     src.write_text(src.read_text() + "\n# %%\n#| export\nUNIT = 1\n")
@@ -193,6 +212,8 @@ def test_make_check_catches_vacuous_tests_and_check_cells_that_disagree(course):
     assert "the check cell of exercise 1.2 in the solution notebook should say all tests passed" in proc.stdout, proc.stdout
     assert "defines no `UNIT`" in proc.stdout, proc.stdout
     assert "the check cell of exercise 1.1 in the solution notebook" not in proc.stdout, proc.stdout
+    assert "exercise 1.2 alone does not pass its tests: test_leans_on_1_1: " in proc.stdout, proc.stdout
+    assert "exercise 1.1 alone" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.timeout(300)
@@ -219,6 +240,52 @@ def test_double_property(lesson, x):
         assert "Failing test case" in block and "x=1000" in block, f"the example must be shown:\n{out}"
         verdicts.add(re.sub(r"0x[0-9a-f]+", "0x", block.split("\n  [", 1)[0]))
     assert len(verdicts) == 1, f"two runs gave different reports: {verdicts}"
+
+
+STUB_UNDER_HYPOTHESIS = """
+from hypothesis import given, strategies as st
+
+calls = {"stub": 0, "other": 0}
+
+
+def stub(x):
+    calls["stub"] += 1
+    raise NotImplementedError("Exercise 9.9: stub")
+
+
+def unfinished(x):
+    calls["other"] += 1
+    if x > 5:
+        raise NotImplementedError("x > 5 is not handled yet")
+
+
+@given(st.integers())
+def test_stub(x):
+    stub(x)
+
+
+@given(st.integers())
+def test_unfinished(x):
+    unfinished(x)
+
+
+def test_calls():
+    assert calls["stub"] == 1 and calls["other"] > 2, calls
+"""
+
+
+def test_a_stub_under_hypothesis_fails_at_once_with_its_own_message(tmp_path):
+    """A stub's NotImplementedError leaves a Hypothesis test at its first example (nothing to shrink:
+    the exercise is not written) and is reported as itself; other exceptions are shrunk as before."""
+    (tmp_path / "test_stub.py").write_text(STUB_UNDER_HYPOTHESIS)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "course.grading_plugin",
+                           "--tb=short", "test_stub.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    out = proc.stdout + proc.stderr
+    assert "2 failed, 1 passed" in out, out
+    assert "NotImplementedError: Exercise 9.9: stub" in out, out
+    assert "test case: test_unfinished(" in out and "x=6," in out, out  # shrunk to the smallest failing x
+    assert "grading_plugin" not in out, out
 
 
 # --- the feedback a student reads (course.feedback) ------------------------------------------

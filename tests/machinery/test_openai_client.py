@@ -22,9 +22,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 from minitorch.gpt import load_tiny_gpt  # noqa: E402
-from minitorch.serve import draw, gpt_forward, load_tiny_weights  # noqa: E402
-from minitorch.server import Engine, make_app  # noqa: E402
-from minitorch.server_kit import ServerThread  # noqa: E402
+from minitorch.kv_cache import draw, gpt_forward, load_tiny_weights  # noqa: E402
+from minitorch.api_server import make_app  # noqa: E402
+from minitorch.engine import Engine  # noqa: E402
+from minitorch.serving_kit import ServerThread  # noqa: E402
 
 W64 = load_tiny_weights(np.float64)
 TOK = load_tiny_gpt()[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_check_cell_works_in_the_release(clone):
                                                           "checks": {"lesson": "01_tensors", "kind": "reference"}}
 
 
-@pytest.mark.timeout(600)  # measured: 40-100 s (nineteen releases built and their tests collected)
+@pytest.mark.timeout(600)  # measured: 25-60 s (nineteen releases built and their tests collected)
 def test_a_release_up_to_every_lesson_is_clean_and_its_tests_load(tmp_path):
     """Every UPTO=NN builds, passes check_release (which sees a withheld module named by any import
     path, an importlib string included) and its tests load inside it. Grading every lesson's solution
@@ -226,7 +227,27 @@ def test_cpu_only_setup_leaves_out_the_gpu_extra():
     assert "skip" in setup_venv.CPU_ONLY_SKIPS and "08" in setup_venv.CPU_ONLY_SKIPS
     r = subprocess.run(["make", "-n", "setup", "GPU=0", "-W", "pyproject.toml"], cwd=ROOT, capture_output=True, text=True)
     assert "setup_venv.py .venv constraints.txt --cpu" in r.stdout, r.stdout + r.stderr
-    assert "--cpu" in release.MAKEFILE
+    assert "--cpu" in release.makefile()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_class_makefile_is_made_from_the_course_makefiles_student_targets(tmp_path):
+    """The class's Makefile is the course Makefile's `# >>> student Makefile` blocks (course.release.makefile),
+    so the two cannot drift: each student target runs exactly what the course's runs, and `make verify`
+    is added."""
+    text = release.makefile()
+    (tmp_path / "Makefile").write_text(text)
+    assert "## " not in text and "help" not in text and "build:" not in text, text
+    for target in ("setup", "lab", "test", "clean"):
+        args = ["-n", target, "L=01", "GPU=0", "-W", "pyproject.toml"]
+        ours = subprocess.run(["make", "-f", str(tmp_path / "Makefile"), *args], cwd=ROOT, capture_output=True, text=True)
+        course = subprocess.run(["make", *args], cwd=ROOT, capture_output=True, text=True)
+        assert ours.returncode == 0 and ours.stdout == course.stdout and ours.stdout.strip(), (target, ours, course)
+    verify = subprocess.run(["make", "-f", str(tmp_path / "Makefile"), "-n", "verify"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert "-m course.release --verify ." in verify.stdout, verify
+    with pytest.raises(ValueError, match="no complete"):
+        release.student_makefile_blocks("# >>> student Makefile\nPY := python\n")
 
 
 def test_hosted_ci_uses_runner_images_github_still_offers():

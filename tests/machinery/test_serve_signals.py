@@ -1,7 +1,7 @@
-"""`make serve` (minitorch.server.serve in its own process) under Ctrl-C, as a lecturer stops it:
+"""`make serve` (minitorch.api_server.serve in its own process) under Ctrl-C, as a lecturer stops it:
 the first SIGINT lets the request in flight finish, a second stops at once, aborting it. Python
 3.12 changed asyncio's Server.wait_closed() to wait for open connections, so uvicorn's force-exit
-alone would wait for the last token (server_kit.uvicorn_server aborts the engine as well)."""
+alone would wait for the last token (serving_kit.uvicorn_server aborts the engine as well)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
-from minitorch.server_kit import ServerProcess  # noqa: E402
+from minitorch.serving_kit import ServerProcess  # noqa: E402
 
 STEP = 0.2  # s per engine step: 50 tokens take 10 s (the tiny GPT's context is 64 tokens)
 
@@ -43,7 +43,7 @@ def start_request(url: str, max_tokens: int) -> tuple[threading.Thread, dict]:
 
 @contextmanager
 def server_process():
-    """A started `serve` process (server_kit.ServerProcess) and its URL; killed if a test leaves it running."""
+    """A started `serve` process (serving_kit.ServerProcess) and its URL; killed if a test leaves it running."""
     server = ServerProcess(step_interval=STEP)
     url = server.__enter__()
     try:

@@ -19,9 +19,10 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("uvicorn")
 
 from minitorch.gpt import load_tiny_gpt  # noqa: E402
-from minitorch.serve import load_tiny_weights  # noqa: E402
-from minitorch.server import Engine, make_app  # noqa: E402
-from minitorch.server_kit import ServerThread, run_load  # noqa: E402
+from minitorch.kv_cache import load_tiny_weights  # noqa: E402
+from minitorch.api_server import make_app  # noqa: E402
+from minitorch.engine import Engine  # noqa: E402
+from minitorch.serving_kit import ServerThread, run_load  # noqa: E402
 
 W = load_tiny_weights(np.float32)
 TOK = load_tiny_gpt()[1]

@@ -1,6 +1,7 @@
-"""Lesson 15's given code that no exercise test calls directly (minitorch.server and server_kit): the
-request log and the metrics it feeds, the response builder, the front door's pieces (the Host
-parser, the middleware's settings, the guarded protocol, uvicorn's server), the server builders,
+"""Lesson 15's given code that no exercise test calls directly (minitorch.api_server, engine,
+scheduler, metrics, serving_kit, fused_decode): the request log and the metrics it feeds, the
+response builder, the front door's pieces (the Host parser, the middleware's settings, the guarded
+protocol, uvicorn's server), the server builders,
 the load generator's workload and the decode benchmark, each on a small case; and the streams'
 inline refusals (the walk cannot replay them: they live in an event loop). Each test checks what
 the function promises, and feeds the validation walk a call to replay."""
@@ -18,13 +19,16 @@ import pytest
 pytest.importorskip("uvicorn")
 
 from minitorch.gpt import load_tiny_gpt  # noqa: E402
-from minitorch.serve import load_tiny_weights, random_gpt_weights  # noqa: E402
-from minitorch.server import (Engine, GenRequest, Piece, PrefixCache, RequestLog, ResponseBuilder,  # noqa: E402
-                              SamplingParams, TokenStream, build_server, chat_prompt, check_request, model_engine,
-                              parse_body, render_metrics)
-from minitorch.server_kit import (FrontDoor, ServerProcess, ServerThread, abort_engine, add_front_door,  # noqa: E402
-                                  decode_speeds, default_max_connections, guarded_protocol, host_name,
-                                  print_decode_speeds, process_threads, run_load, sample_workload, uvicorn_server)
+from minitorch.kv_cache import load_tiny_weights, random_gpt_weights  # noqa: E402
+from minitorch.api_server import (Piece, RequestLog, ResponseBuilder, TokenStream, build_server,  # noqa: E402
+                                  chat_prompt, check_request, parse_body)
+from minitorch.engine import Engine, model_engine  # noqa: E402
+from minitorch.fused_decode import decode_speeds, print_decode_speeds  # noqa: E402
+from minitorch.metrics import render_metrics  # noqa: E402
+from minitorch.scheduler import GenRequest, PrefixCache, SamplingParams  # noqa: E402
+from minitorch.serving_kit import (FrontDoor, ServerProcess, ServerThread, abort_engine, add_front_door,  # noqa: E402
+                                   default_max_connections, guarded_protocol, host_name, process_threads, run_load,
+                                   sample_workload, uvicorn_server)
 
 MODEL, TOK = load_tiny_gpt()
 W64 = load_tiny_weights(np.float64)
