@@ -226,7 +226,7 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
             walk.parent.mkdir(parents=True, exist_ok=True)
             walk.unlink(missing_ok=True)
             log = tempfile.TemporaryFile("w+")
-            machinery_runs.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--no-header", "-p",
+            machinery_runs.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--no-header", "--durations=15", "-p",
                                                      "no:cacheprovider", *files], cwd=ROOT, stdout=log,
                                                     stderr=subprocess.STDOUT, env={**os.environ, "MT_WALK": str(walk)}),
                                    log, time.perf_counter()))
