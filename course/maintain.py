@@ -123,23 +123,29 @@ def _timed(fn, *args):
     return value, time.perf_counter() - t0
 
 
-def start_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
-    """Submit every check of one lesson to `pool`; returns {stage: future of (value, seconds)}.
+STAGES = ("reference", "isolation", "stub nb", "notebook")  # the order make check queues them in
+
+
+def start_stage(lesson: Lesson, stage: str, pool: ThreadPoolExecutor):
+    """Submit one check of one lesson to `pool`; returns the future of (value, seconds).
 
     The tests run on the generated package (reference, which also feeds the validation walk), on
     each exercise alone (isolation: every test sees the notebook with only its own exercise solved,
-    one process for the lesson), and on the solutions and the stubs through the check cells of the
-    two notebooks (as a student's check cell runs them), recorded test by test. Nothing waits on
-    another stage, so the pool stays busy across lessons."""
-    walk_report = BUILD / "check" / "walk" / f"{lesson.stem}.json"
-    walk_report.parent.mkdir(parents=True, exist_ok=True)
-    walk_report.unlink(missing_ok=True)
-    return {
-        "reference": pool.submit(_timed, run_tests, lesson, "reference", (), {"MT_WALK": str(walk_report)}),
-        "notebook": pool.submit(_timed, execute_notebook, lesson, BUILD / "check", True),
-        "stub nb": pool.submit(_timed, execute_notebook, lesson, BUILD / "check", True, True),
-        "isolation": pool.submit(_timed, run_tests, lesson, "isolated"),
-    }
+    one process for the lesson), and on the stubs and the solutions through the check cells of the
+    two notebooks (as a student's check cell runs them), recorded test by test."""
+    if stage == "reference":
+        walk_report = BUILD / "check" / "walk" / f"{lesson.stem}.json"
+        walk_report.parent.mkdir(parents=True, exist_ok=True)
+        walk_report.unlink(missing_ok=True)
+        return pool.submit(_timed, run_tests, lesson, "reference", (), {"MT_WALK": str(walk_report)})
+    if stage == "isolation":
+        return pool.submit(_timed, run_tests, lesson, "isolated")
+    return pool.submit(_timed, execute_notebook, lesson, BUILD / "check", True, stage == "stub nb")
+
+
+def start_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
+    """Submit every check of one lesson to `pool`; returns {stage: future of (value, seconds)}."""
+    return {stage: start_stage(lesson, stage, pool) for stage in STAGES}
 
 
 def _isolation_problems(iso: LessonResult, ref: LessonResult) -> tuple[list[str], int]:
@@ -232,8 +238,17 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
                                    log, time.perf_counter()))
     rows = []
     with ThreadPoolExecutor(max_workers=2) as pool:
-        started = [(lesson, start_lesson(lesson, pool)) for lesson in lessons]  # run in this order, reported in it
-        for lesson, jobs in started:
+        # Every lesson's checks queued at once, a stage for all lessons before the next stage: neither
+        # core waits for a lesson's slowest stage, and each kernel cache (lesson 14's generated kernels,
+        # the CUDA C emulator's builds) is filled by the reference runs before the notebooks read it.
+        print(f"== {len(lessons)} lessons x {len(STAGES)} stages ({', '.join(STAGES)}) queued; each lesson's "
+              "results below once its four are done", flush=True)
+        started = {lesson.stem: {} for lesson in lessons}
+        for stage in STAGES:
+            for lesson in lessons:
+                started[lesson.stem][stage] = start_stage(lesson, stage, pool)
+        for lesson in lessons:  # reported in lesson order
+            jobs = started[lesson.stem]
             stages = finish_lesson(lesson, jobs)
             print(f"== lesson {lesson.stem}", flush=True)
             for stage, (t, problems, n) in stages.items():

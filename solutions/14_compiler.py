@@ -1517,27 +1517,69 @@ KERNEL_DIR = Path(tempfile.gettempdir()) / f"minitorch-kernels-{os.getuid() if h
 
 def _kernel_file(source: str, name: str, parallel: bool) -> Path | None:
     """The file that holds this kernel on disk: KERNEL_DIR/k<hash>.py, the hash of the source, the
-    flags, the source of the helpers the kernel calls (the whole cell or file that defines each of
-    KERNEL_NAMES' functions: their Numba implementations live beside them) and the versions; None
-    where a helper's source cannot be read (the kernel is then compiled in memory only)."""
+    flags, the helpers' code (_helpers_text) and the versions; None where a helper's source cannot be
+    read (the kernel is then compiled in memory only)."""
     import hashlib
-    import linecache
 
     import numba
 
-    parts = [source, name, str(parallel), str(sorted(KERNEL_FASTMATH)), numba.__version__, sys.version]
-    files = set()
-    for value in KERNEL_NAMES.values():
-        code = getattr(getattr(value, "py_func", value), "__code__", None)
-        if code is not None:
-            files.add(code.co_filename)
-    for filename in sorted(files):
-        text = "".join(linecache.getlines(filename))
-        if not text:
-            return None
-        parts.append(text)
+    helpers = _helpers_text()
+    if helpers is None:
+        return None
+    parts = [source, name, str(parallel), str(sorted(KERNEL_FASTMATH)), numba.__version__, sys.version, helpers]
     digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
     return KERNEL_DIR / f"k{digest}.py"
+
+
+def _helpers_text() -> str | None:
+    """Everything of ours a kernel's machine code is made from besides its source: the functions of
+    KERNEL_NAMES, each function and constant their code names (transitively), and the Numba
+    implementations registered for them with @overload, as source text (the same in the package and
+    in a notebook, so both find the same kernels); None if a source cannot be read."""
+    import dis
+    import inspect
+    import re
+
+    first = next((v for v in KERNEL_NAMES.values() if inspect.isfunction(getattr(v, "py_func", v))), None)
+    if first is None:
+        return ""
+    ns = getattr(first, "py_func", first).__globals__
+
+    def ours(value: Any) -> Any:
+        fn = getattr(value, "py_func", value)
+        return fn if inspect.isfunction(fn) and fn.__globals__ is ns else None
+
+    def names(code: Any) -> set[str]:  # the globals the code reads (co_names also holds attributes)
+        out = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        for const in code.co_consts:
+            if inspect.iscode(const):
+                out |= names(const)
+        return out
+
+    try:
+        overloads: dict[str, list[Any]] = {}
+        for value in list(ns.values()):
+            if (fn := ours(value)) is not None:
+                for target in re.findall(r"@overload\((\w+)", inspect.getsource(fn)):
+                    overloads.setdefault(target, []).append(fn)
+        todo = [fn for v in KERNEL_NAMES.values() if (fn := ours(v)) is not None]
+        seen: dict[str, str] = {}
+        while todo:
+            fn = todo.pop()
+            key = fn.__qualname__ if fn.__name__ != "<lambda>" else f"<lambda> {fn.__code__.co_firstlineno}"
+            if key in seen:
+                continue
+            seen[key] = inspect.getsource(fn)
+            todo += overloads.get(fn.__name__, [])
+            for name in names(fn.__code__):
+                value = ns.get(name)
+                if ours(value) is not None:
+                    todo.append(ours(value))
+                elif isinstance(value, (bool, int, float, str, tuple, frozenset, np.generic)):
+                    seen[f"const {name}"] = repr(value)
+    except (OSError, TypeError):  # no source (a function typed in a console)
+        return None
+    return "\n".join(f"{k}\n{seen[k]}" for k in sorted(seen))
 
 
 def _kernel_from_file(source: str, name: str, parallel: bool) -> Callable | None:

@@ -211,3 +211,56 @@ def test_contracts_of_graphs_and_generators():
         compiler.Autotuner().tune(([1],), [0], lambda c: [np.zeros(1)])
     with pytest.raises(compiler.GraphBreak, match="one axis only"):  # a valid axis the IR lacks: eager fallback
         compiler.trace(lambda x: x.sum(axis=(0, 1)), np.zeros((2, 3)))
+
+
+# --- the kernels' disk cache (compile_numba, as Inductor's code cache) ------------------------------
+
+EXP_KERNEL = ("def k(rows, C, in0, out0):\n    for r in prange(rows):\n        for c in range(C):\n"
+              "            out0[r, c] = vexp(in0[r, c]) + vrelu(in0[r, c])\n")
+SECOND_PROCESS = """
+import sys
+from pathlib import Path
+import numpy as np
+from minitorch import compiler
+compiler.KERNEL_DIR = Path(sys.argv[1])
+k = compiler.compile_numba(sys.argv[2], "k", parallel=False)
+x = np.linspace(-3, 3, 12).reshape(3, 4)
+out = np.empty_like(x)
+k(3, 4, x, out)
+assert np.allclose(out, np.exp(x) + np.maximum(x, 0))
+print(k.stats.cache_hits.get(k.signatures[0], 0), k.stats.cache_misses.get(k.signatures[0], 0))
+"""
+
+
+def test_a_kernel_is_compiled_once_per_machine_and_found_again_by_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    runs = [subprocess.run([sys.executable, "-c", SECOND_PROCESS, str(tmp_path), EXP_KERNEL], capture_output=True,
+                           text=True, timeout=300) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    (hits0, misses0), (hits1, misses1) = ([int(v) for v in r.stdout.split()] for r in runs)
+    assert (hits0, misses0) == (0, 1), "the first process compiles the kernel"
+    assert (hits1, misses1) == (1, 0), "the second loads the first one's machine code from the kernel directory"
+    assert len(list(tmp_path.glob("k*.py"))) == 1 and list((tmp_path / "__pycache__").glob("*.nbi"))
+
+
+def test_a_kernels_file_names_all_its_machine_code_is_made_of(monkeypatch):
+    """Its source, its flags, the helpers' code (a change there is a new file), and the same in a
+    notebook as in the package (so a notebook finds the package's kernels)."""
+    from course import loader
+    from course.source import find_lesson
+
+    path = compiler._kernel_file(EXP_KERNEL, "k", False)
+    assert path.parent == compiler.KERNEL_DIR and path.suffix == ".py"
+    assert compiler._kernel_file(EXP_KERNEL, "k", True) != path
+    assert compiler._kernel_file(EXP_KERNEL + "\n", "k", False) != path
+    text = compiler._helpers_text()
+    for name in ("def vexp", "def _vexp_numba", "def _scale32", "def vrelu"):  # the helpers and their Numba code
+        assert name in text, name
+    monkeypatch.setattr(compiler, "_helpers_text", lambda: text.replace("0.5", "0.25"))
+    assert compiler._kernel_file(EXP_KERNEL, "k", False) != path, "a helper's change must name another file"
+    monkeypatch.undo()
+    monkeypatch.setenv("MT_CELL_TIME_LIMIT", "120")
+    solution = loader.load(find_lesson("14"), "solution")  # its given cells run inline, not imported
+    assert solution._kernel_file(EXP_KERNEL, "k", False) == path
