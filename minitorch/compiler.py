@@ -1065,21 +1065,19 @@ def _kernel_from_file(source: str, name: str, parallel: bool) -> Callable | None
     return njit(cache=True, parallel=parallel, error_model="numpy", fastmath=KERNEL_FASTMATH)(getattr(module, name))
 
 
+_KERNEL_DIR_ON = True
+
+
 @contextlib.contextmanager
 def _cold_kernel_cache():
-    """Kernels compiled as for the first time inside the block (an empty cache in memory, a fresh
-    directory on disk), for timing a compilation; both caches are as before afterwards."""
-    global KERNEL_DIR
-    saved, saved_dir = dict(KERNEL_CACHE), KERNEL_DIR
-    KERNEL_CACHE.clear()
-    with tempfile.TemporaryDirectory() as fresh:
-        KERNEL_DIR = Path(fresh)
-        try:
-            yield
-        finally:
-            KERNEL_DIR = saved_dir
-            KERNEL_CACHE.clear()
-            KERNEL_CACHE.update(saved)
+    """Inside the block, a kernel not yet compiled in this process is compiled in memory, not loaded
+    from KERNEL_DIR (for timing a compilation, as a first run on a new machine pays it)."""
+    global _KERNEL_DIR_ON
+    saved, _KERNEL_DIR_ON = _KERNEL_DIR_ON, False
+    try:
+        yield
+    finally:
+        _KERNEL_DIR_ON = saved
 
 
 def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
@@ -1098,7 +1096,7 @@ def compile_numba(source: str, name: str, parallel: bool = True) -> Callable:
         exec(code, scope)  # noqa: S102 - our own generated code
         if not callable(scope.get(name)):
             raise ValueError(f"compile_numba: name {name!r} is not a function the source defines")
-        KERNEL_CACHE[key] = _kernel_from_file(source, name, parallel) or \
+        KERNEL_CACHE[key] = (_KERNEL_DIR_ON and _kernel_from_file(source, name, parallel)) or \
             njit(cache=False, parallel=parallel, error_model="numpy", fastmath=KERNEL_FASTMATH)(scope[name])
     return KERNEL_CACHE[key]
 
@@ -1671,7 +1669,7 @@ def block_speed(batch: int, t: int, c: int, n_head: int = 4, rounds: int = 6, pr
     mask = additive_causal_mask(t)
     f = compile(gpt_block)
     args = [Tensor(x), Tensor(mask), *map(Tensor, ws)]
-    with _cold_kernel_cache():  # the compile time itself, not a load from the kernel cache
+    with _cold_kernel_cache():  # the compile time itself (kernels new to this process), not a load from disk
         t0 = time.perf_counter()
         out = f(*args)
         t_compile = time.perf_counter() - t0

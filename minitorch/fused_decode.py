@@ -7,6 +7,7 @@ layout), the same arithmetic, one token per row against the cache."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,8 +18,15 @@ from numba import njit
 
 from minitorch.attention import FASTMATH  # noqa: E402 - lesson 09's flags: the dot products vectorise, -inf stays -inf
 
+# In the package, Numba keeps these kernels' machine code beside this file (__pycache__), so each
+# engine process loads it instead of compiling it (seconds); a notebook cell has no file to keep it
+# beside, nor has a read-only install a place, so there they compile. Numba sees a change of this
+# file, not of lesson 09's FASTMATH: after changing those flags, delete minitorch/__pycache__/fused_decode.*
+CACHE_KERNELS = os.path.isfile(globals().get("__file__") or "") and \
+    os.access(os.path.dirname(globals()["__file__"]), os.W_OK)
 
-@njit(cache=False, nogil=True, fastmath=FASTMATH)
+
+@njit(cache=CACHE_KERNELS, nogil=True, fastmath=FASTMATH)
 def _layer_norm_rows(x, w, b, eps, out):
     """out[r] = (x[r] - mean) / sqrt(var + eps) * w + b for each row of x (B, C) (biased variance)."""
     nb, c = x.shape
@@ -36,7 +44,7 @@ def _layer_norm_rows(x, w, b, eps, out):
             out[r, i] = (x[r, i] - mean) * rstd * w[i] + b[i]
 
 
-@njit(cache=False, nogil=True, fastmath=FASTMATH)
+@njit(cache=CACHE_KERNELS, nogil=True, fastmath=FASTMATH)
 def _linear_rows(x, w, b, out):
     """out (B, n_out) = x (B, n_in) @ w (n_in, n_out) + b (n_out,); the inner loop runs along a row
     of w (contiguous), so it vectorises."""
@@ -51,7 +59,7 @@ def _linear_rows(x, w, b, out):
                 out[r, j] += xi * w[i, j]
 
 
-@njit(cache=False, nogil=True, fastmath=FASTMATH)
+@njit(cache=CACHE_KERNELS, nogil=True, fastmath=FASTMATH)
 def fused_decode_kernel(tokens, positions, tables, wte, wpe, ln, wqkv, bqkv, wo, bo, wfc, bfc, wp2, bp2, lnf,
                         k_pool, v_pool, n_head, eps, out_rows, logits):
     """One step of lesson 09's GPT over B new tokens (rows) of sequences in a paged KV cache: one

@@ -50,7 +50,7 @@ def course(tmp_path_factory):  # as tests/machinery/test_machinery.py's, with EX
     shutil.copy(HERE.parent / "conftest.py", root / "tests" / "conftest.py")
     with open(root / "tests" / "test_01_sample.py", "a") as f:
         f.write(EXTRA_TESTS)
-    (root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text().replace("timeout = 60", "timeout = 8"))
+    (root / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text().replace("timeout = 60", "timeout = 4"))
     assert run(root, "-m", "course.build").returncode == 0
     return root
 
@@ -169,7 +169,7 @@ def test_grade_class_of_synthetic_students(course, tmp_path):
     assert lea.count("not a readable notebook") == 1 and "JSONDecodeError" not in lea and "breaks off" in lea
     # the loop under Hypothesis: stopped at the per-test limit, the line named, not the watchdog's words
     ned = fb("ned_loop")
-    assert "ran past its time limit of 8" in ned and "while y != x:" in ned and "could not be interrupted" not in ned
+    assert "ran past its time limit of 4" in ned and "while y != x:" in ned and "could not be interrupted" not in ned
     # a hidden case: the student reads that one failed; the instructor reads which and why
     assert "a hidden case failed" in fb("oli_hidden") and "plus10(-7)" not in fb("oli_hidden")
     assert "plus10(-7) should be 3, got 11" in mine("oli_hidden")

@@ -30,7 +30,7 @@ def course(tmp_path):
     root = tmp_path / "course"
     shutil.copytree(HERE / "sample", root)
     shutil.copy(HERE.parent / "conftest.py", root / "tests" / "conftest.py")
-    text = (REPO / "pyproject.toml").read_text().replace("timeout = 60", "timeout = 8")
+    text = (REPO / "pyproject.toml").read_text().replace("timeout = 60", "timeout = 4")
     (root / "pyproject.toml").write_text(text)
     run(root, "course.build")
     return root
