@@ -87,7 +87,7 @@ def describe(excinfo: pytest.ExceptionInfo[BaseException], test_file: str | None
     exc = excinfo.value
     if getattr(exc, "pytrace", True) is False:  # pytest.fail(..., pytrace=False): the message is all
         return Feedback(str(getattr(exc, "msg", exc)))
-    frame = None if _is_stub(exc) else student_frame(exc.__traceback__, test_file, given_functions(test_file))
+    frame = None if is_stub(exc) else student_frame(exc.__traceback__, test_file, given_functions(test_file))
     text = _headline(exc, raised_in_student_code=frame is not None)
     if test_file and text.startswith(("Failed: DID NOT RAISE", "Failed: DID NOT WARN")):
         text += _expected_from(exc, test_file)
@@ -96,7 +96,7 @@ def describe(excinfo: pytest.ExceptionInfo[BaseException], test_file: str | None
     parts = [elide(text)]
     parts += [elide(n) for n in _notes(exc)]
     function = None
-    if _is_stub(exc):
+    if is_stub(exc):
         function = str(exc).split(": ", 1)[-1].strip() or None
     elif frame is not None:
         parts.append(_where(*frame))
@@ -104,7 +104,8 @@ def describe(excinfo: pytest.ExceptionInfo[BaseException], test_file: str | None
     return Feedback("\n".join(p for p in parts if p), function)
 
 
-def _is_stub(exc: BaseException) -> bool:
+def is_stub(exc: BaseException) -> bool:
+    """Whether `exc` is an unwritten exercise's stub: NotImplementedError("Exercise L.K: name")."""
     return isinstance(exc, NotImplementedError) and str(exc).startswith(STUB_PREFIX)
 
 

@@ -84,6 +84,14 @@ def _coverage(result: LessonResult) -> list[str]:
     return problems
 
 
+def _walk_report(lesson: Lesson) -> Path:
+    """Where the lesson's reference run writes its validation-walk report (MT_WALK)."""
+    return BUILD / "check" / "walk" / f"{lesson.stem}.json"
+
+
+MACHINERY_WALK = BUILD / "check" / "walk" / "machinery.json"  # the machinery's tests of given code feed the walk too
+
+
 def _walk_stage(lesson: Lesson, report: Path) -> tuple[float, list[str], int]:
     """The validation walk of the lesson's own modules, from its reference run (course.validation_walk):
     (0 s: it ran inside the reference stage, problems, callables walked)."""
@@ -104,11 +112,10 @@ def walk_summary(lessons: list[Lesson], machinery: bool) -> int:
     them; returns 1 if there are any."""
     from course.validation_walk import merge
 
-    reports = [BUILD / "check" / "walk" / f"{le.stem}.json" for le in lessons]
-    reports += sorted((BUILD / "check" / "walk").glob("machinery-*.json")) if machinery else []
+    reports = [_walk_report(le) for le in lessons] + ([MACHINERY_WALK] if machinery else [])
     data = [json.loads(p.read_text()) for p in reports if p.exists()]
     problems, line = merge(data, coverage=machinery and len(lessons) == len(all_lessons()))
-    shown = {p for le in lessons for p in _walk_stage(le, BUILD / "check" / "walk" / f"{le.stem}.json")[1]}
+    shown = {p for le in lessons for p in _walk_stage(le, _walk_report(le))[1]}
     print(f"\n== validation walk: {line}: {'ok' if not problems else f'{len(problems)} problems'}"
           + (" (those of each lesson's own modules are listed under it)" if shown & set(problems) else ""))
     for p in problems:
@@ -134,18 +141,13 @@ def start_stage(lesson: Lesson, stage: str, pool: ThreadPoolExecutor):
     one process for the lesson), and on the stubs and the solutions through the check cells of the
     two notebooks (as a student's check cell runs them), recorded test by test."""
     if stage == "reference":
-        walk_report = BUILD / "check" / "walk" / f"{lesson.stem}.json"
+        walk_report = _walk_report(lesson)
         walk_report.parent.mkdir(parents=True, exist_ok=True)
         walk_report.unlink(missing_ok=True)
         return pool.submit(_timed, run_tests, lesson, "reference", (), {"MT_WALK": str(walk_report)})
     if stage == "isolation":
         return pool.submit(_timed, run_tests, lesson, "isolated")
     return pool.submit(_timed, execute_notebook, lesson, BUILD / "check", True, stage == "stub nb")
-
-
-def start_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
-    """Submit every check of one lesson to `pool`; returns {stage: future of (value, seconds)}."""
-    return {stage: start_stage(lesson, stage, pool) for stage in STAGES}
 
 
 def _isolation_problems(iso: LessonResult, ref: LessonResult) -> tuple[list[str], int]:
@@ -164,11 +166,11 @@ def _isolation_problems(iso: LessonResult, ref: LessonResult) -> tuple[list[str]
 
 
 def finish_lesson(lesson: Lesson, jobs: dict) -> dict:
-    """Wait for a lesson's checks (start_lesson); returns {stage: (seconds, problems, count)}."""
+    """Wait for a lesson's checks ({stage: start_stage's future}); returns {stage: (seconds, problems, count)}."""
     stages: dict[str, tuple[float, list[str], int]] = {}
     ref, t = jobs["reference"].result()
     stages["reference"] = (t, all_pass(ref) + _coverage(ref), len(ref.tests))
-    stages["walk"] = _walk_stage(lesson, BUILD / "check" / "walk" / f"{lesson.stem}.json")
+    stages["walk"] = _walk_stage(lesson, _walk_report(lesson))
     iso, t = jobs["isolation"].result()
     problems, n = _isolation_problems(iso, ref)
     stages["isolation"] = (t, problems, n)
@@ -182,11 +184,6 @@ def finish_lesson(lesson: Lesson, jobs: dict) -> dict:
             problems.append(f"its check cells ran {len(tests)} tests; the lesson has {len(ref.tests)}")
         stages[stage] = (t, problems, len(tests))
     return stages
-
-
-def check_lesson(lesson: Lesson, pool: ThreadPoolExecutor) -> dict:
-    """Every check for one lesson; returns {stage: (seconds, problems, count)}."""
-    return finish_lesson(lesson, start_lesson(lesson, pool))
 
 
 def serialise_ast_parse() -> None:
@@ -209,33 +206,24 @@ def serialise_ast_parse() -> None:
     ast.parse = locked_parse
 
 
-def machinery_shards() -> list[list[str]]:
-    """tests/machinery's test files, as paths from the root, in the pytest processes that run them
-    beside the lessons: one. (Two shards kept both cores busy but slowed the lessons more than they
-    gained: make check took 1,300 s or more against 1,068 s with one.)"""
-    return [sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "machinery").glob("test_*.py"))]
-
-
 def check(lessons: list[Lesson], machinery: bool = True) -> int:
     serialise_ast_parse()
     start = time.perf_counter()
     failures = 0
     print("== build sync", flush=True)
     failures += subprocess.run([sys.executable, "-m", "course.build", "--check"], cwd=ROOT).returncode != 0
-    machinery_runs = []
-    if machinery:  # mostly waiting on the time limits it tests: runs beside the lessons
+    machinery_run = None
+    if machinery:  # one pytest process beside the lessons (two slowed the lessons more than they gained)
         import tempfile
 
         t_mach = time.perf_counter()
-        for shard, files in enumerate(machinery_shards()):
-            walk = BUILD / "check" / "walk" / f"machinery-{shard}.json"  # the machinery's tests of given code feed the walk
-            walk.parent.mkdir(parents=True, exist_ok=True)
-            walk.unlink(missing_ok=True)
-            log = tempfile.TemporaryFile("w+")
-            machinery_runs.append((subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--no-header", "--durations=15", "-p",
-                                                     "no:cacheprovider", *files], cwd=ROOT, stdout=log,
-                                                    stderr=subprocess.STDOUT, env={**os.environ, "MT_WALK": str(walk)}),
-                                   log, time.perf_counter()))
+        MACHINERY_WALK.parent.mkdir(parents=True, exist_ok=True)
+        MACHINERY_WALK.unlink(missing_ok=True)
+        log = tempfile.TemporaryFile("w+")
+        machinery_run = (subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--no-header", "--durations=15", "-p",
+                                           "no:cacheprovider", "tests/machinery"], cwd=ROOT, stdout=log,
+                                          stderr=subprocess.STDOUT, env={**os.environ, "MT_WALK": str(MACHINERY_WALK)}),
+                         log)
     rows = []
     with ThreadPoolExecutor(max_workers=2) as pool:
         # Every lesson's checks queued at once, a stage for all lessons before the next stage: neither
@@ -261,11 +249,11 @@ def check(lessons: list[Lesson], machinery: bool = True) -> int:
             rows.append((lesson.stem, stages))
     if machinery:
         failures += browser_check()
-    for shard, (proc, log, _) in enumerate(machinery_runs):
+    if machinery_run is not None:
+        proc, log = machinery_run
         rc = proc.wait()
         log.seek(0)
-        part = f", part {shard + 1} of {len(machinery_runs)}" if len(machinery_runs) > 1 else ""
-        print(f"\n== machinery tests{part} ({time.perf_counter() - t_mach:.0f} s, beside the lessons)")
+        print(f"\n== machinery tests ({time.perf_counter() - t_mach:.0f} s, beside the lessons)")
         print(log.read().rstrip())
         failures += rc != 0
     failures += walk_summary(lessons, machinery)

@@ -34,6 +34,7 @@ settings.register_profile("course", database=None, deadline=None, derandomize=Tr
 settings.load_profile("course")
 
 from course import loader  # noqa: E402
+from course.pytest_plugin import exercise_of  # noqa: E402
 from course.source import find_lesson  # noqa: E402
 
 pytest_plugins = ["course.pytest_plugin", "course.grading_plugin"]  # grading_plugin: the hidden marker, time limits in Hypothesis tests
@@ -58,16 +59,11 @@ def pytest_configure(config):
         config.pluginmanager.register(WalkPlugin(path), "validation-walk")
 
 
-def _exercise(item) -> str | None:
-    mark = item.get_closest_marker("exercise")
-    return str(mark.args[0]) if mark else None
-
-
 def pytest_collection_modifyitems(config, items):
     wanted = config.getoption("--exercise")
     isolated = config.getoption("--impl") == "isolated"  # the tests of exercises, each on only:<its own>
     if wanted or isolated:
-        keep = [it for it in items if (ex := _exercise(it)) is not None and (ex == wanted or not wanted)]
+        keep = [it for it in items if (ex := exercise_of(it)) is not None and (ex == wanted or not wanted)]
         config.hook.pytest_deselected(items=[it for it in items if it not in keep])
         items[:] = keep
     if any(it.get_closest_marker("gpu") for it in items):
@@ -84,7 +80,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """--impl=isolated: the namespace this test sees is that of its own exercise (loader.Isolated)."""
-    loader.Isolated.exercise = _exercise(item)
+    loader.Isolated.exercise = exercise_of(item)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -9,6 +9,7 @@ lesson's matmul(), memory by tracemalloc; hypothesis drives the allocator and th
 with random operation sequences (derandomised).
 """
 
+import functools
 import inspect
 import math
 import tracemalloc
@@ -82,16 +83,15 @@ def greedy_alone(W, prompt, n):
     return np.array(tokens[len(prompt):])
 
 
-_TINY: dict = {}
+@functools.cache
+def tiny_weights(ns):
+    return ns.load_tiny_weights(np.float64)
 
 
 @pytest.fixture
 def tiny(lesson):
     """The tiny GPT's weights in float64, loaded once per namespace (an isolated lesson has one per exercise)."""
-    ns = lesson.namespace
-    if id(ns) not in _TINY:
-        _TINY[id(ns)] = (ns, ns.load_tiny_weights(np.float64))
-    return _TINY[id(ns)][1]
+    return tiny_weights(lesson.namespace)
 
 
 def small_gqa(lesson, seed=0):
