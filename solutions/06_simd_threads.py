@@ -1408,17 +1408,20 @@ def blis_kernel_source(mr: int, nv: int) -> str:
 # %%
 #| export
 _KERNELS: dict[str, Callable] = {}  # source text -> compiled kernel
+_SOURCES: dict[tuple, str] = {}  # (generator function, mr, nv) -> its source text
 
 
 def make_blis_kernel(mr: int, nv: int) -> Callable:
     """The micro-kernel `blis_kernel_source(mr, nv)` describes, compiled by Numba (inline="always"), with
-    minitorch.simd's operations in its namespace. Compiled once per source text (an edited generator gives
-    a new kernel); a ValueError if the source does not define exactly one function."""
+    minitorch.simd's operations in its namespace. The source is asked for once per generator function and
+    shape, and compiled once per source text (a redefined generator gives a new kernel); a ValueError if the source does not define exactly one function."""
     import linecache
 
-    source = blis_kernel_source(mr, nv)
+    key = (blis_kernel_source, mr, nv)
+    source = _SOURCES[key] if key in _SOURCES else blis_kernel_source(mr, nv)
     if not isinstance(source, str):
         raise TypeError(f"make_blis_kernel: blis_kernel_source({mr}, {nv}) must return a str, got {describe(source)}")
+    _SOURCES[key] = source  # the generator runs once per shape (34 us for 14 x 2: a matmul's whole budget at n = 64)
     if source not in _KERNELS:
         filename = f"<blis_kernel_source({mr}, {nv})>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show it
@@ -1484,11 +1487,12 @@ check("6.7")
 # each cache level holds:
 #
 # ```
-# for jc in range(0, N, NC):                  # a block of NC columns of B ...
-#     for pc in range(0, K, KC):              # ... and KC of k: pack_b_block (all threads), kept in L2
-#         for ic in prange(threads' rows):    # each thread: pack_a_block(its rows of A[:, pc:pc+KC])
-#             for ir in range(MC / MR):       #   one A micro-panel (MR x KC), kept in L1 ...
-#                 for jr in range(NC / NR):   #   ... against every B micro-panel (KC x NR), from L2
+# for pc in range(0, K, KC):                  # KC of k:
+#     for ic in prange(threads' rows):        #   each thread: pack_a_block(its rows of A[:, pc:pc+KC]), once
+#     for jc in range(0, N, NC):              #   a block of NC columns of B: pack_b_block (all threads), kept in L2
+#         for ic in prange(threads' rows):    #     each thread, its packed rows of A:
+#             for ir in range(MC / MR):       #       one A micro-panel (MR x KC), kept in L1 ...
+#                 for jr in range(NC / NR):   #       ... against every B micro-panel (KC x NR), from L2
 #                     kernel(A panel ir, B panel jr, C, offset of C[ic + MR ir, jc + NR jr], ldc)
 # ```
 #
@@ -1500,9 +1504,16 @@ check("6.7")
 # the same reasoning (its `bli_cntx_init_skx.c`: KC = 384, in its column-major terms the
 # broadcast micro-panel 18 KiB in L1 and a 720 KiB block in L2). Threads split the rows of A
 # (section 5's reasoning: each writes its own rows of C), each packing its own rows into blocks of
-# at most MC rows (MC x KC at most the size of L2). Packing copies each operand once per block into
-# the order the kernel reads it (consecutive addresses, zeros past the edges of A and B); the
-# blocks at the bottom and right edges of C, where M or N is not a multiple of the block, are
+# at most MC rows. Packing copies each operand into the order the kernel reads it (consecutive
+# addresses, zeros past the edges of A and B). A's panels are read from memory once per B block
+# anyway (each A micro-panel is used for one sweep of the B block), so A is packed once per KC,
+# all N columns of C served from the same packed rows, instead of once per (NC, KC) block as in
+# BLIS's order of the loops: at n = 2048 with NC = 576 that is one pass over A instead of four,
+# about a tenth of the product's time on one core. When KC or NC does not divide K or N, the
+# blocks are made even (`even_block`: K = 1024 with KC at most 432 is three blocks of 342, not
+# 432, 432 and 160, whose short kernel calls would pay C's loads and stores three times as
+# often). The blocks at the bottom and right edges of C, where M or N is not a multiple of the
+# kernel's block, are
 # computed into a small buffer and added from there, so C itself needs no padding.
 
 # %%
@@ -1519,7 +1530,23 @@ def machine_shape() -> tuple[int, int]:
     from minitorch.simd import vector_target
 
     t = vector_target()
-    return blis_shape(t["registers"], t["per_vector"], t["broadcast_registers"], IN_FLIGHT[t["isa"]])
+    key = (blis_shape, t["registers"], t["per_vector"], t["broadcast_registers"], IN_FLIGHT[t["isa"]])
+    if key not in _SHAPES:  # once per blis_shape function (a redefined one is asked again)
+        _SHAPES[key] = blis_shape(*key[1:])
+    return _SHAPES[key]
+
+
+_SHAPES: dict[tuple, tuple[int, int]] = {}
+
+
+def even_block(total: int, most: int, multiple: int = 1) -> int:
+    """The block size that splits `total` items into the fewest blocks of at most `most` (a multiple of
+    `multiple`), as even as blocks of a multiple of `multiple` allow: even_block(1024, 432) = 342
+    (three blocks: 342, 342, 340), even_block(1000, 576, 32) = 512 (512 and 488)."""
+    if most % multiple:
+        raise ValueError(f"even_block: need most a multiple of multiple, got most={most}, multiple={multiple}")
+    parts = -(-total // most)
+    return min(most, -(-(-(-total // parts)) // multiple) * multiple)
 
 
 def blis_blocking(l1_bytes: int, l2_bytes: int, mr: int, nr: int, itemsize: int = 4) -> tuple[int, int, int]:
@@ -1621,7 +1648,8 @@ def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
 def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
     """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature). a (M, K),
     b (K, N) float32, any strides; c (M, N) float32 C-contiguous. mc: rows of A per thread task, a positive
-    multiple of mr; kc: k per block, >= 1; nc: columns of B per block, a positive multiple of nr."""
+    multiple of mr; kc: k per block, >= 1; nc: columns of B per block, a positive multiple of nr.
+    A is packed once per kc (each task its rows), B once per (kc, nc) block (all threads)."""
     m, k = a.shape
     n = b.shape[1]
     if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr:
@@ -1629,41 +1657,65 @@ def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
                          "mr and nr, and kc >= 1")
     if b.shape[0] != k or c.shape[0] != m or c.shape[1] != n:
         raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M, N)")
+    tasks = (m + mc - 1) // mc
+    ap = np.empty((tasks, ((min(mc, m) + mr - 1) // mr) * mr * min(kc, k)), np.float32)  # A[:, pc:pc+kc], packed
     bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc, k), np.float32)
-    for jc in range(0, n, nc):
-        ncur = min(nc, n - jc)
-        for pc in range(0, k, kc):
-            kcur = min(kc, k - pc)
+    for pc in range(0, k, kc):
+        kcur = min(kc, k - pc)
+        for ic in prange(tasks):
+            i0 = ic * mc
+            mcur = min(mc, m - i0)
+            pack_a_block(a, i0, mcur, pc, kcur, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], mr)
+        for jc in range(0, n, nc):
+            ncur = min(nc, n - jc)
             bblock = bp[:(ncur + nr - 1) // nr * nr * kcur]
             pack_b_block(b, pc, kcur, jc, ncur, bblock, nr)
-            for ic in prange((m + mc - 1) // mc):
+            for ic in prange(tasks):
                 i0 = ic * mc
                 mcur = min(mc, m - i0)
-                ap = np.empty(((mcur + mr - 1) // mr) * mr * kcur, np.float32)
-                pack_a_block(a, i0, mcur, pc, kcur, ap, mr)
-                macro_kernel(kernel, ap, bblock, c, i0, mcur, jc, ncur, kcur, mr, nr, np.empty(mr * nr, np.float32))
+                macro_kernel(kernel, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], bblock, c, i0, mcur, jc, ncur,
+                             kcur, mr, nr, np.empty(mr * nr, np.float32))
 
 
 def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
     """C = a @ b for float32 a (m, k) and b (k, n), any strides: packed panels, Goto's loops on all Numba
     threads, the outer-product micro-kernel of `shape` = (MR, NV) (default: machine_shape()), blocked by
-    blis_blocking from this machine's caches. Returns a new C-contiguous (m, n) float32 array."""
+    blis_blocking from this machine's caches (made even, even_block). Returns a new C-contiguous (m, n) float32
+    array."""
     dtype = check_matmul_args(a, b, "matmul_blis")
     if dtype != np.float32:
         raise TypeError(f"matmul_blis: a and b must be float32 (its kernel is f32x16), got {a.dtype} and "
                         f"{b.dtype}; for float64 use matmul_simd")
-    mr, nv = machine_shape() if shape is None else shape
-    kernel = make_blis_kernel(mr, nv)
-    nr = BLIS_LANES * nv
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     c = np.zeros((m, n), np.float32)
     if m and n and k:
+        kernel, mr, nr, mc, kc, nc = blis_plan(None if shape is None else tuple(shape), m, k, n,
+                                               numba.get_num_threads())
+        gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc)
+    return c
+
+
+_PLANS: dict[tuple, tuple] = {}
+
+
+def blis_plan(shape: tuple[int, int] | None, m: int, k: int, n: int, threads: int) -> tuple:
+    """(kernel, MR, NR, MC, KC, NC) of matmul_blis for an (m, k) @ (k, n) product on `threads` threads,
+    with the kernel of `shape` = (MR, NV) (None: machine_shape()). Worked out once per generator
+    (blis_kernel_source), shape rule (blis_shape), shape, sizes and thread count: it is some 20 us of
+    Python, a tenth of the whole product at n = 256."""
+    key = (blis_kernel_source, blis_shape, shape, m, k, n, threads)
+    if key not in _PLANS:
+        mr, nv = machine_shape() if shape is None else shape
+        kernel = make_blis_kernel(mr, nv)
+        nr = BLIS_LANES * nv
         # once from Python on a small block: a kernel's error (an unfinished exercise, an index outside
         # its panels) shows here as itself; raised inside gemm_blis's threads it would be a SystemError
         kernel(np.zeros(2 * mr, np.float32), np.zeros(2 * nr, np.float32), np.zeros(mr * nr, np.float32), 0, nr)
         mc_max, kc, nc = machine_blocking(mr, nr)
-        gemm_blis(a, b, c, kernel, mr, nr, block_rows(m, mr, mc_max, numba.get_num_threads()), kc, nc)
-    return c
+        if len(_PLANS) >= 4096:  # a long run over many sizes: start again rather than grow
+            _PLANS.clear()
+        _PLANS[key] = (kernel, mr, nr, block_rows(m, mr, mc_max, threads), even_block(k, kc), even_block(n, nc, nr))
+    return _PLANS[key]
 
 
 POOL_PAUSE = 0.3  # seconds: OpenBLAS's threads spin for about 0.1 s after a call, OpenMP's a few ms
@@ -2110,6 +2162,8 @@ validate_public(globals(), {
                       "mr": Size, "nr": Size, "itemsize": Size},
     "machine_blocking": {"mr": Size, "nr": Size},
     "block_rows": {"m": Size, "mr": Size, "mc_max": Size, "threads": Size},
+    "even_block": {"total": Size, "most": Size, "multiple": Size},
+    "blis_plan": {"shape": Optional(_SHAPE), "m": Size, "k": Size, "n": Size, "threads": Size},
     "matmul_blis": {"shape": Optional(_SHAPE)},
     "best_apart": {"kernels": Instance(dict, must="a dict {name: callable}"), "rounds": Size, "repeat": Size,
                    "pause": NonNegative},

@@ -68,6 +68,42 @@ def test_blis_blocking_values_and_errors():
     assert sm.block_rows(1024, 14, 1204, 2) == 518 and sm.block_rows(1, 6, 6, 1) == 6
 
 
+def test_even_block_makes_the_fewest_even_blocks():
+    for total in (1, 15, 16, 17, 160, 1000, 1024, 1025, 2048, 4099):
+        for most, multiple in ((432, 1), (16, 16), (576, 32), (512, 32), (14, 14)):
+            size = sm.even_block(total, most, multiple)
+            parts = -(-total // most)
+            assert 1 <= size <= most and size % multiple == 0, (total, most, multiple, size)
+            assert -(-total // size) == parts, f"even_block({total}, {most}, {multiple}) = {size}: more blocks than needed"
+            assert parts * size - total < parts * multiple, f"even_block({total}, {most}, {multiple}) = {size}: not even"
+    assert sm.even_block(1024, 432) == 342 and sm.even_block(1000, 576, 32) == 512
+    with pytest.raises(ValueError, match="even_block: need most a multiple of multiple, got most=100, multiple=32"):
+        sm.even_block(1000, 100, 32)
+    with pytest.raises(ValueError, match="even_block: total must be an integer >= 1, got 0"):
+        sm.even_block(0, 16)
+
+
+def test_blis_plan_once_per_generator_and_sizes(monkeypatch):
+    kernel, mr, nr, mc, kc, nc = sm.blis_plan((3, 1), 100, 1000, 70, 2)
+    assert (mr, nr) == (3, 16) and kernel is sm.make_blis_kernel(3, 1)
+    mc_max, kc_max, nc_max = sm.machine_blocking(3, 16)
+    assert (mc, kc, nc) == (sm.block_rows(100, 3, mc_max, 2), sm.even_block(1000, kc_max), sm.even_block(70, nc_max, 16))
+    assert sm.blis_plan((3, 1), 100, 1000, 70, 2) is sm.blis_plan((3, 1), 100, 1000, 70, 2), "worked out once"
+    calls = []
+    original = sm.blis_kernel_source
+
+    def generator(mr, nv):
+        calls.append((mr, nv))
+        return original(mr, nv)
+
+    monkeypatch.setattr(sm, "blis_kernel_source", generator)  # a redefined generator: a new plan
+    sm.blis_plan((3, 1), 100, 1000, 70, 2)
+    sm.blis_plan((3, 1), 100, 1000, 70, 2)
+    assert calls == [(3, 1)], "a new generator is asked once for its kernel's source"
+    with pytest.raises(TypeError, match=r"blis_plan: shape must be a pair \(MR, NV\)"):
+        sm.blis_plan(3, 100, 1000, 70, 2)
+
+
 def test_the_machine_shape_follows_the_vector_registers():
     from minitorch.simd import target_features, u8s8_flavour, vector_target
 
