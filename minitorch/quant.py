@@ -507,7 +507,7 @@ def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
 
 from minitorch.cpu_matmul import FALLBACK_CACHES, machine_cache_sizes  # noqa: E402
 from minitorch.simd import vdot_u8s8, vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
-from minitorch.simd_matmul import block_rows, machine_blocking, machine_shape, macro_kernel  # noqa: E402
+from minitorch.simd_matmul import block_rows, even_block, machine_blocking, machine_shape, macro_kernel  # noqa: E402
 
 PAIRS_MR, PAIRS_NR = 6, 16  # the pairs kernel's block of C: 6 rows of one i32x16
 
@@ -730,19 +730,24 @@ def gemm_int8_vnni(aw, b, c, kernel, mr, nr, mc, kc4, nc):
                          "of mr and nr, and kc4 >= 1")
     if k > 4 * k4 or c.shape[0] != m or c.shape[1] != n:
         raise ValueError("gemm_int8_vnni: need aw (M, K4), b (K, N) with K <= 4 K4, and c (M, N)")
+    tasks = (m + mc - 1) // mc
+    ap = np.empty((tasks, ((min(mc, m) + mr - 1) // mr) * mr * min(kc4, k4)), np.int32)  # A's words, packed
     bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)
-    for jc in range(0, n, nc):
-        ncur = min(nc, n - jc)
-        for p4 in range(0, k4, kc4):
-            kcur = min(kc4, k4 - p4)
+    for p4 in range(0, k4, kc4):  # lesson 06's order: A packed once per KC, every NC block of B served from it
+        kcur = min(kc4, k4 - p4)
+        for ic in prange(tasks):
+            i0 = ic * mc
+            mcur = min(mc, m - i0)
+            pack_a_words(aw, i0, mcur, p4, kcur, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], mr)
+        for jc in range(0, n, nc):
+            ncur = min(nc, n - jc)
             bblock = bp[:(ncur + nr - 1) // nr * nr * kcur]
             pack_b_words(b, p4, kcur, jc, ncur, bblock, nr)
-            for ic in prange((m + mc - 1) // mc):
+            for ic in prange(tasks):
                 i0 = ic * mc
                 mcur = min(mc, m - i0)
-                ap = np.empty(((mcur + mr - 1) // mr) * mr * kcur, np.int32)
-                pack_a_words(aw, i0, mcur, p4, kcur, ap, mr)
-                macro_kernel(kernel, ap, bblock, c, i0, mcur, jc, ncur, kcur, mr, nr, np.empty(mr * nr, np.int32))
+                macro_kernel(kernel, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], bblock, c, i0, mcur, jc, ncur,
+                             kcur, mr, nr, np.empty(mr * nr, np.int32))
 
 
 def matmul_int8_vnni(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -765,7 +770,7 @@ def matmul_int8_vnni(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         nr = 16 * nv
         mc_max, kc4, nc = machine_blocking(mr, nr)
         gemm_int8_vnni(au.view(np.int32), b, c, make_int8_vnni_kernel(mr, nv), mr, nr,
-                       block_rows(m, mr, mc_max, numba.get_num_threads()), kc4, nc)
+                       block_rows(m, mr, mc_max, numba.get_num_threads()), even_block(k4, kc4), even_block(n, nc, nr))
     return c
 
 
