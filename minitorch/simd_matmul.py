@@ -507,7 +507,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     c = np.zeros((m, n), np.float32)
     if m and n and k:
-        kernel, mr, nr, mc, kc, nc = blis_plan(None if shape is None else tuple(shape), m, k, n,
+        kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n,
                                                numba.get_num_threads())
         gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc)
     return c
@@ -516,7 +516,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
 _PLANS: dict[tuple, tuple] = {}
 
 
-def blis_plan(shape: tuple[int, int] | None, m: int, k: int, n: int, threads: int) -> tuple:
+def _blis_plan(shape: tuple[int, int] | None, m: int, k: int, n: int, threads: int) -> tuple:
     """(kernel, MR, NR, MC, KC, NC) of matmul_blis for an (m, k) @ (k, n) product on `threads` threads,
     with the kernel of `shape` = (MR, NV) (None: machine_shape()). Worked out once per generator
     (blis_kernel_source), shape rule (blis_shape), shape, sizes and thread count: it is some 20 us of
@@ -651,7 +651,6 @@ validate_public(globals(), {
     "machine_blocking": {"mr": Size, "nr": Size},
     "block_rows": {"m": Size, "mr": Size, "mc_max": Size, "threads": Size},
     "even_block": {"total": Size, "most": Size, "multiple": Size},
-    "blis_plan": {"shape": Optional(_SHAPE), "m": Size, "k": Size, "n": Size, "threads": Size},
     "matmul_blis": {"shape": Optional(_SHAPE)},
     "best_apart": {"kernels": Instance(dict, must="a dict {name: callable}"), "rounds": Size, "repeat": Size,
                    "pause": NonNegative},

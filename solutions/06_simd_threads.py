@@ -1689,7 +1689,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
     c = np.zeros((m, n), np.float32)
     if m and n and k:
-        kernel, mr, nr, mc, kc, nc = blis_plan(None if shape is None else tuple(shape), m, k, n,
+        kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n,
                                                numba.get_num_threads())
         gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc)
     return c
@@ -1698,7 +1698,7 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
 _PLANS: dict[tuple, tuple] = {}
 
 
-def blis_plan(shape: tuple[int, int] | None, m: int, k: int, n: int, threads: int) -> tuple:
+def _blis_plan(shape: tuple[int, int] | None, m: int, k: int, n: int, threads: int) -> tuple:
     """(kernel, MR, NR, MC, KC, NC) of matmul_blis for an (m, k) @ (k, n) product on `threads` threads,
     with the kernel of `shape` = (MR, NV) (None: machine_shape()). Worked out once per generator
     (blis_kernel_source), shape rule (blis_shape), shape, sizes and thread count: it is some 20 us of
@@ -1933,11 +1933,12 @@ for kc in sorted({64, 128, kc_here} if SMALL else {64, 128, 256, kc_here, 2 * kc
 # `make bench L=cpu_matmul` measures the same ratios (the same kernels and BLAS timing, three
 # rounds, the best of each). On the course's development machine (an Intel Xeon with AVX-512 under
 # KVM, 2 vCPUs; OpenBLAS 0.3.31 on its AVX-512 "SkylakeX" kernel, as a student's machine runs it),
-# one run while the machine was nearly idle (load average 1.0) put `matmul_blis` at 54% of NumPy's
-# BLAS at n = 256, 69% at 512, 74% at 1024 and 79% at 2048 with two threads each, and at 55%, 75%,
-# 78% and 81% with one thread each. Three earlier runs while other jobs kept the load at 5-7 gave
-# the same one-thread ratios (56-57%, 75-83%, 77-79%, 77%) and two-thread ones that swung with the
-# other jobs (48-64% at n = 256, 53-79% at 1024, 62-88% at 2048).
+# two runs one after the other while the machine was nearly idle (load average 0.5-0.65) put
+# `matmul_blis` at 84-94% of NumPy's BLAS at n = 256, 86-88% at 512, 87-88% at 1024 and 94-97% at
+# 2048 with two threads each, and at 80-82%, 86-99%, 91-99% and 95-97% with one thread each (the
+# record: `hardware_notes/measured.md`, run cpu-matmul-xeon). The first version of these loops,
+# which packed A once per block of B and worked out its blocking in Python on every call, stood at
+# 54%, 69%, 74% and 79% with two threads in a run on the same machine.
 
 # %% tags=["demo"]
 for (m, k, n) in [(1, 1, 1), (37, 1031, 53), (130, 17, 7), (5, 600, 211), (7, 2100, 33)]:
@@ -1985,14 +1986,19 @@ plt.show()
 # small n), the fork and join, and the traffic to C. `make bench` (benchmarks/bench_cpu_matmul.py)
 # measures the same ratios at n = 256 to 2048, with targets at n = 256, 1024 and 2048.
 #
-# In those runs the 14 x 32 kernel from L1 ran at 88-94% of the FMA roof on one core (93% on both
-# cores in the quiet run), but the whole product at 60-64% of it on one core, where OpenBLAS's
-# reached 76-81%: what separates them is
-# outside the kernel. Our packing loops are plain scalar copies, and A is packed again for every
-# block of NC columns of B (twice per block of k at n = 1024, four times at 2048); OpenBLAS packs
-# with hand-vectorised copy routines, and its level-3 driver packs each piece of B just before the
-# kernel reads it, while it is still in cache. Those are the next steps, and
-# the reason why the issue's targets (90% of BLAS from n = 1024, 75% at n = 256) are not met here.
+# In those runs the 14 x 32 kernel from L1 ran at 85-87% of the FMA roof on one core (88-92% on
+# both), and the whole product at n = 1024 and 2048 at 69-74% of it on one core, where OpenBLAS's
+# reached 70-76%. Three changes outside the kernel took `matmul_blis` from about three quarters of
+# OpenBLAS to nine tenths, each measured on its own before it went in: packing A once per block of
+# k instead of once per block of B (at n = 2048 that removed three of four passes over A: about a
+# tenth of the time on one core, side by side with the old loops); blocks of even size (K = 1024
+# in three blocks of 342, not 432, 432 and 160, whose short kernel calls pay C's loads and stores
+# more often); and the Python around each call (the kernel's source generated, the shape rule and
+# the blocking worked out) done once per shape and size instead of every call, from 68 us to about
+# 20 us, which is what n = 256 needed: its whole product takes about 130 us. What is left is the
+# packing itself (plain scalar copies; OpenBLAS's are hand-vectorised), two fork-joins per block
+# of B (its packing, then the kernels) and one per block of k, and, at n = 1024 on two threads,
+# the noise of a shared machine, as large as what is left.
 
 # %% [markdown]
 # ## What you measured / what to remember
@@ -2051,22 +2057,23 @@ plt.show()
 #
 # Section 8's kernels on the machine the course runs on now (an Intel Xeon with AVX-512 under KVM,
 # 2 vCPUs, 48 KiB L1d and 2 MiB L2 per core), from one `make bench L=cpu_matmul` run while the
-# machine was nearly idle (load average 1.0), NumPy's BLAS as a student's machine runs it (OpenBLAS
-# 0.3.31, its AVX-512 "SkylakeX" kernel):
+# machine was nearly idle (load average 0.6; the first run of cpu-matmul-xeon in
+# `hardware_notes/measured.md`), NumPy's BLAS as a student's machine runs it (OpenBLAS 0.3.31, its
+# AVX-512 "SkylakeX" kernel):
 #
 # | what | measured (Xeon VM, quiet), 1 thread / 2 threads |
 # |---|---|
-# | FMA roof (lesson 04's loop, 512-bit) | 234 / 459 GFLOP/s |
-# | the 14 x 32 BLIS kernel from L1 | 211 / 426 GFLOP/s (90 / 93 % of the roof) |
-# | section 3's 4 x 3 `micro_kernel` from L1 | 90 / 170 GFLOP/s (39 / 37 %) |
-# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 97 / 130 / 139 / 149 GFLOP/s |
-# | NumPy (OpenBLAS), the same, same run | 176 / 173 / 179 / 185 GFLOP/s: `matmul_blis` at 55 / 75 / 78 / 81 % of it |
-# | `matmul_blis`, the same n, 2 threads | 136 / 220 / 256 / 296 GFLOP/s |
-# | NumPy (OpenBLAS), 2 threads, same run | 253 / 318 / 347 / 372 GFLOP/s: `matmul_blis` at 54 / 69 / 74 / 79 % of it |
-# | `matmul_simd`, the same n, 1 / 2 threads | 65 / 73 / 76 / 74 and 110 / 135 / 144 / 135 GFLOP/s |
+# | FMA roof (lesson 04's loop, 512-bit) | 241 / 469 GFLOP/s |
+# | the 14 x 32 BLIS kernel from L1 | 209 / 432 GFLOP/s (87 / 92 % of the roof) |
+# | section 3's 4 x 3 `micro_kernel` from L1 | 95 / 188 GFLOP/s (39 / 40 %) |
+# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 155 / 162 / 167 / 177 GFLOP/s |
+# | NumPy (OpenBLAS), the same, same run | 189 / 164 / 182 / 183 GFLOP/s: `matmul_blis` at 82 / 99 / 91 / 97 % of it |
+# | `matmul_blis`, the same n, 2 threads | 247 / 265 / 299 / 345 GFLOP/s |
+# | NumPy (OpenBLAS), 2 threads, same run | 263 / 300 / 343 / 356 GFLOP/s: `matmul_blis` at 94 / 88 / 87 / 97 % of it |
+# | `matmul_simd`, the same n, 1 / 2 threads | 64 / 80 / 79 / 80 and 118 / 145 / 157 / 144 GFLOP/s |
 #
-# The kernel is within 10 % of the roof; the whole product is not yet within 20 % of OpenBLAS's
-# (section 8 says where the rest goes).
+# The kernel is within 15 % of the roof, and the whole product within 15 % of OpenBLAS's at every
+# size (section 8 says what closed the gap and what is left).
 #
 # - **Read the machine code.** Whether a loop is vectorised is a fact you can check in a
 #   second: `vfmadd231ps %ymm...` is 8 float32 FMAs, `vfmadd231ss` is one.
@@ -2163,7 +2170,6 @@ validate_public(globals(), {
     "machine_blocking": {"mr": Size, "nr": Size},
     "block_rows": {"m": Size, "mr": Size, "mc_max": Size, "threads": Size},
     "even_block": {"total": Size, "most": Size, "multiple": Size},
-    "blis_plan": {"shape": Optional(_SHAPE), "m": Size, "k": Size, "n": Size, "threads": Size},
     "matmul_blis": {"shape": Optional(_SHAPE)},
     "best_apart": {"kernels": Instance(dict, must="a dict {name: callable}"), "rounds": Size, "repeat": Size,
                    "pause": NonNegative},
