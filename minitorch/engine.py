@@ -136,6 +136,8 @@ class Engine(Scheduler):
             raise ValueError(f"Engine.abort: reason must be 'abort' or 'stop', got {_describe(reason)}")
         with self.lock:
             if request.finished:
+                if reason == "stop" and request.finish_reason == "length":
+                    self._stopped_late(request)
                 return False
             if request in self.waiting:
                 self.waiting.remove(request)
@@ -320,6 +322,13 @@ class Engine(Scheduler):
             request.on_token = None
             return False
         return True
+
+    def _stopped_late(self, request: GenRequest) -> None:
+        """The front end found a stop string in a request this engine had already ended by its length
+        (an engine running ahead of its front end reaches max_tokens first): the request ended at its
+        stop string, and counts as stopped, as the client is told."""
+        request.finish_reason = "stop"
+        self.counters["stopped"] += 1
 
     def _finish(self, request: GenRequest, reason: str) -> None:
         request.finish_reason, request.finished_at = reason, time.perf_counter()
@@ -572,9 +581,13 @@ def engine_process_main(fd: int) -> None:
         return
 
 
+LATE_STOPS = 1024  # requests ended by length remembered, for a front end that finds a stop string after
+
+
 def _engine_loop(conn: Any, engine: Engine) -> None:
     requests: dict[int, GenRequest] = {}
     queued: set[int] = set()                       # sent to the engine, not yet admitted
+    ended: dict[int, GenRequest] = {}              # the last LATE_STOPS requests ended by length
     out: list[tuple[int, int | None, str | None, Any, Any]] = []
     stopping = False
 
@@ -604,6 +617,8 @@ def _engine_loop(conn: Any, engine: Engine) -> None:
                 queued.add(numbers[0])
             elif cmd[0] == "abort" and cmd[1] in requests:
                 engine.abort(requests[cmd[1]], cmd[2])
+            elif cmd[0] == "abort" and cmd[1] in ended:       # stopped by the front end after its length
+                engine.abort(ended.pop(cmd[1]), cmd[2])
             elif cmd[0] == "reset":
                 conn.send(("reply", "reset", engine.reset_prefix_cache()))
             elif cmd[0] == "stop":
@@ -631,8 +646,12 @@ def _engine_loop(conn: Any, engine: Engine) -> None:
                 read(left)
         for n, token, *_ in out:
             if token is None:
-                requests.pop(n, None)
+                request = requests.pop(n, None)
                 queued.discard(n)
+                if request is not None and request.finish_reason == "length":
+                    ended[n] = request                     # the front end may still find a stop string
+                    while len(ended) > LATE_STOPS:
+                        ended.pop(next(iter(ended)))
         now = time.perf_counter()
         if out or admitted or now >= next_stats:
             conn.send(("step", out, admitted, engine.stats()))
@@ -706,6 +725,7 @@ class EngineProcess:
         self.error: Exception | None = None
         self._requests: dict[int, GenRequest] = {}     # in flight, by number
         self._numbers: dict[GenRequest, int] = {}
+        self._ended: dict[GenRequest, int] = {}   # the last LATE_STOPS requests ended by length: their numbers
         self._queued: set[int] = set()                 # sent, not yet admitted by the engine
         self._stats: dict[str, Any] = first_stats[0]    # the engine's stats(), as of its last message
         self._rejected, self._ids, self._stopping, self._dead = 0, itertools.count(), False, False
@@ -795,6 +815,11 @@ class EngineProcess:
             raise ValueError(f"EngineProcess.abort: reason must be 'abort' or 'stop', got {_describe(reason)}")
         with self.lock:
             if request.finished:
+                n = self._ended.pop(request, None)
+                if reason == "stop" and request.finish_reason == "length":
+                    request.finish_reason = "stop"     # the engine counts it when it hears (Engine._stopped_late)
+                    if n is not None:
+                        self._send(("abort", n, "stop"))
                 return False
             group = [request] + ([f for f in request.followers if not f.finished] if not request.output else [])
             numbers = [self._numbers.get(r) for r in group]
@@ -807,6 +832,10 @@ class EngineProcess:
 
     def _finish(self, request: GenRequest, reason: str) -> None:
         n = self._numbers.pop(request, None)
+        if reason == "length" and n is not None:
+            self._ended[request] = n
+            while len(self._ended) > LATE_STOPS:
+                self._ended.pop(next(iter(self._ended)))
         self._requests.pop(n, None)
         self._queued.discard(n)
         request.finish_reason, request.finished_at = reason, time.perf_counter()

@@ -318,9 +318,8 @@ def test_the_openai_parameters_cross_the_process_boundary():
     ]
     answers = {}
     for layout in ("process", "thread"):
-        # 20 ms steps (serve()'s default): the front end finds a stop string in the text and ends the
-        # request; an engine that ran unpaced on a loaded machine could reach max_tokens first, and
-        # count the request as finished by length although the client saw "stop"
+        # 20 ms steps (serve()'s default), as served: an engine that reaches max_tokens before the front
+        # end finds the stop string relabels the request when it hears (the test after this one)
         engine, app = build_server(np.float32, engine_process=layout == "process", num_blocks=48, block_size=8,
                                    step_interval=0.02)
         try:
@@ -352,3 +351,33 @@ def test_the_openai_parameters_cross_the_process_boundary():
         assert a["usage"] == b["usage"]
     assert process[1]["choices"][0]["finish_reason"] == "stop" and process[-1] == process[1]["choices"][0]["text"]
     assert len({c["text"] for c in process[0]["choices"]}) > 1, "3 samples at temperature 0.9 differ"
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_found_after_the_length_ended_a_request_counts_as_stopped():
+    """An engine running ahead of its front end can end a request by max_tokens before the front end
+    has read the tokens that hold a stop string; the front end's abort(request, "stop") then relabels
+    it: the request, the engine's counters and /metrics say "stop", as the client is told."""
+    for engine in (Engine(W, num_blocks=16, block_size=8), EngineProcess(num_blocks=16, block_size=8)):
+        try:
+            req = engine.add_request(TOK.encode("import os"), 4)
+            other = engine.add_request(TOK.encode("def f"), 3)
+            if isinstance(engine, Engine):
+                while engine.has_work():
+                    engine.step()
+            wait_until(lambda: req.finished and other.finished, "both requests end by length")
+            assert req.finish_reason == other.finish_reason == "length"
+            before = engine.stats()
+            assert engine.abort(req, "stop") is False, "the request had ended: abort says so"
+            assert engine.abort(other, "abort") is False and other.finish_reason == "length", \
+                "a client gone after the end changes nothing"
+            assert req.finish_reason == "stop"
+            wait_until(lambda: engine.stats()["stopped"] == before["stopped"] + 1,
+                       lambda: f"the engine should count the late stop: {engine.stats()}")
+            after = engine.stats()
+            assert after["finished"] == before["finished"] and after["aborted"] == before["aborted"], (before, after)
+            assert engine.abort(req, "stop") is False and engine.stats()["stopped"] == after["stopped"], \
+                "counted once"
+        finally:
+            if isinstance(engine, EngineProcess):
+                engine.stop(drain=False, timeout=30)
