@@ -49,6 +49,17 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _check_abort(engine: Any, request: Any, reason: Any) -> None:
+    """The arguments of an engine's abort (Engine's or EngineProcess's): a request that engine's
+    add_request returned, and reason "abort" or "stop"; a ValueError naming the engine otherwise."""
+    who = f"{type(engine).__name__}.abort"
+    if getattr(request, "owner", None) is not engine:
+        raise ValueError(f"{who}: {getattr(request, 'id', request)!r} is not a request of this engine "
+                         "(a request object from another engine, or not one its add_request returned)")
+    if reason not in ("abort", "stop"):
+        raise ValueError(f"{who}: reason must be 'abort' or 'stop', got {_describe(reason)}")
+
+
 def _check_ids(where: str, tokens: Any) -> None:
     """ValueError naming `where`, tokens and the value unless tokens is a 1-D list, tuple or array of
     integer token ids >= 0 (the prefix cache hashes ids and knows no vocabulary: the engine checks

@@ -78,7 +78,8 @@ from minitorch.gpt import load_tiny_gpt
 from minitorch.kv_cache import GPTWeights, draw, gpt_forward, gpt_weights, paged_forward, sample_token
 if globals().get("__spec__") is not None:  # a module (not a notebook, whose own cells define these names)
     from minitorch.scheduler import (FUSED_CHUNK_MAX, MAX_STOP, PLAIN, GenRequest, QueueFull, SamplingParams,
-                                     Scheduler, _check_callbacks, _check_engine_options, _check_generation, _describe,
+                                     Scheduler, _check_abort, _check_callbacks, _check_engine_options, _check_generation,
+                                     _describe,
                                      _is_int, _is_number, _token_logprobs)
 
 # %%
@@ -843,6 +844,17 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _check_abort(engine: Any, request: Any, reason: Any) -> None:
+    """The arguments of an engine's abort (Engine's or EngineProcess's): a request that engine's
+    add_request returned, and reason "abort" or "stop"; a ValueError naming the engine otherwise."""
+    who = f"{type(engine).__name__}.abort"
+    if getattr(request, "owner", None) is not engine:
+        raise ValueError(f"{who}: {getattr(request, 'id', request)!r} is not a request of this engine "
+                         "(a request object from another engine, or not one its add_request returned)")
+    if reason not in ("abort", "stop"):
+        raise ValueError(f"{who}: reason must be 'abort' or 'stop', got {_describe(reason)}")
+
+
 def _check_ids(where: str, tokens: Any) -> None:
     """ValueError naming `where`, tokens and the value unless tokens is a 1-D list, tuple or array of
     integer token ids >= 0 (the prefix cache hashes ids and knows no vocabulary: the engine checks
@@ -1469,11 +1481,7 @@ class Engine(Scheduler):
         running over them, as soon as it returns. reason "abort" (the client went away) or "stop"
         (the front end found a stop string: it counts as finished). False if it had already
         finished; ValueError for a request this engine did not accept (another engine's)."""
-        if getattr(request, "owner", None) is not self:
-            raise ValueError(f"Engine.abort: {getattr(request, 'id', request)!r} is not a request of this engine "
-                             "(a request object from another engine, or not one its add_request returned)")
-        if reason not in ("abort", "stop"):
-            raise ValueError(f"Engine.abort: reason must be 'abort' or 'stop', got {_describe(reason)}")
+        _check_abort(self, request, reason)
         with self.lock:
             if request.finished:
                 if reason == "stop" and request.finish_reason == "length":
@@ -4486,11 +4494,7 @@ class EngineProcess:
         """End a request now (its blocks are freed by the engine before its next step); reason as
         Engine.abort's; aborting a group's first request before its first token aborts the group.
         False if it had already finished; ValueError for a request this engine did not accept."""
-        if getattr(request, "owner", None) is not self:
-            raise ValueError(f"EngineProcess.abort: {getattr(request, 'id', request)!r} is not a request of this "
-                             "engine (a request object from another engine, or not one its add_request returned)")
-        if reason not in ("abort", "stop"):
-            raise ValueError(f"EngineProcess.abort: reason must be 'abort' or 'stop', got {_describe(reason)}")
+        _check_abort(self, request, reason)
         with self.lock:
             if request.finished:
                 n = self._ended.pop(request, None)
