@@ -441,11 +441,13 @@ def pack_b_block(b, pc, kc, jc, nc, bp, nr):
 
 
 @njit(cache=False)
-def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
+def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge, fresh=False):
     """One thread's work for one A block and one B block: every A micro-panel of ap (held in L1) against
     every B micro-panel of bp (from L2). ap: pack_a_block's panels of rows i0..i0+mc; bp: pack_b_block's
-    panels of columns j0..j0+nc; c (M, N) float32 C-contiguous; edge: a float32 buffer of mr * nr for the
-    blocks that cross C's edges."""
+    panels of columns j0..j0+nc; c (M, N) C-contiguous, of the kernel's dtype; edge: a buffer of mr * nr
+    of that dtype for the blocks that cross C's edges. fresh: C's old values are not read: each block is
+    zeroed just before the kernel adds into it (its lines come into L1 for the kernel then anyway; a
+    separate pass over C, np.zeros, would read and write all of it once more)."""
     m, n = c.shape
     cf = c.reshape(-1)
     for ir in range((mc + mr - 1) // mr):
@@ -453,21 +455,29 @@ def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
         for jr in range((nc + nr - 1) // nr):
             bo, c0 = jr * kc * nr, j0 + jr * nr
             if r0 + mr <= m and c0 + nr <= n:
+                if fresh:
+                    for r in range(mr):
+                        cf[(r0 + r) * n + c0:(r0 + r) * n + c0 + nr] = 0
                 kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], cf, r0 * n + c0, n)
             else:
                 edge[:] = 0
                 kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], edge, 0, nr)
                 for r in range(min(mr, m - r0)):
                     for j in range(min(nr, n - c0)):
-                        c[r0 + r, c0 + j] += edge[r * nr + j]
+                        if fresh:
+                            c[r0 + r, c0 + j] = edge[r * nr + j]
+                        else:
+                            c[r0 + r, c0 + j] += edge[r * nr + j]
 
 
 @njit(parallel=True, cache=False)
-def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
-    """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature). a (M, K),
-    b (K, N) float32, any strides; c (M, N) float32 C-contiguous. mc: rows of A per thread task, a positive
-    multiple of mr; kc: k per block, >= 1; nc: columns of B per block, a positive multiple of nr.
-    A is packed once per kc (each task its rows), B once per (kc, nc) block (all threads)."""
+def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, accumulate=True):
+    """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature); with
+    accumulate=False, c = a @ b without reading c's old values (c may come from np.empty: the first block
+    of k writes it, macro_kernel's `fresh`). a (M, K), b (K, N) float32, any strides; c (M, N) float32
+    C-contiguous. mc: rows of A per thread task, a positive multiple of mr; kc: k per block, >= 1; nc:
+    columns of B per block, a positive multiple of nr. A is packed once per kc (each task its rows), B
+    once per (kc, nc) block (all threads)."""
     m, k = a.shape
     n = b.shape[1]
     if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr:
@@ -492,7 +502,7 @@ def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
                 i0 = ic * mc
                 mcur = min(mc, m - i0)
                 macro_kernel(kernel, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], bblock, c, i0, mcur, jc, ncur,
-                             kcur, mr, nr, np.empty(mr * nr, np.float32))
+                             kcur, mr, nr, np.empty(mr * nr, np.float32), pc == 0 and not accumulate)
 
 
 def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
@@ -505,11 +515,11 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
         raise TypeError(f"matmul_blis: a and b must be float32 (its kernel is f32x16), got {a.dtype} and "
                         f"{b.dtype}; for float64 use matmul_simd")
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    c = np.zeros((m, n), np.float32)
-    if m and n and k:
-        kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n,
-                                               numba.get_num_threads())
-        gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc)
+    if not (m and n and k):
+        return np.zeros((m, n), np.float32)
+    kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n, numba.get_num_threads())
+    c = np.empty((m, n), np.float32)  # not zeroed: the first block of k writes it (np.zeros is a pass over C)
+    gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, False)
     return c
 
 

@@ -1514,7 +1514,12 @@ check("6.7")
 # 432, 432 and 160, whose short kernel calls would pay C's loads and stores three times as
 # often). The blocks at the bottom and right edges of C, where M or N is not a multiple of the
 # kernel's block, are
-# computed into a small buffer and added from there, so C itself needs no padding.
+# computed into a small buffer and added from there, so C itself needs no padding. `matmul_blis`
+# takes C from `np.empty`, not `np.zeros`: in the first block of k, each block of C is zeroed just
+# before the kernel adds into it (`gemm_blis(..., accumulate=False)`), while its lines come into L1
+# for the kernel anyway, instead of in a pass of its own over all of C beforehand. (BLIS's
+# micro-kernels go one step further when asked for C = AB, BLAS's `beta = 0`: they store C's block
+# without loading it.)
 
 # %%
 #| export
@@ -1623,11 +1628,13 @@ def pack_b_block(b, pc, kc, jc, nc, bp, nr):
 
 
 @njit(cache=False)
-def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
+def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge, fresh=False):
     """One thread's work for one A block and one B block: every A micro-panel of ap (held in L1) against
     every B micro-panel of bp (from L2). ap: pack_a_block's panels of rows i0..i0+mc; bp: pack_b_block's
-    panels of columns j0..j0+nc; c (M, N) float32 C-contiguous; edge: a float32 buffer of mr * nr for the
-    blocks that cross C's edges."""
+    panels of columns j0..j0+nc; c (M, N) C-contiguous, of the kernel's dtype; edge: a buffer of mr * nr
+    of that dtype for the blocks that cross C's edges. fresh: C's old values are not read: each block is
+    zeroed just before the kernel adds into it (its lines come into L1 for the kernel then anyway; a
+    separate pass over C, np.zeros, would read and write all of it once more)."""
     m, n = c.shape
     cf = c.reshape(-1)
     for ir in range((mc + mr - 1) // mr):
@@ -1635,21 +1642,29 @@ def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge):
         for jr in range((nc + nr - 1) // nr):
             bo, c0 = jr * kc * nr, j0 + jr * nr
             if r0 + mr <= m and c0 + nr <= n:
+                if fresh:
+                    for r in range(mr):
+                        cf[(r0 + r) * n + c0:(r0 + r) * n + c0 + nr] = 0
                 kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], cf, r0 * n + c0, n)
             else:
                 edge[:] = 0
                 kernel(ap[ao:ao + kc * mr], bp[bo:bo + kc * nr], edge, 0, nr)
                 for r in range(min(mr, m - r0)):
                     for j in range(min(nr, n - c0)):
-                        c[r0 + r, c0 + j] += edge[r * nr + j]
+                        if fresh:
+                            c[r0 + r, c0 + j] = edge[r * nr + j]
+                        else:
+                            c[r0 + r, c0 + j] += edge[r * nr + j]
 
 
 @njit(parallel=True, cache=False)
-def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
-    """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature). a (M, K),
-    b (K, N) float32, any strides; c (M, N) float32 C-contiguous. mc: rows of A per thread task, a positive
-    multiple of mr; kc: k per block, >= 1; nc: columns of B per block, a positive multiple of nr.
-    A is packed once per kc (each task its rows), B once per (kc, nc) block (all threads)."""
+def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, accumulate=True):
+    """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature); with
+    accumulate=False, c = a @ b without reading c's old values (c may come from np.empty: the first block
+    of k writes it, macro_kernel's `fresh`). a (M, K), b (K, N) float32, any strides; c (M, N) float32
+    C-contiguous. mc: rows of A per thread task, a positive multiple of mr; kc: k per block, >= 1; nc:
+    columns of B per block, a positive multiple of nr. A is packed once per kc (each task its rows), B
+    once per (kc, nc) block (all threads)."""
     m, k = a.shape
     n = b.shape[1]
     if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr:
@@ -1674,7 +1689,7 @@ def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc):
                 i0 = ic * mc
                 mcur = min(mc, m - i0)
                 macro_kernel(kernel, ap[ic, :((mcur + mr - 1) // mr) * mr * kcur], bblock, c, i0, mcur, jc, ncur,
-                             kcur, mr, nr, np.empty(mr * nr, np.float32))
+                             kcur, mr, nr, np.empty(mr * nr, np.float32), pc == 0 and not accumulate)
 
 
 def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = None) -> np.ndarray:
@@ -1687,11 +1702,11 @@ def matmul_blis(a: np.ndarray, b: np.ndarray, shape: tuple[int, int] | None = No
         raise TypeError(f"matmul_blis: a and b must be float32 (its kernel is f32x16), got {a.dtype} and "
                         f"{b.dtype}; for float64 use matmul_simd")
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    c = np.zeros((m, n), np.float32)
-    if m and n and k:
-        kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n,
-                                               numba.get_num_threads())
-        gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc)
+    if not (m and n and k):
+        return np.zeros((m, n), np.float32)
+    kernel, mr, nr, mc, kc, nc = _blis_plan(None if shape is None else tuple(shape), m, k, n, numba.get_num_threads())
+    c = np.empty((m, n), np.float32)  # not zeroed: the first block of k writes it (np.zeros is a pass over C)
+    gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, False)
     return c
 
 
@@ -1933,9 +1948,9 @@ for kc in sorted({64, 128, kc_here} if SMALL else {64, 128, 256, kc_here, 2 * kc
 # `make bench L=cpu_matmul` measures the same ratios (the same kernels and BLAS timing, three
 # rounds, the best of each). On the course's development machine (an Intel Xeon with AVX-512 under
 # KVM, 2 vCPUs; OpenBLAS 0.3.31 on its AVX-512 "SkylakeX" kernel, as a student's machine runs it),
-# two runs one after the other while the machine was nearly idle (load average 0.5-0.65) put
-# `matmul_blis` at 84-94% of NumPy's BLAS at n = 256, 86-88% at 512, 87-88% at 1024 and 94-97% at
-# 2048 with two threads each, and at 80-82%, 86-99%, 91-99% and 95-97% with one thread each (the
+# four runs one after the other while the machine was nearly idle (load average 0.7-1.1) put
+# `matmul_blis` at 85-99% of NumPy's BLAS at n = 256, 85-92% at 512, 84-91% at 1024 and 93-101% at
+# 2048 with two threads each, and at 68-79%, 85-95%, 82-93% and 93-97% with one thread each (the
 # record: `hardware_notes/measured.md`, run cpu-matmul-xeon). The first version of these loops,
 # which packed A once per block of B and worked out its blocking in Python on every call, stood at
 # 54%, 69%, 74% and 79% with two threads in a run on the same machine.
@@ -1986,19 +2001,19 @@ plt.show()
 # small n), the fork and join, and the traffic to C. `make bench` (benchmarks/bench_cpu_matmul.py)
 # measures the same ratios at n = 256 to 2048, with targets at n = 256, 1024 and 2048.
 #
-# In those runs the 14 x 32 kernel from L1 ran at 85-87% of the FMA roof on one core (88-92% on
-# both), and the whole product at n = 1024 and 2048 at 69-74% of it on one core, where OpenBLAS's
-# reached 70-76%. Three changes outside the kernel took `matmul_blis` from about three quarters of
-# OpenBLAS to nine tenths, each measured on its own before it went in: packing A once per block of
-# k instead of once per block of B (at n = 2048 that removed three of four passes over A: about a
-# tenth of the time on one core, side by side with the old loops); blocks of even size (K = 1024
-# in three blocks of 342, not 432, 432 and 160, whose short kernel calls pay C's loads and stores
-# more often); and the Python around each call (the kernel's source generated, the shape rule and
-# the blocking worked out) done once per shape and size instead of every call, from 68 us to about
-# 20 us, which is what n = 256 needed: its whole product takes about 130 us. What is left is the
-# packing itself (plain scalar copies; OpenBLAS's are hand-vectorised), two fork-joins per block
-# of B (its packing, then the kernels) and one per block of k, and, at n = 1024 on two threads,
-# the noise of a shared machine, as large as what is left.
+# In those runs the 14 x 32 kernel from L1 ran at 84-92% of the FMA roof on one core (82-87% on
+# both), and the whole product at n = 1024 and 2048 at 60-69% of it on one core, where OpenBLAS's
+# reached 67-76%. Three changes outside the kernel took `matmul_blis` from about three quarters of
+# OpenBLAS to about nine tenths, each measured on its own before it went in: packing A once per
+# block of k instead of once per block of B (at n = 2048 that removed three of four passes over A:
+# about a tenth of the time on one core, side by side with the old loops); blocks of even size (K
+# = 1024 in three blocks of 342, not 432, 432 and 160, whose short kernel calls pay C's loads and
+# stores more often); and the Python around each call (the kernel's source generated, the shape
+# rule and the blocking worked out) done once per shape and size instead of every call, from 68 us
+# to about 20 us, which is what n = 256 needed: its whole product takes about 130 us. What is left
+# is the packing itself (plain scalar copies; OpenBLAS's are hand-vectorised), two fork-joins per
+# block of B (its packing, then the kernels) and one per block of k, and, at n = 1024 on two
+# threads, the noise of a shared machine, as large as what is left.
 
 # %% [markdown]
 # ## What you measured / what to remember
@@ -2057,23 +2072,23 @@ plt.show()
 #
 # Section 8's kernels on the machine the course runs on now (an Intel Xeon with AVX-512 under KVM,
 # 2 vCPUs, 48 KiB L1d and 2 MiB L2 per core), from one `make bench L=cpu_matmul` run while the
-# machine was nearly idle (load average 0.6; the first run of cpu-matmul-xeon in
+# machine was nearly idle (load average 0.8; the last run of cpu-matmul-xeon in
 # `hardware_notes/measured.md`), NumPy's BLAS as a student's machine runs it (OpenBLAS 0.3.31, its
 # AVX-512 "SkylakeX" kernel):
 #
 # | what | measured (Xeon VM, quiet), 1 thread / 2 threads |
 # |---|---|
-# | FMA roof (lesson 04's loop, 512-bit) | 241 / 469 GFLOP/s |
-# | the 14 x 32 BLIS kernel from L1 | 209 / 432 GFLOP/s (87 / 92 % of the roof) |
-# | section 3's 4 x 3 `micro_kernel` from L1 | 95 / 188 GFLOP/s (39 / 40 %) |
-# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 155 / 162 / 167 / 177 GFLOP/s |
-# | NumPy (OpenBLAS), the same, same run | 189 / 164 / 182 / 183 GFLOP/s: `matmul_blis` at 82 / 99 / 91 / 97 % of it |
-# | `matmul_blis`, the same n, 2 threads | 247 / 265 / 299 / 345 GFLOP/s |
-# | NumPy (OpenBLAS), 2 threads, same run | 263 / 300 / 343 / 356 GFLOP/s: `matmul_blis` at 94 / 88 / 87 / 97 % of it |
-# | `matmul_simd`, the same n, 1 / 2 threads | 64 / 80 / 79 / 80 and 118 / 145 / 157 / 144 GFLOP/s |
+# | FMA roof (lesson 04's loop, 512-bit) | 234 / 463 GFLOP/s |
+# | the 14 x 32 BLIS kernel from L1 | 200 / 399 GFLOP/s (85 / 86 % of the roof) |
+# | section 3's 4 x 3 `micro_kernel` from L1 | 94 / 193 GFLOP/s (40 / 42 %) |
+# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 135 / 136 / 145 / 161 GFLOP/s |
+# | NumPy (OpenBLAS), the same, same run | 171 / 157 / 156 / 166 GFLOP/s: `matmul_blis` at 79 / 87 / 93 / 97 % of it |
+# | `matmul_blis`, the same n, 2 threads | 216 / 238 / 284 / 310 GFLOP/s |
+# | NumPy (OpenBLAS), 2 threads, same run | 238 / 273 / 315 / 332 GFLOP/s: `matmul_blis` at 91 / 87 / 90 / 93 % of it |
+# | `matmul_simd`, the same n, 1 / 2 threads | 66 / 75 / 75 / 76 and 110 / 138 / 151 / 136 GFLOP/s |
 #
-# The kernel is within 15 % of the roof, and the whole product within 15 % of OpenBLAS's at every
-# size (section 8 says what closed the gap and what is left).
+# The kernel is within 15 % of the roof, and the whole product within 15 % of OpenBLAS's from
+# n = 512 on (section 8 says what closed the gap and what is left).
 #
 # - **Read the machine code.** Whether a loop is vectorised is a fact you can check in a
 #   second: `vfmadd231ps %ymm...` is 8 float32 FMAs, `vfmadd231ss` is one.

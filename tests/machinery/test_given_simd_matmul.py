@@ -143,3 +143,19 @@ def test_blis_peak_and_peak_rate_on_one_thread():
     np.testing.assert_array_equal(c[0], np.full(6 * 16, 6 * 3 * kc, np.float32))  # warm-up + 5 runs, 3 calls each
     with pytest.raises(ValueError, match=r"peak_rate: ap, bp and c must have one row per thread"):
         sm.peak_rate(kernel, ap, np.ones((2, 16 * kc), np.float32), c, 16, 3, 1.0)
+
+
+def test_gemm_blis_writes_or_adds():
+    """accumulate=False (matmul_blis's call, into np.empty) never reads C: a C of NaNs comes out as a @ b;
+    accumulate=True adds. Odd sizes: edge blocks on both sides, several blocks of k and of columns."""
+    rng = np.random.default_rng(3)
+    kernel = sm.make_blis_kernel(3, 2)
+    for m, k, n in ((37, 70, 75), (3, 16, 32), (50, 33, 100)):
+        a = rng.standard_normal((m, k)).astype(np.float32)
+        b = rng.standard_normal((k, n)).astype(np.float32)
+        want = a.astype(np.float64) @ b
+        c = np.full((m, n), np.nan, np.float32)
+        sm.gemm_blis(a, b, c, kernel, 3, 32, 12, 16, 64, False)
+        np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4, err_msg=f"c = a @ b, {(m, k, n)}")
+        sm.gemm_blis(a, b, c, kernel, 3, 32, 12, 16, 64)
+        np.testing.assert_allclose(c, 2 * want, rtol=1e-4, atol=1e-4, err_msg=f"c += a @ b, {(m, k, n)}")
