@@ -581,6 +581,13 @@ def engine_process_main(fd: int) -> None:
 LATE_STOPS = 1024  # requests ended by length remembered, for a front end that finds a stop string after
 
 
+def _remember_late(ended: dict, key: Any, value: Any) -> None:
+    """ended[key] = value, keeping the last LATE_STOPS entries (oldest dropped first)."""
+    ended[key] = value
+    while len(ended) > LATE_STOPS:
+        ended.pop(next(iter(ended)))
+
+
 def _engine_loop(conn: Any, engine: Engine) -> None:
     requests: dict[int, GenRequest] = {}
     queued: set[int] = set()                       # sent to the engine, not yet admitted
@@ -646,9 +653,7 @@ def _engine_loop(conn: Any, engine: Engine) -> None:
                 request = requests.pop(n, None)
                 queued.discard(n)
                 if request is not None and request.finish_reason == "length":
-                    ended[n] = request                     # the front end may still find a stop string
-                    while len(ended) > LATE_STOPS:
-                        ended.pop(next(iter(ended)))
+                    _remember_late(ended, n, request)      # the front end may still find a stop string
         now = time.perf_counter()
         if out or admitted or now >= next_stats:
             conn.send(("step", out, admitted, engine.stats()))
@@ -826,9 +831,7 @@ class EngineProcess:
     def _finish(self, request: GenRequest, reason: str) -> None:
         n = self._numbers.pop(request, None)
         if reason == "length" and n is not None:
-            self._ended[request] = n
-            while len(self._ended) > LATE_STOPS:
-                self._ended.pop(next(iter(self._ended)))
+            _remember_late(self._ended, request, n)
         self._requests.pop(n, None)
         self._queued.discard(n)
         request.finish_reason, request.finished_at = reason, time.perf_counter()

@@ -286,20 +286,17 @@ def blis_kernel_source(mr: int, nv: int) -> str:
 
 
 _KERNELS: dict[str, Callable] = {}  # source text -> compiled kernel
-_SOURCES: dict[tuple, str] = {}  # (generator function, mr, nv) -> its source text
 
 
 def make_blis_kernel(mr: int, nv: int) -> Callable:
     """The micro-kernel `blis_kernel_source(mr, nv)` describes, compiled by Numba (inline="always"), with
-    minitorch.simd's operations in its namespace. The source is asked for once per generator function and
-    shape, and compiled once per source text (a redefined generator gives a new kernel); a ValueError if the source does not define exactly one function."""
+    minitorch.simd's operations in its namespace. Compiled once per source text (an edited generator gives
+    a new kernel); a ValueError if the source does not define exactly one function."""
     import linecache
 
-    key = (blis_kernel_source, mr, nv)
-    source = _SOURCES[key] if key in _SOURCES else blis_kernel_source(mr, nv)
+    source = blis_kernel_source(mr, nv)
     if not isinstance(source, str):
         raise TypeError(f"make_blis_kernel: blis_kernel_source({mr}, {nv}) must return a str, got {describe(source)}")
-    _SOURCES[key] = source  # the generator runs once per shape (34 us for 14 x 2: a matmul's whole budget at n = 64)
     if source not in _KERNELS:
         filename = f"<blis_kernel_source({mr}, {nv})>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)  # tracebacks show it
