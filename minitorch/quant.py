@@ -507,7 +507,8 @@ def find_int8_madd(asm: str, arch: str | None = None) -> dict[str, int]:
 
 from minitorch.cpu_matmul import FALLBACK_CACHES, machine_cache_sizes  # noqa: E402
 from minitorch.simd import vdot_u8s8, vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
-from minitorch.simd_matmul import block_rows, even_block, machine_blocking, machine_shape, macro_kernel  # noqa: E402
+from minitorch.simd_matmul import (aligned_empty, block_rows, even_block, machine_blocking, machine_shape,  # noqa: E402
+                                   macro_kernel)
 
 PAIRS_MR, PAIRS_NR = 6, 16  # the pairs kernel's block of C: 6 rows of one i32x16
 
@@ -612,7 +613,7 @@ def gemm_int8_pairs(a, b, c, mc, kc2):
         raise ValueError("gemm_int8_pairs: need a (M, K), b (K, N), c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     k2 = (k + 1) // 2
     cf = c.reshape(-1)
-    bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)
+    bp = aligned_empty(ldc * 2 * min(kc2, k2), np.int16)  # whole cache lines for its vector loads
     for p2 in range(0, k2, kc2):
         kcur = min(kc2, k2 - p2)
         pack_b_pairs(b, p2, kcur, bp[:ldc * 2 * kcur])
@@ -732,7 +733,7 @@ def gemm_int8_vnni(aw, b, c, kernel, mr, nr, mc, kc4, nc):
         raise ValueError("gemm_int8_vnni: need aw (M, K4), b (K, N) with K <= 4 K4, and c (M, N)")
     tasks = (m + mc - 1) // mc
     ap = np.empty((tasks, ((min(mc, m) + mr - 1) // mr) * mr * min(kc4, k4)), np.int32)  # A's words, packed
-    bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)
+    bp = aligned_empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)  # whole cache lines
     for p4 in range(0, k4, kc4):  # lesson 06's order: A packed once per KC, every NC block of B served from it
         kcur = min(kc4, k4 - p4)
         for ic in prange(tasks):

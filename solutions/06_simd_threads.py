@@ -1502,7 +1502,10 @@ check("6.7")
 # broadcast micro-panel 18 KiB in L1 and a 720 KiB block in L2). Threads split the rows of A
 # (section 5's reasoning: each writes its own rows of C), each packing its own rows into blocks of
 # at most MC rows. Packing copies each operand into the order the kernel reads it (consecutive
-# addresses, zeros past the edges of A and B). A's panels are read from memory once per B block
+# addresses, zeros past the edges of A and B), and into a buffer that starts a cache line
+# (`aligned_empty`): NumPy aligns arrays to 16 bytes and Numba to 32, and a 64-byte `vload_f32` from
+# such a buffer straddles two lines, which costs the cache two accesses for one load (measured
+# below, after KC). A's panels are read from memory once per B block
 # anyway (each A micro-panel is used for one sweep of the B block), so A is packed once per KC,
 # all N columns of C served from the same packed rows, instead of once per (NC, KC) block as in
 # BLIS's order of the loops: at n = 2048 with NC = 576 that is one pass over A instead of four,
@@ -1586,6 +1589,19 @@ def block_rows(m: int, mr: int, mc_max: int, threads: int) -> int:
     return max(1, -(-panels // blocks)) * mr
 
 
+CACHE_LINE = 64  # bytes: x86-64's and Arm's L1 line (Apple's M-series: 128; 64-aligned is aligned there to 64)
+
+
+@njit(cache=False)
+def aligned_empty(size, dtype):
+    """np.empty(size, dtype), 1-D, whose first item starts a cache line (CACHE_LINE bytes). NumPy aligns its
+    arrays to 16 bytes and Numba to 32: an f32x16 load (64 bytes) from such an array straddles two lines
+    at every other offset or every one, and a load that straddles costs the cache two accesses."""
+    raw = np.empty(size + CACHE_LINE, dtype)
+    skip = (-raw.ctypes.data) % CACHE_LINE // raw.itemsize
+    return raw[skip:skip + size]
+
+
 @njit(cache=False)
 def pack_a_block(a, i0, mc, pc, kc, ap, mr):
     """Rows i0..i0+mc of a (M, K), columns pc..pc+kc, as mr-row panels, k-major, into ap (float32):
@@ -1655,23 +1671,25 @@ def macro_kernel(kernel, ap, bp, c, i0, mc, j0, nc, kc, mr, nr, edge, fresh=Fals
 
 
 @njit(parallel=True, cache=False)
-def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, accumulate=True):
+def gemm_blis(a, b, c, kernel, mr, nr, mc, kc, nc, accumulate=True, b_offset=0):
     """c += a @ b with an mr x nr micro-kernel (an @njit function with blis_kernel's signature); with
     accumulate=False, c = a @ b without reading c's old values (c may come from np.empty: the first block
     of k writes it, macro_kernel's `fresh`). a (M, K), b (K, N) float32, any strides; c (M, N) float32
     C-contiguous. mc: rows of A per thread task, a positive multiple of mr; kc: k per block, >= 1; nc:
     columns of B per block, a positive multiple of nr. A is packed once per kc (each task its rows), B
-    once per (kc, nc) block (all threads)."""
+    once per (kc, nc) block (all threads), into a buffer that starts a cache line, or b_offset >= 0 items
+    past one (for measuring what loads across two lines cost)."""
     m, k = a.shape
     n = b.shape[1]
-    if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr:
+    if mr <= 0 or nr <= 0 or nr % 16 or mc <= 0 or mc % mr or kc <= 0 or nc <= 0 or nc % nr or b_offset < 0:
         raise ValueError("gemm_blis: need mr >= 1, nr a positive multiple of 16, mc and nc positive multiples of "
-                         "mr and nr, and kc >= 1")
+                         "mr and nr, kc >= 1 and b_offset >= 0")
     if b.shape[0] != k or c.shape[0] != m or c.shape[1] != n:
         raise ValueError("gemm_blis: need a (M, K), b (K, N) and c (M, N)")
     tasks = (m + mc - 1) // mc
     ap = np.empty((tasks, ((min(mc, m) + mr - 1) // mr) * mr * min(kc, k)), np.float32)  # A[:, pc:pc+kc], packed
-    bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc, k), np.float32)
+    bp_size = min(nc, (n + nr - 1) // nr * nr) * min(kc, k)
+    bp = aligned_empty(b_offset + bp_size, np.float32)[b_offset:]  # b_offset 0: no f32x16 load across two lines
     for pc in range(0, k, kc):
         kcur = min(kc, k - pc)
         for ic in prange(tasks):
@@ -1805,7 +1823,8 @@ def blis_peak(threads_used: int, shape: tuple[int, int] | None = None, kc: int |
     kernel = make_blis_kernel(mr, nv)
     rng_ = np.random.default_rng(seed)
     ap = rng_.standard_normal((threads_used, mr * kc)).astype(np.float32)
-    bp = rng_.standard_normal((threads_used, nr * kc)).astype(np.float32)
+    bp = aligned_empty(threads_used * nr * kc, np.float32).reshape(threads_used, nr * kc)  # rows: whole lines
+    bp[:] = rng_.standard_normal(bp.shape)
     c = np.zeros((threads_used, mr * nr + 1024), np.float32)  # rows 4 KiB+ apart: no false sharing
     return peak_rate(kernel, ap, bp, c, nr, calls, 2 * mr * nr * kc) / 1e9
 
@@ -1931,6 +1950,29 @@ for kc in sorted({64, 128, kc_here} if SMALL else {64, 128, 256, kc_here, 2 * kc
     t = benchmark(blis_with_kc, kc, warmup=1, repeat=3).min
     print(f"n = {n_kc}, KC = {kc:4d}{' (from the caches)' if kc == kc_here else ''}: "
           f"{2 * n_kc**3 / t / 1e9:6.1f} GFLOP/s ({threads} threads)")
+
+# %% [markdown]
+# Where B's panels start. The kernel loads B 64 bytes at a time; `gemm_blis` packs B into a buffer
+# that starts a cache line (`aligned_empty`), and each panel is a whole number of lines. Here the
+# whole product at n = 1024 (256 in the quick run) on all threads with B's buffer on a line and 16
+# or 32 bytes past one (`b_offset`, in items: where NumPy's 16-byte and Numba's 32-byte alignment
+# may leave it), in turns. From L1 a core can absorb a load's second access (the kernel issues 16
+# loads per 28 FMAs, and the core has load ports to spare); with B's panels arriving from L2, a load
+# across two lines waits for both.
+
+# %% tags=["demo"]
+def blis_b_offset(b_offset):
+    gemm_blis(a_kc, b_kc, np.empty((n_kc, n_kc), np.float32), kernel_here, mr_here, 16 * nv_here,
+              block_rows(n_kc, mr_here, mc_here, threads), even_block(n_kc, kc_here), even_block(n_kc, nc_here, 16 * nv_here),
+              False, b_offset)
+
+
+offset_times = best_apart({f"{4 * items:2d} bytes": (lambda o=items: blis_b_offset(o)) for items in (0, 4, 8)})
+print(load_report())
+on_line = offset_times[" 0 bytes"]
+for where, t in offset_times.items():
+    print(f"n = {n_kc}, {threads} threads, B {where} past a cache line: {2 * n_kc**3 / t / 1e9:6.1f} GFLOP/s "
+          f"= {on_line / t:4.0%} of B on a line")
 
 # %% [markdown]
 # The whole product against NumPy's BLAS and section 5's `matmul_simd`, on all threads, the ratio

@@ -1083,7 +1083,8 @@ print(f"{'float32 NumPy BLAS':<26} n={n}: {blas_run['gflops'][n]:7.1f} GOPS ({bl
 #| export
 from minitorch.cpu_matmul import FALLBACK_CACHES, machine_cache_sizes  # noqa: E402
 from minitorch.simd import vdot_u8s8, vmadd_pairs, vstore_add_i32, vzero_i32  # noqa: E402
-from minitorch.simd_matmul import block_rows, even_block, machine_blocking, machine_shape, macro_kernel  # noqa: E402
+from minitorch.simd_matmul import (aligned_empty, block_rows, even_block, machine_blocking, machine_shape,  # noqa: E402
+                                   macro_kernel)
 
 PAIRS_MR, PAIRS_NR = 6, 16  # the pairs kernel's block of C: 6 rows of one i32x16
 
@@ -1188,7 +1189,7 @@ def gemm_int8_pairs(a, b, c, mc, kc2):
         raise ValueError("gemm_int8_pairs: need a (M, K), b (K, N), c (M', N') with M' >= 6 ceil(M/6), N' = 16 ceil(N/16)")
     k2 = (k + 1) // 2
     cf = c.reshape(-1)
-    bp = np.empty(ldc * 2 * min(kc2, k2), np.int16)
+    bp = aligned_empty(ldc * 2 * min(kc2, k2), np.int16)  # whole cache lines for its vector loads
     for p2 in range(0, k2, kc2):
         kcur = min(kc2, k2 - p2)
         pack_b_pairs(b, p2, kcur, bp[:ldc * 2 * kcur])
@@ -1353,7 +1354,7 @@ def gemm_int8_vnni(aw, b, c, kernel, mr, nr, mc, kc4, nc):
         raise ValueError("gemm_int8_vnni: need aw (M, K4), b (K, N) with K <= 4 K4, and c (M, N)")
     tasks = (m + mc - 1) // mc
     ap = np.empty((tasks, ((min(mc, m) + mr - 1) // mr) * mr * min(kc4, k4)), np.int32)  # A's words, packed
-    bp = np.empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)
+    bp = aligned_empty(min(nc, (n + nr - 1) // nr * nr) * min(kc4, k4), np.int32)  # whole cache lines
     for p4 in range(0, k4, kc4):  # lesson 06's order: A packed once per KC, every NC block of B served from it
         kcur = min(kc4, k4 - p4)
         for ic in prange(tasks):
@@ -1420,7 +1421,8 @@ import numba
 
 from minitorch.bench import blas_line, blas_matmul_gflops, fma_roof, load_report
 from minitorch.simd import madd_flavour, u8s8_flavour
-from minitorch.simd_matmul import best_apart, kernel_calls, machine_shape, matmul_blis, matmul_simd, peak_rate
+from minitorch.simd_matmul import (aligned_empty, best_apart, kernel_calls, machine_shape, matmul_blis, matmul_simd,
+                                   peak_rate)
 
 for (m, k, n) in [(1, 1, 1), (7, 3, 5), (37, 1031, 53), (130, 17, 7), (64, 4096, 48)]:
     A8 = rng.integers(-128, 128, (m, k)).astype(np.int8)
@@ -1461,8 +1463,9 @@ def int8_peak(kernel, mr, nr, words, threads_used, kc=256, calls=300 if SMALL el
     """GOPS of an int8 kernel (pairs: words = 2 k per word; VNNI: 4) with its panels in L1 on `threads_used`
     threads (lesson 06's peak_rate)."""
     ap = rng.integers(-2**31, 2**31, (threads_used, mr * kc)).astype(np.int32)
-    bp = rng.integers(-2**15, 2**15, (threads_used, 2 * nr * kc)).astype(np.int16) if words == 2 else \
-        rng.integers(-2**31, 2**31, (threads_used, nr * kc)).astype(np.int32)
+    per_k, dtype, top = (2 * nr, np.int16, 2**15) if words == 2 else (nr, np.int32, 2**31)
+    bp = aligned_empty(threads_used * per_k * kc, dtype).reshape(threads_used, per_k * kc)  # as the GEMMs pack B
+    bp[:] = rng.integers(-top, top, bp.shape)
     c = np.zeros((threads_used, mr * nr + 1024), np.int32)
     return peak_rate(kernel, ap, bp, c, nr, calls, 2 * mr * nr * words * kc) / 1e9
 

@@ -9,6 +9,7 @@ except the explicit-pairs GEMM, which has no other in-process caller."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -230,3 +231,22 @@ def test_contracts_name_the_parameter_and_the_value():
              "DynamicLossScaler.step: optimizer must be an object with `step`, got None")):
         with pytest.raises(error, match=message):
             call()
+
+
+@numba.njit(cache=False)
+def _spy_kernel(ap, bp, c, co, ldc):
+    """Adds, at its block's first item, 1 plus where bp starts within a cache line."""
+    c[co] += 1 + bp.ctypes.data % 64
+
+
+def test_gemm_int8_vnni_hands_the_kernel_b_panels_on_whole_cache_lines():
+    """As lesson 06's gemm_blis: B packed into a line-aligned buffer, each panel whole lines, so that no
+    vector load of B straddles two lines."""
+    for m, k4, n in ((37, 70, 75), (12, 33, 100), (7, 100, 200), (50, 20, 40)):
+        aw, b = np.zeros((m, k4), np.int32), np.zeros((4 * k4, n), np.int8)
+        c = np.zeros((m, n), np.int32)
+        quant.gemm_int8_vnni(aw, b, c, _spy_kernel, 3, 32, 12, 16, 64)
+        k_blocks = -(-k4 // 16)
+        firsts = c[::3, ::32]
+        assert np.all(firsts == k_blocks), f"{(m, k4, n)}: the B panels start {np.unique(firsts - k_blocks)} " \
+                                           f"bytes into a cache line (summed over {k_blocks} blocks of k)"

@@ -159,3 +159,35 @@ def test_gemm_blis_writes_or_adds():
         np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4, err_msg=f"c = a @ b, {(m, k, n)}")
         sm.gemm_blis(a, b, c, kernel, 3, 32, 12, 16, 64)
         np.testing.assert_allclose(c, 2 * want, rtol=1e-4, atol=1e-4, err_msg=f"c += a @ b, {(m, k, n)}")
+        sm.gemm_blis(a, b, c, kernel, 3, 32, 12, 16, 64, False, 3)  # B's buffer 12 bytes past a line: same product
+        np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4, err_msg=f"c = a @ b, b_offset=3, {(m, k, n)}")
+    with pytest.raises(ValueError, match="gemm_blis: need .* and b_offset >= 0"):
+        sm.gemm_blis(a, b, c, kernel, 3, 32, 12, 16, 64, False, -1)
+
+
+def test_aligned_empty_starts_a_cache_line():
+    for dtype in (np.float32, np.float64, np.int32, np.int16, np.uint8):
+        for size in (0, 1, 15, 16, 17, 1000, 4099):
+            x = sm.aligned_empty(size, dtype)
+            assert x.shape == (size,) and x.dtype == dtype and x.flags.c_contiguous, (dtype, size, x.shape, x.dtype)
+            assert x.ctypes.data % sm.CACHE_LINE == 0, f"aligned_empty({size}, {dtype.__name__}) starts at " \
+                                                       f"{x.ctypes.data % sm.CACHE_LINE} bytes into a cache line"
+
+
+@numba.njit(cache=False)
+def _spy_kernel(ap, bp, c, co, ldc):
+    """Adds, at its block's first item, 1 plus where bp starts within a cache line."""
+    c[co] += 1 + bp.ctypes.data % 64
+
+
+def test_gemm_blis_hands_the_kernel_b_panels_on_whole_cache_lines():
+    """Each f32x16 load of a B panel must not straddle two lines: gemm_blis packs B into a line-aligned
+    buffer, and each panel is a whole number of lines. Odd sizes: edge blocks, several blocks of k and N."""
+    for m, k, n in ((37, 70, 75), (12, 33, 100), (7, 100, 200), (50, 20, 40), (3, 16, 32)):
+        a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+        c = np.zeros((m, n), np.float32)
+        sm.gemm_blis(a, b, c, _spy_kernel, 3, 32, 12, 16, 64)
+        firsts = c[::3, ::32]  # each kernel block's first item: one visit per block of k, plus where bp started
+        k_blocks = -(-k // 16)
+        assert np.all(firsts == k_blocks), f"{(m, k, n)}: the B panels start {np.unique(firsts - k_blocks)} " \
+                                           f"bytes into a cache line (summed over {k_blocks} blocks of k)"
