@@ -1987,12 +1987,13 @@ for where, t in offset_times.items():
 # `make bench L=cpu_matmul` measures the same ratios (the same kernels and BLAS timing, three
 # rounds, the best of each). On the course's development machine (an Intel Xeon with AVX-512 under
 # KVM, 2 vCPUs; OpenBLAS 0.3.31 on its AVX-512 "SkylakeX" kernel, as a student's machine runs it),
-# four runs one after the other while the machine was nearly idle (load average 0.7-1.1) put
-# `matmul_blis` at 85-99% of NumPy's BLAS at n = 256, 85-92% at 512, 84-91% at 1024 and 93-101% at
-# 2048 with two threads each, and at 68-79%, 85-95%, 82-93% and 93-97% with one thread each (the
+# four runs one after the other while the machine was nearly idle (load average 0.5-0.9) put
+# `matmul_blis` at 84-92% of NumPy's BLAS at n = 256, 91-96% at 512, 90-93% at 1024 and 94-100% at
+# 2048 with two threads each, and at 81-84%, 86-100%, 94-98% and 92-96% with one thread each (the
 # record: `hardware_notes/measured.md`, run cpu-matmul-xeon). The first version of these loops,
 # which packed A once per block of B and worked out its blocking in Python on every call, stood at
-# 54%, 69%, 74% and 79% with two threads in a run on the same machine.
+# 54%, 69%, 74% and 79% with two threads in a run on the same machine; packing B into a buffer
+# that starts a cache line took n = 1024 from 84-91% (four runs before it) to 90-93%.
 
 # %% tags=["demo"]
 for (m, k, n) in [(1, 1, 1), (37, 1031, 53), (130, 17, 7), (5, 600, 211), (7, 2100, 33)]:
@@ -2040,16 +2041,18 @@ plt.show()
 # small n), the fork and join, and the traffic to C. `make bench` (benchmarks/bench_cpu_matmul.py)
 # measures the same ratios at n = 256 to 2048, with targets at n = 256, 1024 and 2048.
 #
-# In those runs the 14 x 32 kernel from L1 ran at 84-92% of the FMA roof on one core (82-87% on
-# both), and the whole product at n = 1024 and 2048 at 60-69% of it on one core, where OpenBLAS's
-# reached 67-76%. Three changes outside the kernel took `matmul_blis` from about three quarters of
-# OpenBLAS to about nine tenths, each measured on its own before it went in: packing A once per
+# In those runs the 14 x 32 kernel from L1 ran at 93-95% of the FMA roof on one core (89-94% on
+# both), and the whole product at n = 1024 and 2048 at 73-78% of it on one core, where OpenBLAS's
+# reached 74-82%. Four changes outside the kernel took `matmul_blis` from about three quarters of
+# OpenBLAS to nine tenths and more, each measured on its own before it went in: packing A once per
 # block of k instead of once per block of B (at n = 2048 that removed three of four passes over A:
 # about a tenth of the time on one core, side by side with the old loops); blocks of even size (K
 # = 1024 in three blocks of 342, not 432, 432 and 160, whose short kernel calls pay C's loads and
 # stores more often); and the Python around each call (the kernel's source generated, the shape
 # rule and the blocking worked out) done once per shape and size instead of every call, from 68 us
-# to about 20 us, which is what n = 256 needed: its whole product takes about 130 us. What is left
+# to about 20 us, which is what n = 256 needed: its whole product takes about 130 us; and B packed
+# into a buffer that starts a cache line (the cell after KC's shows what 16 or 32 bytes off cost
+# at n = 1024). What is left
 # is the packing itself (plain scalar copies; OpenBLAS's are hand-vectorised), two fork-joins per
 # block of B (its packing, then the kernels) and one per block of k, and, at n = 1024 on two
 # threads, the noise of a shared machine, as large as what is left.
@@ -2111,23 +2114,23 @@ plt.show()
 #
 # Section 8's kernels on the machine the course runs on now (an Intel Xeon with AVX-512 under KVM,
 # 2 vCPUs, 48 KiB L1d and 2 MiB L2 per core), from one `make bench L=cpu_matmul` run while the
-# machine was nearly idle (load average 0.8; the last run of cpu-matmul-xeon in
+# machine was nearly idle (load average 0.9; the last run of cpu-matmul-xeon in
 # `hardware_notes/measured.md`), NumPy's BLAS as a student's machine runs it (OpenBLAS 0.3.31, its
 # AVX-512 "SkylakeX" kernel):
 #
 # | what | measured (Xeon VM, quiet), 1 thread / 2 threads |
 # |---|---|
-# | FMA roof (lesson 04's loop, 512-bit) | 234 / 463 GFLOP/s |
-# | the 14 x 32 BLIS kernel from L1 | 200 / 399 GFLOP/s (85 / 86 % of the roof) |
-# | section 3's 4 x 3 `micro_kernel` from L1 | 94 / 193 GFLOP/s (40 / 42 %) |
-# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 135 / 136 / 145 / 161 GFLOP/s |
-# | NumPy (OpenBLAS), the same, same run | 171 / 157 / 156 / 166 GFLOP/s: `matmul_blis` at 79 / 87 / 93 / 97 % of it |
-# | `matmul_blis`, the same n, 2 threads | 216 / 238 / 284 / 310 GFLOP/s |
-# | NumPy (OpenBLAS), 2 threads, same run | 238 / 273 / 315 / 332 GFLOP/s: `matmul_blis` at 91 / 87 / 90 / 93 % of it |
-# | `matmul_simd`, the same n, 1 / 2 threads | 66 / 75 / 75 / 76 and 110 / 138 / 151 / 136 GFLOP/s |
+# | FMA roof (lesson 04's loop, 512-bit) | 245 / 486 GFLOP/s |
+# | the 14 x 32 BLIS kernel from L1 | 232 / 434 GFLOP/s (95 / 89 % of the roof) |
+# | section 3's 4 x 3 `micro_kernel` from L1 | 104 / 176 GFLOP/s (43 / 36 %) |
+# | `matmul_blis`, n = 256 / 512 / 1024 / 2048, 1 thread | 160 / 173 / 182 / 188 GFLOP/s |
+# | NumPy (OpenBLAS), the same, same run | 194 / 191 / 190 / 196 GFLOP/s: `matmul_blis` at 83 / 90 / 96 / 96 % of it |
+# | `matmul_blis`, the same n, 2 threads | 245 / 303 / 354 / 374 GFLOP/s |
+# | NumPy (OpenBLAS), 2 threads, same run | 269 / 334 / 380 / 372 GFLOP/s: `matmul_blis` at 91 / 91 / 93 / 100 % of it |
+# | `matmul_simd`, the same n, 1 / 2 threads | 74 / 82 / 80 / 77 and 126 / 157 / 157 / 139 GFLOP/s |
 #
-# The kernel is within 15 % of the roof, and the whole product within 15 % of OpenBLAS's from
-# n = 512 on (section 8 says what closed the gap and what is left).
+# The kernel is within about 10 % of the roof, and the whole product within 10 % of OpenBLAS's
+# from n = 512 on (section 8 says what closed the gap and what is left).
 #
 # - **Read the machine code.** Whether a loop is vectorised is a fact you can check in a
 #   second: `vfmadd231ps %ymm...` is 8 float32 FMAs, `vfmadd231ss` is one.
