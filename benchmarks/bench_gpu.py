@@ -5,7 +5,10 @@ regtile, vec4, warptile, dbuf) and of cuBLAS (`cp.matmul`, FP32 without tensor c
 as a fraction of cuBLAS in the same run. The tensor-core kernel (hgemm_wmma, half inputs, float
 accumulation) against cuBLAS's half GEMM (`cp.matmul` on float16, tensor cores, float16 output).
 Then the fused row softmax and the fused bias+GELU against the unfused CuPy expressions at
-4096x4096 float32. Times are medians of CUDA-event measurements after a warm-up (cuda_time_ms:
+4096x4096 float32, and softmax against the memory: exercise 8.12's one-read kernel (softmax_v4), 8.6's
+and the unfused expression beside a copy of the same bytes and the card's bandwidth (its attributes:
+memory clock x 2 x bus width), at 4096 x 4096 and 1024 x 32768; target (issue 43) softmax_v4 >= 70 %
+of the card's bandwidth and >= 2x the unfused expression. Times are medians of CUDA-event measurements after a warm-up (cuda_time_ms:
 3 warm-up launches, then the median of 20, or of 5 for the slow naive kernel). Targets
 (issue 4): regtile >= 50 % of cuBLAS at n = 4096 on an H100; fused softmax >= 2x the unfused
 expression. Saves gpu.json (and gpu.png where matplotlib is installed) into build/bench/.
@@ -23,6 +26,8 @@ from course.gpu import gpu_status
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 SIZES = (512, 1024) if SMALL else (1024, 2048, 4096)
+SOFTMAX_SHAPES = ((1024, 4096),) if SMALL else ((4096, 4096), (1024, 32768))
+SOFTMAX_BW_TARGET = 0.70  # issue 43: exercise 8.12's softmax at >= 70% of the card's bandwidth at large rows
 
 
 def main(out_dir: Path) -> None:
@@ -33,7 +38,8 @@ def main(out_dir: Path) -> None:
     import cupy as cp
 
     from minitorch.cupy_kernels import (
-        SGEMM_KERNELS, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, sgemm, softmax, softmax_unfused,
+        SGEMM_KERNELS, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, memory_bandwidth_gbps, sgemm, softmax,
+        softmax_unfused, softmax_v4,
     )
 
     kernels = tuple(SGEMM_KERNELS)
@@ -73,6 +79,30 @@ def main(out_dir: Path) -> None:
                                    "fused_GBps": 2 * x.nbytes / tf / 1e6}
         print(f"{name} 4096x4096: fused {tf:.3f} ms ({2 * x.nbytes / tf / 1e6:.0f} GB/s), "
               f"unfused {tu:.3f} ms -> {tu / tf:.1f}x")
+
+    # softmax against the memory (issue 43): exercise 8.12's kernel, 8.6's and the unfused expression
+    # beside a copy of the same bytes and the card's bandwidth from its attributes
+    peak = memory_bandwidth_gbps()
+    print(f"memory bandwidth from the card's attributes (clock x 2 x bus width): "
+          f"{'not reported' if peak is None else f'{peak:.0f} GB/s'}")
+    results["softmax_memory"] = {"peak_GBps": peak}
+    for rows, cols in SOFTMAX_SHAPES:
+        xs = cp.random.standard_normal((rows, cols), dtype=cp.float32) * 10
+        ys = cp.empty_like(xs)
+        if not cp.allclose(softmax_v4(xs), softmax_unfused(xs), rtol=1e-5, atol=1e-7):
+            raise AssertionError(f"softmax_v4 gives wrong results at {rows} x {cols}")
+        times = {"copy": cuda_time_ms(lambda: cp.copyto(ys, xs)), "softmax_v4": cuda_time_ms(lambda: softmax_v4(xs)),
+                 "softmax": cuda_time_ms(lambda: softmax(xs)), "unfused": cuda_time_ms(lambda: softmax_unfused(xs))}
+        gbps = {k: 2 * xs.nbytes / t / 1e6 for k, t in times.items()}
+        results["softmax_memory"][f"{rows}x{cols}"] = {"ms": times, "GBps": gbps}
+        print(f"softmax {rows} x {cols}: " + ", ".join(f"{k} {gbps[k]:.0f} GB/s" for k in times)
+              + f"; softmax_v4 = {gbps['softmax_v4'] / gbps['copy']:.0%} of the copy"
+              + ("" if peak is None else f", {gbps['softmax_v4'] / peak:.0%} of the card's bandwidth"))
+        speedup = times["unfused"] / times["softmax_v4"]
+        fraction = gbps["softmax_v4"] / (peak or gbps["copy"])
+        print(f"  target (issue 43): softmax_v4 >= {SOFTMAX_BW_TARGET:.0%} of the "
+              f"{'card' if peak else 'copy'}'s bandwidth: {fraction:.0%} {'met' if fraction >= SOFTMAX_BW_TARGET else 'NOT met'}; "
+              f">= 2x unfused: {speedup:.1f}x {'met' if speedup >= 2 else 'NOT met'}")
 
     (out_dir / "gpu.json").write_text(json.dumps(results, indent=1))
     try:

@@ -726,6 +726,129 @@ extern "C" __global__ void hgemm_wmma(const half* __restrict__ A, const half* __
 """
 
 
+SOFTMAX_V4_ITEMS = 8  # float4s of the row per thread, held in registers
+SOFTMAX_V4_MAX_COLS = 4 * SOFTMAX_V4_ITEMS * 1024  # a block has at most 1024 threads
+
+
+def softmax_v4_launch(rows: int, cols: int) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) for softmax_rows_v4: one block per row, of the fewest whole warps (32 to 1024
+    threads) whose SOFTMAX_V4_ITEMS float4s each cover the row. cols: a multiple of 4, at most
+    SOFTMAX_V4_MAX_COLS."""
+    if cols % 4 or cols > SOFTMAX_V4_MAX_COLS:
+        raise ValueError(f"softmax_v4_launch: cols must be a multiple of 4 and at most {SOFTMAX_V4_MAX_COLS}, "
+                         f"got {cols}")
+    warps = max(1, ceil_div(ceil_div(cols // 4, SOFTMAX_V4_ITEMS), 32))
+    return (rows,), (32 * warps,)
+
+
+def softmax_v4_source() -> str:
+    """CUDA C source of softmax_rows_v4(x, y, rows, cols): y[r] = softmax(x[r]) for row-major float32
+    (rows, cols), cols a multiple of 4 (at most SOFTMAX_V4_MAX_COLS); block r holds row r in registers
+    (ITEMS float4s per thread), reads it once and writes it once, with float4 loads and stores."""
+    return r"""
+#define ITEMS 8        // float4s per thread: SOFTMAX_V4_ITEMS
+#define WARPS_MAX 32   // a block has at most 1024 threads = 32 warps
+
+__device__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    return v;
+}
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    return v;
+}
+
+// The block's max (is_max) or sum of v, returned to every thread; partial: WARPS_MAX shared floats.
+__device__ float block_reduce(float v, float* partial, bool is_max) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = partial[0];
+    for (int w = 1; w < warps; ++w) v = is_max ? fmaxf(v, partial[w]) : v + partial[w];
+    __syncthreads();                               // partial is reused by the next reduction
+    return v;
+}
+
+extern "C" __global__ void softmax_rows_v4(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
+    __shared__ float partial[WARPS_MAX];
+    const int row = blockIdx.x;
+    if (row >= rows) return;                       // the whole block leaves together
+    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)row * cols);
+    float4* yr = reinterpret_cast<float4*>(y + (size_t)row * cols);
+    const int n4 = cols / 4;
+    const float ninf = __int_as_float(0xff800000);  // -inf
+    float4 v[ITEMS];
+    float m = ninf;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        v[i] = j < n4 ? xr[j] : make_float4(ninf, ninf, ninf, ninf);
+        m = fmaxf(m, fmaxf(fmaxf(v[i].x, v[i].y), fmaxf(v[i].z, v[i].w)));
+    }
+    m = block_reduce(m, partial, true);
+
+    float s = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        v[i] = make_float4(expf(v[i].x - m), expf(v[i].y - m), expf(v[i].z - m), expf(v[i].w - m));
+        s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+    s = block_reduce(s, partial, false);
+
+    const float inv = 1.0f / s;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < n4) yr[j] = make_float4(v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
+    }
+}
+"""
+
+
+def _softmax_v4_fits(cols: int) -> bool:
+    return cols % 4 == 0 and cols <= SOFTMAX_V4_MAX_COLS
+
+
+def softmax_v4(x: cupy.ndarray) -> cupy.ndarray:
+    """Row softmax of a 2-D float32 CuPy array: softmax_rows_v4 (one read, float4s, rows in registers)
+    where the rows fit it (cols a multiple of 4, at most SOFTMAX_V4_MAX_COLS), else softmax_rows (8.6)."""
+    cp = _cupy()
+    x = _softmax_operand(x, cp, "softmax_v4")
+    if not x.size or not _softmax_v4_fits(x.shape[1]):
+        return softmax(x)
+    y = cp.empty_like(x)
+    args = (x, y, np.int32(x.shape[0]), np.int32(x.shape[1]))
+    source = softmax_v4_source()
+    check_args(kernel_params(source, "softmax_rows_v4"), args, "softmax_rows_v4")
+    _raw_kernel(source, "softmax_rows_v4")(*softmax_v4_launch(*x.shape), args)
+    return y
+
+
+def softmax_v4_emulated(x: np.ndarray) -> np.ndarray:
+    """softmax_v4 on the CPU emulator (float32 NumPy in and out)."""
+    x = _softmax_operand(np.asarray(x), np, "softmax_v4_emulated")
+    if not x.size or not _softmax_v4_fits(x.shape[1]):
+        return softmax_emulated(x)
+    y = np.zeros_like(x)
+    emulate(softmax_v4_source(), "softmax_rows_v4", *softmax_v4_launch(*x.shape),
+            [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])])
+    return y
+
+
+def memory_bandwidth_gbps() -> float | None:
+    """The GPU's memory bandwidth in GB/s from its attributes (memory clock x 2 transfers per clock x
+    bus width), the datasheet's figure; None where the driver does not report them."""
+    cp = _cupy()
+    try:
+        clock_khz = cp.cuda.runtime.deviceGetAttribute(36, cp.cuda.Device().id)  # cudaDevAttrMemoryClockRate
+        bus_bits = cp.cuda.runtime.deviceGetAttribute(37, cp.cuda.Device().id)  # cudaDevAttrGlobalMemoryBusWidth
+    except Exception:  # noqa: BLE001 - an attribute this driver lacks
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
+
+
 from minitorch.checks import Array, Attrs, Count, Size, describe, validate_public  # noqa: E402
 
 
@@ -770,6 +893,9 @@ validate_public(globals(), {
     "sgemm_emulated": {"a": Array(ndim=2, dtypes="float32"), "b": Array(ndim=2, dtypes="float32")},
     "softmax": {"x": _OnGpu(ndim=2, dtypes="float32")},
     "softmax_emulated": {"x": Array(ndim=2, dtypes="float32")},
+    "softmax_v4_launch": {"rows": Size, "cols": Size},
+    "softmax_v4": {"x": _OnGpu(ndim=2, dtypes="float32")},
+    "softmax_v4_emulated": {"x": Array(ndim=2, dtypes="float32")},
     "softmax_unfused": {"x": _OnGpu(ndim=2, dtypes="float")},
     "CupyBackend": {"xp": Attrs("asarray", "matmul", "ascontiguousarray")},
     "CupyBackend.to_numpy": {"a": _BackendArray(dtypes="number")},

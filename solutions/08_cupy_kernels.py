@@ -16,7 +16,8 @@
 # expression. We compare each against cuBLAS (`cp.matmul`) and time with CUDA events. Then
 # minitorch gets a `"cuda"` device whose matmul is your kernel, and lesson 03's MLP trains on it.
 # The last section climbs the rest of the SGEMM ladder: vector loads, warp tiles, double
-# buffering, and the tensor cores.
+# buffering, and the tensor cores; and takes the softmax to the memory's speed (one read, vector
+# loads, the row in registers).
 #
 # **Without a GPU** (a laptop, CI) everything here is still graded:
 # - NVRTC, NVIDIA's runtime compiler (shipped as a pip wheel, no driver needed), compiles your
@@ -845,8 +846,8 @@ print(f"softmax 4096x4096: fused {t_f:.3f} ms ({2 * xs.nbytes / t_f / 1e6:.0f} G
 # On an NVIDIA H100 80GB HBM3 (`make gpucheck`, 2026-11-26; CUDA 13.0, CuPy 14.2.0) this cell
 # printed: fused 0.202 ms (663 GB/s of compulsory traffic), unfused 0.327 ms: 1.6x, short of the
 # 2x this section aims at. 663 GB/s is a fifth of the H100's 3.35 TB/s, so this kernel is not yet
-# bound by memory: more rows per block, or one warp per row with the row held in registers, is the
-# next step to measure.
+# bound by memory: the row held in registers, read once with vector loads, by a block sized to
+# the row, is the next step (exercise 8.12, in section 10).
 
 # %% [markdown]
 # ## 8. A CUDA device for minitorch
@@ -1479,6 +1480,200 @@ print(f"  hgemm_wmma {2 * n**3 / t_h / 1e9:6.1f} TFLOP/s; cuBLAS half GEMM {2 * 
 # first step of the tensor-core ladder, not its top.
 
 # %% [markdown]
+# ### Softmax at the memory's speed
+#
+# Exercise 8.6's kernel reads each row three times (max, sum, output), one float per load, with
+# 256 threads whatever the row's length. Softmax does a few FLOPs per element, so its limit is the
+# memory: at best it reads x once and writes y once, `2 * 4 * rows * cols` bytes. The H100 run
+# above put 8.6 at a fifth of the card's bandwidth. Three changes bring it to the memory's speed:
+#
+# 1. **One read.** Each thread keeps its share of the row in registers (`float4 v[ITEMS]`): the
+#    max comes from them, `expf` overwrites them, and the output is written from them. Registers
+#    hold an array only when every index is known at compile time: loops over `ITEMS` with
+#    `#pragma unroll` and constant bounds. An index the compiler cannot resolve puts the array in
+#    *local memory* (per-thread global memory, the PTX's `.local`), and the one read becomes many.
+# 2. **Vector loads and stores**, as in exercise 8.8: `float4` is a 16-byte `ld.global.v4.f32`,
+#    element `j` of the row's `float4`s read by thread `j % blockDim.x`, so a warp reads 512
+#    consecutive bytes per instruction. The row must start on 16 bytes: `cols` a multiple of 4.
+# 3. **Enough work per thread**: the block is sized to the row (`softmax_v4_launch`: 32 to 1024
+#    threads, each holding up to `SOFTMAX_V4_ITEMS` = 8 `float4`s), rather than 256 threads for
+#    a row of 64.
+#
+# Rows longer than 8 x 4 x 1024 = 32768, or of a length not a multiple of 4, go to exercise 8.6's
+# kernel (`softmax_v4` chooses). The online softmax of lesson 09 (a running max that rescales the
+# running sum) handles rows of any length in one read, at the price of an `expf` per rescaling.
+#
+# **Exercise 8.12.** Write `softmax_rows_v4(const float* x, float* y, int rows, int cols)`: y =
+# softmax of each row of x (rows, cols), `cols` a multiple of 4 and at most `SOFTMAX_V4_MAX_COLS`,
+# launched by `softmax_v4_launch` (one block per row). Thread `t` handles the row's `float4`s
+# `t, t + blockDim.x, ...` (at most `ITEMS` = 8 of them; fill the slots past the row's end with
+# `-INFINITY` so that they change neither the max nor, after `expf`, the sum). The max and the
+# sum are block reductions as in 8.6 (warp shuffles, one `__shared__` partial per warp, barriers
+# around its reuse). The tests read the PTX (`float4` loads and stores, shuffles, no local
+# memory) and count, on the emulator, the reads of x (each `float4` of x exactly once) and the
+# writes of y, besides the values on rows of several lengths, `-inf`, 1e4 and very negative rows.
+
+# %%
+#| export
+SOFTMAX_V4_ITEMS = 8  # float4s of the row per thread, held in registers
+SOFTMAX_V4_MAX_COLS = 4 * SOFTMAX_V4_ITEMS * 1024  # a block has at most 1024 threads
+
+
+def softmax_v4_launch(rows: int, cols: int) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) for softmax_rows_v4: one block per row, of the fewest whole warps (32 to 1024
+    threads) whose SOFTMAX_V4_ITEMS float4s each cover the row. cols: a multiple of 4, at most
+    SOFTMAX_V4_MAX_COLS."""
+    if cols % 4 or cols > SOFTMAX_V4_MAX_COLS:
+        raise ValueError(f"softmax_v4_launch: cols must be a multiple of 4 and at most {SOFTMAX_V4_MAX_COLS}, "
+                         f"got {cols}")
+    warps = max(1, ceil_div(ceil_div(cols // 4, SOFTMAX_V4_ITEMS), 32))
+    return (rows,), (32 * warps,)
+
+# %%
+#| export
+#| exercise 8.12
+def softmax_v4_source() -> str:
+    """CUDA C source of softmax_rows_v4(x, y, rows, cols): y[r] = softmax(x[r]) for row-major float32
+    (rows, cols), cols a multiple of 4 (at most SOFTMAX_V4_MAX_COLS); block r holds row r in registers
+    (ITEMS float4s per thread), reads it once and writes it once, with float4 loads and stores."""
+    ### BEGIN SOLUTION
+    return r"""
+#define ITEMS 8        // float4s per thread: SOFTMAX_V4_ITEMS
+#define WARPS_MAX 32   // a block has at most 1024 threads = 32 warps
+
+__device__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+    return v;
+}
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffff, v, offset);
+    return v;
+}
+
+// The block's max (is_max) or sum of v, returned to every thread; partial: WARPS_MAX shared floats.
+__device__ float block_reduce(float v, float* partial, bool is_max) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    v = partial[0];
+    for (int w = 1; w < warps; ++w) v = is_max ? fmaxf(v, partial[w]) : v + partial[w];
+    __syncthreads();                               // partial is reused by the next reduction
+    return v;
+}
+
+extern "C" __global__ void softmax_rows_v4(const float* __restrict__ x, float* __restrict__ y, int rows, int cols) {
+    __shared__ float partial[WARPS_MAX];
+    const int row = blockIdx.x;
+    if (row >= rows) return;                       // the whole block leaves together
+    const float4* xr = reinterpret_cast<const float4*>(x + (size_t)row * cols);
+    float4* yr = reinterpret_cast<float4*>(y + (size_t)row * cols);
+    const int n4 = cols / 4;
+    const float ninf = __int_as_float(0xff800000);  // -inf
+    float4 v[ITEMS];
+    float m = ninf;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        v[i] = j < n4 ? xr[j] : make_float4(ninf, ninf, ninf, ninf);
+        m = fmaxf(m, fmaxf(fmaxf(v[i].x, v[i].y), fmaxf(v[i].z, v[i].w)));
+    }
+    m = block_reduce(m, partial, true);
+
+    float s = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        v[i] = make_float4(expf(v[i].x - m), expf(v[i].y - m), expf(v[i].z - m), expf(v[i].w - m));
+        s += (v[i].x + v[i].y) + (v[i].z + v[i].w);
+    }
+    s = block_reduce(s, partial, false);
+
+    const float inv = 1.0f / s;
+    #pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (j < n4) yr[j] = make_float4(v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv);
+    }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.12")
+
+# %%
+#| export
+def _softmax_v4_fits(cols: int) -> bool:
+    return cols % 4 == 0 and cols <= SOFTMAX_V4_MAX_COLS
+
+
+def softmax_v4(x: cupy.ndarray) -> cupy.ndarray:
+    """Row softmax of a 2-D float32 CuPy array: softmax_rows_v4 (one read, float4s, rows in registers)
+    where the rows fit it (cols a multiple of 4, at most SOFTMAX_V4_MAX_COLS), else softmax_rows (8.6)."""
+    cp = _cupy()
+    x = _softmax_operand(x, cp, "softmax_v4")
+    if not x.size or not _softmax_v4_fits(x.shape[1]):
+        return softmax(x)
+    y = cp.empty_like(x)
+    args = (x, y, np.int32(x.shape[0]), np.int32(x.shape[1]))
+    source = softmax_v4_source()
+    check_args(kernel_params(source, "softmax_rows_v4"), args, "softmax_rows_v4")
+    _raw_kernel(source, "softmax_rows_v4")(*softmax_v4_launch(*x.shape), args)
+    return y
+
+
+def softmax_v4_emulated(x: np.ndarray) -> np.ndarray:
+    """softmax_v4 on the CPU emulator (float32 NumPy in and out)."""
+    x = _softmax_operand(np.asarray(x), np, "softmax_v4_emulated")
+    if not x.size or not _softmax_v4_fits(x.shape[1]):
+        return softmax_emulated(x)
+    y = np.zeros_like(x)
+    emulate(softmax_v4_source(), "softmax_rows_v4", *softmax_v4_launch(*x.shape),
+            [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])])
+    return y
+
+
+def memory_bandwidth_gbps() -> float | None:
+    """The GPU's memory bandwidth in GB/s from its attributes (memory clock x 2 transfers per clock x
+    bus width), the datasheet's figure; None where the driver does not report them."""
+    cp = _cupy()
+    try:
+        clock_khz = cp.cuda.runtime.deviceGetAttribute(36, cp.cuda.Device().id)  # cudaDevAttrMemoryClockRate
+        bus_bits = cp.cuda.runtime.deviceGetAttribute(37, cp.cuda.Device().id)  # cudaDevAttrGlobalMemoryBusWidth
+    except Exception:  # noqa: BLE001 - an attribute this driver lacks
+        return None
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
+
+# %% tags=["demo"]
+xs = np.array([[1.0, 2.0, 3.0, 4.0], [1e4, 1e4, -np.inf, 0.0]], dtype=np.float32)
+print(softmax_v4_emulated(xs))
+print("blocks for rows of 64, 4096 and 32768:", [softmax_v4_launch(1, c)[1][0] for c in (64, 4096, 32768)], "threads")
+
+# %% [markdown]
+# On a GPU: exercises 8.6 and 8.12 against the unfused expression and against a plain copy of the
+# same bytes (`cp.copyto`: one read and one write of each element, the most any row-wise kernel
+# can move per second), at 4096 x 4096 and at 1024 rows of 32768; the card's bandwidth from its
+# memory clock and bus width beside them.
+
+# %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
+peak_gbps = memory_bandwidth_gbps()
+print(f"the card's memory bandwidth (clock x 2 x bus width): "
+      f"{'not reported' if peak_gbps is None else f'{peak_gbps:.0f} GB/s'}")
+for shape in ([(1024, 4096)] if SMALL else [(4096, 4096), (1024, 32768)]):
+    xs = cp.random.standard_normal(shape, dtype=cp.float32) * 10
+    ys = cp.empty_like(xs)
+    assert cp.allclose(softmax_v4(xs), softmax_unfused(xs), rtol=1e-5, atol=1e-7)
+    times = {"copy": cuda_time_ms(lambda: cp.copyto(ys, xs)), "softmax_rows_v4 (8.12)": cuda_time_ms(lambda: softmax_v4(xs)),
+             "softmax_rows (8.6)": cuda_time_ms(lambda: softmax(xs)), "unfused": cuda_time_ms(lambda: softmax_unfused(xs))}
+    for name, t in times.items():
+        gbps = 2 * xs.nbytes / t / 1e6
+        print(f"{shape[0]} x {shape[1]}: {name:24s} {t:7.3f} ms {gbps:6.0f} GB/s = {times['copy'] / t:4.0%} of the copy"
+              + ("" if peak_gbps is None else f", {gbps / peak_gbps:4.0%} of the card's")
+              + f"; unfused / this = {times['unfused'] / t:4.1f}x")
+
+# %% [markdown]
 # ## What you measured / what to remember
 #
 # - Fusion is the cheapest speed-up on a GPU: elementwise chains and softmax are memory-bound
@@ -1499,7 +1694,8 @@ print(f"  hgemm_wmma {2 * n**3 / t_h / 1e9:6.1f} TFLOP/s; cuBLAS half GEMM {2 * 
 # - Time GPU work with CUDA events after a warm-up; CPU timers measure launches.
 # - GPU figures: the `gpu` cells print them on your machine, and `make bench` records SGEMM
 #   as a fraction of cuBLAS at n = 1024, 2048, 4096 (every kernel of the ladder, and the
-#   tensor-core kernel against cuBLAS's half GEMM) and fused vs unfused softmax at 4096².
+#   tensor-core kernel against cuBLAS's half GEMM) and softmax (8.6, 8.12, unfused) against a copy
+#   of the same bytes at 4096² and 1024 x 32768.
 #   (This lesson was written on a machine without a GPU; its GPU cells have not been timed yet,
 #   so no GPU numbers are quoted here.)
 #
@@ -1574,6 +1770,9 @@ validate_public(globals(), {
     "sgemm_emulated": {"a": Array(ndim=2, dtypes="float32"), "b": Array(ndim=2, dtypes="float32")},
     "softmax": {"x": _OnGpu(ndim=2, dtypes="float32")},
     "softmax_emulated": {"x": Array(ndim=2, dtypes="float32")},
+    "softmax_v4_launch": {"rows": Size, "cols": Size},
+    "softmax_v4": {"x": _OnGpu(ndim=2, dtypes="float32")},
+    "softmax_v4_emulated": {"x": Array(ndim=2, dtypes="float32")},
     "softmax_unfused": {"x": _OnGpu(ndim=2, dtypes="float")},
     "CupyBackend": {"xp": Attrs("asarray", "matmul", "ascontiguousarray")},
     "CupyBackend.to_numpy": {"a": _BackendArray(dtypes="number")},

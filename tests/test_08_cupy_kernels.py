@@ -613,6 +613,81 @@ def test_hgemm_wmma_correct(lesson):
                  "hgemm(a, b) on 37x29 @ 29x45 (the wrapper pads to multiples of 16)", rtol=1e-4, atol=1e-3)
 
 
+# ------------------------------------------------------------------ 8.12 softmax at the memory's speed
+def run_softmax_v4(lesson, src, x, **kw):
+    y = np.full_like(x, np.nan)
+    try:
+        run = run_kernel(src, "softmax_rows_v4", *lesson.softmax_v4_launch(*x.shape),
+                         [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])], **kw)
+    except KernelError as exc:
+        raise AssertionError(f"softmax_rows_v4 on a {x.shape} matrix failed on the emulator: {exc}") from None
+    return y, run
+
+
+@pytest.mark.exercise("8.12")
+def test_softmax_v4_correct_for_rows_of_many_lengths(lesson):
+    src = lesson.softmax_v4_source()
+    params = kernel_params(src, "softmax_rows_v4")
+    assert [(p.ctype, p.pointer) for p in params] == [("float", True), ("float", True), ("int", False), ("int", False)], (
+        f"softmax_rows_v4 must take (const float* x, float* y, int rows, int cols), got "
+        f"({', '.join(map(str, params))})")
+    compiled(src, "softmax_rows_v4")
+    need_compiler()
+    rng = np.random.default_rng(21)
+    # a row of one float4; a block of one warp with idle threads; rows that fill some of the slots; a block
+    # whose last warp is partly used; every slot of every thread (8 float4s x 64 threads)
+    for rows, cols in [(3, 4), (2, 36), (4, 132), (2, 1000), (1, 2052), (1, 2048)]:
+        x = (rng.standard_normal((rows, cols)) * 5).astype(np.float32)
+        y, run = run_softmax_v4(lesson, src, x)
+        assert_close(y, softmax_ref(x), f"softmax_rows_v4 of a ({rows}, {cols}) matrix", rtol=1e-5, atol=1e-7,
+                     notes=run.notes)
+
+
+@pytest.mark.exercise("8.12")
+def test_softmax_v4_is_stable_on_large_infinite_and_very_negative_rows(lesson):
+    src = lesson.softmax_v4_source()
+    need_compiler()
+    x = np.array([[1e4, 1e4 - 1, 1e4 - 2, -1e4, 0.0, 1.0, 2.0, 3.0],
+                  [-np.inf, 0.0, 1.0, -np.inf, -np.inf, -np.inf, 5.0, -np.inf],
+                  [-1e4, -1e4 - 1, -1e4 - 3, -1e4 - 0.5, -1e4, -1e4 - 7, -1e4 - 2, -1e4 - 9],
+                  [-120.0, -110.0, -100.0, -130.0, -90.0, -95.0, -np.inf, -105.0]], dtype=np.float32)
+    y, _ = run_softmax_v4(lesson, src, x)
+    assert np.isfinite(y).all(), (f"softmax of rows with 1e4, -inf or only very negative logits must be finite (the "
+                                  f"running maximum starts at -INFINITY; the unused slots hold -INFINITY), got\n{y}")
+    assert_close(y, softmax_ref(x), "softmax_rows_v4 of rows with 1e4, -inf and very negative logits", rtol=1e-5,
+                 atol=1e-7)
+
+
+@pytest.mark.exercise("8.12")
+def test_softmax_v4_reads_each_float4_once_into_registers(lesson):
+    src = lesson.softmax_v4_source()
+    st = compiled(src, "softmax_rows_v4")
+    assert st.ld_global_v4 >= 1 and st.st_global_v4 >= 1, (
+        f"x should be read and y written as float4s (ld.global.v4.f32, st.global.v4.f32 in the PTX); the PTX has "
+        f"{st.ld_global_v4} vector loads and {st.st_global_v4} vector stores from and to global memory")
+    assert st.shfl >= 2, f"the max and the sum should be warp reductions (shfl.sync); the PTX has {st.shfl} shuffles"
+    assert st.local_bytes == 0, (
+        f"the kernel keeps {st.local_bytes} bytes per thread in local memory (.local in the PTX, which lives in "
+        f"global memory): index the float4 array only with compile-time constants (#pragma unroll over ITEMS)")
+    need_compiler()
+    rows, cols = 3, 1536  # 48 threads' worth of float4s: 2 warps, each thread up to 8 float4s
+    x = np.random.default_rng(22).standard_normal((rows, cols)).astype(np.float32)
+    y, run = run_softmax_v4(lesson, src, x, profile=True, schedules=("forward",))
+    assert_close(y, softmax_ref(x), f"softmax_rows_v4 of a ({rows}, {cols}) matrix", rtol=1e-5, atol=1e-7)
+    reads, writes = int(run.profile["x"]["reads"].sum()), int(run.profile["y"]["writes"].sum())
+    assert reads == rows * cols // 4, (
+        f"x ({rows} x {cols}) is {rows * cols // 4} float4s; the kernel made {reads} reads of x: each float4 should be "
+        f"read once (kept in registers for the max, the exponentials and the output)"
+        + (" (scalar loads count one read per float)" if reads == rows * cols else ""))
+    assert writes in (rows * cols // 4, rows * cols), (  # the emulator may count a float4 store as four
+        f"each element of y ({rows} x {cols}) should be written once; the kernel made {writes} writes")
+    threads = lesson.softmax_v4_launch(rows, cols)[1][0]
+    busiest = int(run.profile["x"]["reads"].max())
+    assert busiest <= lesson.SOFTMAX_V4_ITEMS, (
+        f"one thread read {busiest} float4s of x; with {threads} threads per row each should hold at most "
+        f"SOFTMAX_V4_ITEMS = {lesson.SOFTMAX_V4_ITEMS}")
+
+
 # ------------------------------------------------------------------ on a real GPU
 @pytest.mark.gpu
 @pytest.mark.exercise("8.1")
@@ -679,6 +754,18 @@ def test_gpu_softmax(lesson):
 
     x = (np.random.default_rng(11).standard_normal((513, 4099)) * 10).astype(np.float32)
     assert_close(lesson.softmax(cp.asarray(x)).get(), softmax_ref(x), "softmax on the GPU", rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.exercise("8.12")
+def test_gpu_softmax_v4(lesson):
+    import cupy as cp
+
+    rng = np.random.default_rng(23)
+    for rows, cols in [(513, 4096), (7, 32768), (3, 4099)]:  # the last: not a multiple of 4, 8.6's kernel
+        x = (rng.standard_normal((rows, cols)) * 10).astype(np.float32)
+        assert_close(lesson.softmax_v4(cp.asarray(x)).get(), softmax_ref(x), f"softmax_v4 of ({rows}, {cols}) on the GPU",
+                     rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.gpu

@@ -24,6 +24,31 @@ def test_softmax_emulated_rows():
         ck.softmax_emulated(x[0])
 
 
+def test_softmax_v4_launch_and_the_emulated_wrapper():
+    """The block fits the row (whole warps, each thread at most SOFTMAX_V4_ITEMS float4s); rows the kernel
+    cannot hold (not a multiple of 4, longer than SOFTMAX_V4_MAX_COLS) are refused by the launch and sent
+    to exercise 8.6's kernel by the wrapper."""
+    for cols in (4, 128, 256, 260, 4096, 8192, 32768):
+        (grid,), (threads,) = ck.softmax_v4_launch(3, cols)
+        assert grid == 3 and threads % 32 == 0 and 32 <= threads <= 1024, (cols, threads)
+        assert threads * ck.SOFTMAX_V4_ITEMS * 4 >= cols > (threads - 32) * ck.SOFTMAX_V4_ITEMS * 4, (cols, threads)
+    for cols in (6, ck.SOFTMAX_V4_MAX_COLS + 4):
+        with pytest.raises(ValueError, match=f"softmax_v4_launch: cols must be a multiple of 4 and at most "
+                                             f"{ck.SOFTMAX_V4_MAX_COLS}, got {cols}"):
+            ck.softmax_v4_launch(1, cols)
+    if emulator_unavailable():
+        pytest.skip(emulator_unavailable())
+    rng = np.random.default_rng(5)
+    for shape in ((3, 8), (2, 5), (1, 260)):
+        x = (rng.standard_normal(shape) * 4).astype(np.float32)
+        e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(ck.softmax_v4_emulated(x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7,
+                                   err_msg=f"softmax_v4_emulated of {shape}")
+    assert ck.softmax_v4_emulated(np.zeros((0, 8), np.float32)).shape == (0, 8)
+    with pytest.raises(TypeError, match="softmax_v4_emulated: x must be an array of 2 axes of dtype float32"):
+        ck.softmax_v4_emulated(np.ones((2, 4)))
+
+
 def test_gpu_functions_refuse_bad_arguments_before_cupy():
     x = np.ones((2, 3), np.float32)
     for call, pattern in [
@@ -33,6 +58,7 @@ def test_gpu_functions_refuse_bad_arguments_before_cupy():
         (lambda: ck.sgemm(x, x.T), "sgemm: a must be a CuPy array"),
         (lambda: ck.softmax(None), "softmax: x must be a CuPy array.*None"),
         (lambda: ck.softmax_unfused(x), "softmax_unfused: x must be a CuPy array"),
+        (lambda: ck.softmax_v4(x), "softmax_v4: x must be a CuPy array"),
         (lambda: ck.hgemm(x, x.T), "hgemm: a must be a CuPy array"),
         (lambda: ck.cuda_time_ms(lambda: None, repeat=0), "cuda_time_ms: repeat must be an integer >= 1, got 0"),
         (lambda: ck.cuda_time_ms("fn"), "cuda_time_ms: fn must be callable, got 'fn'"),
@@ -72,3 +98,9 @@ def test_gpu_enable_cuda_registers_the_device():
         assert get_backend("cuda") is backend and isinstance(backend, ck.CupyBackend)
         a = cp.asarray(np.arange(6, dtype=np.float32).reshape(2, 3))
         np.testing.assert_allclose(backend.matmul(a, a.T).get(), (a @ a.T).get(), rtol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_memory_bandwidth_from_the_attributes():
+    bw = ck.memory_bandwidth_gbps()
+    assert bw is None or 100 <= bw <= 20_000, f"memory_bandwidth_gbps: {bw} GB/s is no GPU's"
