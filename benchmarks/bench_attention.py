@@ -7,7 +7,9 @@ Causal attention of one head, float32, d = 64, N = 256 ... 4096:
 Reports both times and their ratio (naive / tiled, > 1: the tiled kernel is faster; issue 26's target:
 at least 1.0 at every N), the two taking turns after a pause (lesson 06's best_apart), and both peak
 memories measured with tracemalloc and their ratio. On a CUDA GPU, also lesson 09's CUDA C kernel
-against unfused CuPy attention (16 heads). Saves attention.png. `make bench L=attention`.
+against unfused CuPy attention (16 heads) and, where PyTorch with CUDA is installed, against PyTorch's
+scaled_dot_product_attention on the same arrays (issue 43's target: the tiled kernel within 2x of SDPA's
+time at the largest N). Saves attention.png. `make bench L=attention`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from minitorch.simd_matmul import best_apart
 
 SMALL = os.environ.get("MINITORCH_SMALL") == "1"
 D = 64
+SDPA_TARGET = 2.0  # issue 43: the tiled CUDA kernel's time at most this multiple of PyTorch's SDPA at the largest N
 
 
 def naive(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -72,16 +75,34 @@ def gpu_table(sizes: list[int]) -> None:
         return
     import cupy as cp
 
-    from minitorch.attention import attention_cupy_unfused, flash_attention_cuda
+    from minitorch.attention import (attention_cupy_unfused, attention_torch_sdpa, flash_attention_cuda,
+                                     torch_sdpa_available)
     from minitorch.cupy_kernels import cuda_time_ms
 
-    print(f"\nGPU ({reason}): CUDA C tiled kernel vs unfused CuPy attention, 16 heads, d = {D}, causal")
-    print(f"{'N':>5} {'unfused ms':>11} {'tiled ms':>9} {'ratio':>7}")
+    sdpa = (lambda q, k, v: attention_torch_sdpa(q, k, v, causal=True)) if torch_sdpa_available() else None
+    print(f"\nGPU ({reason}): CUDA C tiled kernel vs unfused CuPy attention"
+          + (" and PyTorch's scaled_dot_product_attention (float32, the same arrays through DLPack)" if sdpa else
+             " (PyTorch with CUDA not installed: no SDPA column)") + f", 16 heads, d = {D}, causal")
+    print(f"{'N':>5} {'unfused ms':>11} {'tiled ms':>9} {'ratio':>7}"
+          + (f" {'SDPA ms':>9} {'tiled / SDPA':>13}" if sdpa else ""))
+    last = None
     for n in sizes:
         q, k, v = (cp.random.standard_normal((16, n, D), dtype=cp.float32) for _ in range(3))
         t_u = cuda_time_ms(lambda: attention_cupy_unfused(q, k, v, causal=True))
         t_t = cuda_time_ms(lambda: flash_attention_cuda(q, k, v, causal=True))
-        print(f"{n:>5} {t_u:11.3f} {t_t:9.3f} {t_u / t_t:6.2f}x")
+        line = f"{n:>5} {t_u:11.3f} {t_t:9.3f} {t_u / t_t:6.2f}x"
+        if sdpa:
+            o_t = sdpa(q, k, v)
+            if not cp.allclose(o_t, flash_attention_cuda(q, k, v, causal=True)[0], rtol=1e-3, atol=1e-4):
+                raise AssertionError(f"the tiled kernel and SDPA disagree at N = {n}")
+            t_s = cuda_time_ms(lambda: sdpa(q, k, v))
+            line += f" {t_s:9.3f} {t_t / t_s:12.2f}x"
+            last = (n, t_t / t_s)
+        print(line)
+    if last:
+        n, ratio = last
+        print(f"target (issue 43): the tiled kernel within {SDPA_TARGET:.0f}x of SDPA's time at N = {n}: {ratio:.2f}x "
+              f"{'met' if ratio <= SDPA_TARGET else 'NOT met'}")
 
 
 def plot(rows: list[dict], out_dir: Path) -> None:

@@ -566,6 +566,34 @@ def attention_cupy_unfused(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
     return cp.matmul(s / s.sum(axis=-1, keepdims=True), v)
 
 
+def torch_sdpa_available() -> bool:
+    """Whether PyTorch with CUDA is installed here (attention_torch_sdpa runs)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def attention_torch_sdpa(q: Any, k: Any, v: Any, causal: bool = False) -> Any:
+    """PyTorch's scaled_dot_product_attention (its fused kernels; float32 here) on CuPy arrays q (G, Nq, d),
+    k, v (G, Nk, d), shared with PyTorch through DLPack (no copy); the G groups are its heads. The
+    reference the course's tiled CUDA kernel is measured against. Needs PyTorch with CUDA."""
+    if not torch_sdpa_available():
+        raise RuntimeError("attention_torch_sdpa: needs PyTorch with CUDA (torch.cuda.is_available() is False here, "
+                           "or torch is not installed)")
+    import torch
+    import torch.nn.functional as F
+
+    cp = _cupy()
+    check_qkv(q, k, v, "attention_torch_sdpa")
+    if not (q.shape[0] == k.shape[0] == v.shape[0]) or k.shape[1] != v.shape[1]:
+        raise ValueError(f"attention_torch_sdpa: expected q (G, Nq, d), k (G, Nk, d), v (G, Nk, dv), got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    qt, kt, vt = (torch.from_dlpack(cp.ascontiguousarray(a))[None] for a in (q, k, v))
+    return cp.from_dlpack(F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)[0])
+
+
 def flash_cuda_source() -> str:
     """CUDA C of `flash_forward(q, k, v, o, lse, nq, nk, causal, scale)`: tiled attention forward, one
     block of BLOCK_Q threads per (query tile blockIdx.x, head blockIdx.y), K and V tiles of BLOCK_K
@@ -664,6 +692,7 @@ _ATTENTION_RULES = {
     "flash_attention_emulated": {name: _CUDA_IO for name in "qkv"},
     "flash_attention_cuda": {name: _CUDA_IO for name in "qkv"},
     "attention_cupy_unfused": {name: _CUDA_IO for name in "qkv"},
+    "attention_torch_sdpa": {name: _CUDA_IO for name in "qkv"},
 }
 # In the lesson's notebook one namespace holds both modules, and validate_public wraps a function once:
 # there the gpt cell below applies both modules' rules.
