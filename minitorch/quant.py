@@ -846,6 +846,106 @@ def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return c
 
 
+def int8_gemm_dp4a_regtile_source() -> str:
+    """CUDA C source of int8_gemm_dp4a_regtile(A4, B4t, C, M, N, K4): C (M, N) int32 = A @ B for int8 A, B
+    packed four per int32 word along K (B transposed); 128x128 tiles of C per block of 256 threads, 8x8
+    outputs per thread in registers, __dp4a fed by int4 loads from shared memory."""
+    return r"""
+#define BM 128
+#define BN 128
+#define BK4 8      // words of k per step: 32 int8 values
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+int8_gemm_dp4a_regtile(const int* __restrict__ A4, const int* __restrict__ B4t, int* __restrict__ C,
+                       int M, int N, int K4) {
+    __shared__ __align__(16) int As[BK4][BM + 4];
+    __shared__ __align__(16) int Bs[BK4][BN + 4];
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    int acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0;
+
+    for (int k0 = 0; k0 < K4; k0 += BK4) {
+        #pragma unroll
+        for (int l = 0; l < 4; ++l) {             // 1024 words of each tile, 4 per thread
+            const int idx = tid + l * NT, r = idx / BK4, kk = idx % BK4, k = k0 + kk;
+            As[kk][r] = (row0 + r < M && k < K4) ? A4[(size_t)(row0 + r) * K4 + k] : 0;
+            Bs[kk][r] = (col0 + r < N && k < K4) ? B4t[(size_t)(col0 + r) * K4 + k] : 0;
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int kk = 0; kk < BK4; ++kk) {
+            const int4 a0 = *reinterpret_cast<const int4*>(&As[kk][4 * ty]);
+            const int4 a1 = *reinterpret_cast<const int4*>(&As[kk][64 + 4 * ty]);
+            const int4 b0 = *reinterpret_cast<const int4*>(&Bs[kk][4 * tx]);
+            const int4 b1 = *reinterpret_cast<const int4*>(&Bs[kk][64 + 4 * tx]);
+            const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const int b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = __dp4a(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + (i / 4) * 64 + 4 * ty + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int c = col0 + (j / 4) * 64 + 4 * tx + j % 4;
+            if (c < N) C[(size_t)r * N + c] = acc[i][j];
+        }
+    }
+}
+"""
+
+
+def dp4a_regtile_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for int8_gemm_dp4a_regtile: one block of 256 threads per 128x128 tile of C."""
+    return (-(-n // 128), -(-m // 128)), (256,)
+
+
+def int8_gemm_dp4a_regtile(a: Any, b: Any) -> Any:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a_regtile."""
+    import cupy as cp
+
+    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm_dp4a_regtile: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} "
+                         f"{b.shape}")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
+    c = cp.zeros((m, n), dtype=cp.int32)
+    if m and n:
+        source = int8_gemm_dp4a_regtile_source()
+        if source not in _DP4A_KERNELS:
+            _DP4A_KERNELS[source] = cp.RawKernel(source, "int8_gemm_dp4a_regtile", options=("-std=c++17",))
+        _DP4A_KERNELS[source](*dp4a_regtile_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
+    return c
+
+
+_DP4A_KERNELS: dict[str, Any] = {}  # source -> compiled RawKernel
+
+
+def int8_gemm_dp4a_regtile_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """int8_gemm_dp4a_regtile on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
+    from course.cuda_c import emulate
+
+    a, b = check_int8_operands(a, b, "int8_gemm_dp4a_regtile_emulated")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
+    c = np.zeros((m, n), np.int32)
+    if m and n:
+        emulate(int8_gemm_dp4a_regtile_source(), "int8_gemm_dp4a_regtile", *dp4a_regtile_launch(m, n),
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
+    return c
+
+
 def systolic_tile(x: np.ndarray, w: np.ndarray,
                   on_cycle: Callable[[int, np.ndarray, np.ndarray, np.ndarray], None] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -1276,6 +1376,9 @@ validate_public(globals(), {
     "dp4a_launch": {"m": Size, "n": Size},
     "int8_gemm_dp4a": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "int8_gemm_dp4a_emulated": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "dp4a_regtile_launch": {"m": Size, "n": Size},
+    "int8_gemm_dp4a_regtile": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "int8_gemm_dp4a_regtile_emulated": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "systolic_tile": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
     "systolic_matmul": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
     "QuantLinear": {"weight": _MATRIX, "bias": Optional(Array(ndim=1, dtypes=("float32", "float64"))),

@@ -1631,7 +1631,168 @@ for n in [1024, 2048, 4096]:
 # float32 at 7.2, 24.6 and 29.3 TFLOP/s. The dp4a kernel is lesson 08's *tiled* kernel (one output
 # per thread, two shared loads per inner step), whose float32 twin ran at 8.1 TFLOP/s at n = 4096:
 # four multiply-adds per shared load instead of one bought 3.0x. Beating `regtile` takes its
-# register tiling too; the tensor cores' int8 path (1,979 TOPS listed) is the real int8 engine.
+# register tiling too (exercise 10.14, next); the tensor cores' int8 path (1,979 TOPS listed) is the
+# real int8 engine.
+
+# %% [markdown]
+# ### Register tiles for `__dp4a`
+#
+# The kernel of exercise 10.7 does one `__dp4a` per two shared-memory loads, as lesson 08's tiled
+# SGEMM did one FMA per two: the loads, not the multiply-adds, set its speed. Lesson 08's
+# `regtile` and `vec4` kernels fixed that for float32 with register tiles, and the same tiling
+# serves int8: a block computes a 128 x 128 tile of C, each of its 256 threads an 8 x 8 block of
+# outputs in 64 `int` accumulators; per word of k (four int8 values) a thread reads 8 words of A
+# and 8 of B from shared memory, as four 16-byte `int4` loads, and issues 64 `__dp4a`: a
+# sixteenth of a shared load per instruction, 256 int8 multiply-adds per 4 loads.
+#
+# **Exercise 10.14.** Write `int8_gemm_dp4a_regtile_source()`: CUDA C for
+# `extern "C" __global__ void int8_gemm_dp4a_regtile(const int* A4, const int* B4t, int* C, int M, int N, int K4)`,
+# the operands packed as in 10.7 (A4 (M, K4), B4t (N, K4): four consecutive k per word), launched
+# by `dp4a_regtile_launch` (256 threads, one block per 128 x 128 tile of C). Per step of BK4 = 8
+# words of k:
+#
+# 1. the block stores its tile of A transposed, `As[kk][m]` (`BM + 4` columns, `__align__(16)`:
+#    the padding spreads a warp's transposed stores over the banks), and its tile of B likewise,
+#    `Bs[kk][n]`: each thread loads 4 words of each, consecutive threads reading consecutive
+#    words of a row of A4 or B4t; zeros outside the matrices;
+# 2. thread (ty, tx) = (tid / 16, tid % 16) owns rows `4 ty` to `+3` and `64 + 4 ty` to `+3` of the
+#    tile and columns `4 tx` to `+3` and `64 + 4 tx` to `+3` (lesson 08's `vec4` layout): per `kk`,
+#    two `int4` loads from `As[kk]` and two from `Bs[kk]` feed 64 `__dp4a`;
+# 3. the 64 results are stored to C, each guarded by its row and column (N is any size).
+#
+# The tests read the PTX (at least 64 `dp4a` per step, 16-byte shared loads, no local memory)
+# and, on the emulator, check exact results on odd shapes and that each thread writes its 8 x 8
+# outputs. On a GPU the cell below times it against 10.7's kernel and lesson 08's best float32
+# kernels.
+
+# %%
+#| export
+#| exercise 10.14
+def int8_gemm_dp4a_regtile_source() -> str:
+    """CUDA C source of int8_gemm_dp4a_regtile(A4, B4t, C, M, N, K4): C (M, N) int32 = A @ B for int8 A, B
+    packed four per int32 word along K (B transposed); 128x128 tiles of C per block of 256 threads, 8x8
+    outputs per thread in registers, __dp4a fed by int4 loads from shared memory."""
+    ### BEGIN SOLUTION
+    return r"""
+#define BM 128
+#define BN 128
+#define BK4 8      // words of k per step: 32 int8 values
+#define NT 256
+
+extern "C" __global__ void __launch_bounds__(NT)
+int8_gemm_dp4a_regtile(const int* __restrict__ A4, const int* __restrict__ B4t, int* __restrict__ C,
+                       int M, int N, int K4) {
+    __shared__ __align__(16) int As[BK4][BM + 4];
+    __shared__ __align__(16) int Bs[BK4][BN + 4];
+    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    int acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0;
+
+    for (int k0 = 0; k0 < K4; k0 += BK4) {
+        #pragma unroll
+        for (int l = 0; l < 4; ++l) {             // 1024 words of each tile, 4 per thread
+            const int idx = tid + l * NT, r = idx / BK4, kk = idx % BK4, k = k0 + kk;
+            As[kk][r] = (row0 + r < M && k < K4) ? A4[(size_t)(row0 + r) * K4 + k] : 0;
+            Bs[kk][r] = (col0 + r < N && k < K4) ? B4t[(size_t)(col0 + r) * K4 + k] : 0;
+        }
+        __syncthreads();
+        #pragma unroll
+        for (int kk = 0; kk < BK4; ++kk) {
+            const int4 a0 = *reinterpret_cast<const int4*>(&As[kk][4 * ty]);
+            const int4 a1 = *reinterpret_cast<const int4*>(&As[kk][64 + 4 * ty]);
+            const int4 b0 = *reinterpret_cast<const int4*>(&Bs[kk][4 * tx]);
+            const int4 b1 = *reinterpret_cast<const int4*>(&Bs[kk][64 + 4 * tx]);
+            const int a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const int b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = __dp4a(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + (i / 4) * 64 + 4 * ty + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int c = col0 + (j / 4) * 64 + 4 * tx + j % 4;
+            if (c < N) C[(size_t)r * N + c] = acc[i][j];
+        }
+    }
+}
+"""
+    ### END SOLUTION
+
+
+def dp4a_regtile_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for int8_gemm_dp4a_regtile: one block of 256 threads per 128x128 tile of C."""
+    return (-(-n // 128), -(-m // 128)), (256,)
+
+
+def int8_gemm_dp4a_regtile(a: Any, b: Any) -> Any:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a_regtile."""
+    import cupy as cp
+
+    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"int8_gemm_dp4a_regtile: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} "
+                         f"{b.shape}")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
+    c = cp.zeros((m, n), dtype=cp.int32)
+    if m and n:
+        source = int8_gemm_dp4a_regtile_source()
+        if source not in _DP4A_KERNELS:
+            _DP4A_KERNELS[source] = cp.RawKernel(source, "int8_gemm_dp4a_regtile", options=("-std=c++17",))
+        _DP4A_KERNELS[source](*dp4a_regtile_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
+    return c
+
+
+_DP4A_KERNELS: dict[str, Any] = {}  # source -> compiled RawKernel
+
+
+def int8_gemm_dp4a_regtile_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """int8_gemm_dp4a_regtile on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
+    from course.cuda_c import emulate
+
+    a, b = check_int8_operands(a, b, "int8_gemm_dp4a_regtile_emulated")
+    m, n = a.shape[0], b.shape[1]
+    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
+    c = np.zeros((m, n), np.int32)
+    if m and n:
+        emulate(int8_gemm_dp4a_regtile_source(), "int8_gemm_dp4a_regtile", *dp4a_regtile_launch(m, n),
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
+    return c
+
+# %% tags=["check"]
+check("10.14")
+
+# %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
+import cupy as cp
+
+from minitorch.cupy_kernels import cuda_time_ms, sgemm
+
+a8g = cp.random.randint(-128, 128, (333, 517), dtype=cp.int8)
+b8g = cp.random.randint(-128, 128, (517, 250), dtype=cp.int8)
+assert bool((int8_gemm_dp4a_regtile(a8g, b8g) == a8g.astype(cp.int32) @ b8g.astype(cp.int32)).all())
+for n in [1024, 2048, 4096]:
+    a8g = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
+    b8g = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
+    af, bf = a8g.astype(cp.float32), b8g.astype(cp.float32)
+    rates = {name: 2 * n**3 / cuda_time_ms(fn) / 1e9 for name, fn in (
+        ("int8 dp4a regtile (10.14)", lambda: int8_gemm_dp4a_regtile(a8g, b8g)),
+        ("int8 dp4a tiled (10.7)", lambda: int8_gemm_dp4a(a8g, b8g)),
+        ("float32 regtile (8.5)", lambda: sgemm(af, bf, "regtile")),
+        ("float32 dbuf (8.10)", lambda: sgemm(af, bf, "dbuf")))}
+    best32 = max(rates["float32 regtile (8.5)"], rates["float32 dbuf (8.10)"])
+    print(f"n = {n}: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
+          + f" T(FL)OP/s; dp4a regtile / best float32 = {rates['int8 dp4a regtile (10.14)'] / best32:.2f}")
 
 # %% [markdown]
 # ## 6. The same product on a systolic array
@@ -2424,6 +2585,9 @@ validate_public(globals(), {
     "dp4a_launch": {"m": Size, "n": Size},
     "int8_gemm_dp4a": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "int8_gemm_dp4a_emulated": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "dp4a_regtile_launch": {"m": Size, "n": Size},
+    "int8_gemm_dp4a_regtile": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
+    "int8_gemm_dp4a_regtile_emulated": {"a": _INT8_MATRIX, "b": _INT8_MATRIX},
     "systolic_tile": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
     "systolic_matmul": {"x": _INT8_MATRIX, "w": _INT8_MATRIX},
     "QuantLinear": {"weight": _MATRIX, "bias": Optional(Array(ndim=1, dtypes=("float32", "float64"))),

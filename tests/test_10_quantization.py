@@ -738,6 +738,98 @@ def test_dp4a_kernel_on_gpu(lesson):
     np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
 
 
+# ---------------------------------------------------------------- 10.14 dp4a with register tiles (CUDA C)
+
+
+def _packed_dp4a_operands(a, b):
+    k4 = -(-a.shape[1] // 4)
+    ap = np.zeros((a.shape[0], 4 * k4), np.int8)
+    ap[:, :a.shape[1]] = a
+    bp = np.zeros((b.shape[1], 4 * k4), np.int8)
+    bp[:, :b.shape[0]] = b.T
+    return ap.view(np.int32), bp.view(np.int32), k4
+
+
+@pytest.mark.exercise("10.14")
+def test_dp4a_regtile_ptx_structure(lesson):
+    from course.cuda_c import compile_ptx, kernel_params, ptx_stats
+
+    src = lesson.int8_gemm_dp4a_regtile_source()
+    params = [(p.name, p.ctype, p.pointer) for p in kernel_params(src, "int8_gemm_dp4a_regtile")]
+    assert [(c, ptr) for _, c, ptr in params] == [("int", True)] * 3 + [("int", False)] * 3, \
+        f"signature must be (const int* A4, const int* B4t, int* C, int M, int N, int K4), got {params}"
+    ptx = compile_ptx(src)
+    st = ptx_stats(ptx)
+    assert st.dp4a >= 64, (f"each thread's 8 x 8 outputs take 64 __dp4a per word of k (dp4a in the PTX, the loop "
+                           f"over kk unrolled); the PTX has {st.dp4a}")
+    assert st.fma_f32 == 0, f"an int8 GEMM should do no float FMAs, found {st.fma_f32}"
+    assert st.ld_shared_v4 >= 4 and st.ld_shared_v4 * 16 <= st.dp4a, (
+        f"per word of k, two int4 loads from As and two from Bs (ld.shared.v4) should feed 64 __dp4a: the PTX has "
+        f"{st.ld_shared_v4} 16-byte shared loads for {st.dp4a} dp4a")
+    assert st.local_bytes == 0, (f"{st.local_bytes} bytes per thread in local memory: the 64 accumulators and the "
+                                 f"a[8], b[8] arrays must be indexed by compile-time constants (#pragma unroll)")
+    assert st.bar_sync >= 2, f"two barriers per step of k (after the tiles are stored, before they are overwritten); got {st.bar_sync}"
+
+
+@pytest.mark.exercise("10.14")
+def test_dp4a_regtile_exact_on_odd_shapes(lesson):
+    from course.cuda_c import emulate
+
+    rng = np.random.default_rng(24)
+    # several k steps with a partial last one; a block of C past both edges; K not a multiple of 4
+    for m, k, n in [(130, 70, 131), (5, 3, 9), (1, 37, 200)]:
+        a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+        b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+        a[0] = -128
+        b[:, 0] = -128
+        a4, b4t, k4 = _packed_dp4a_operands(a, b)
+        c = np.full((m, n), -7, np.int32)
+        emulate(lesson.int8_gemm_dp4a_regtile_source(), "int8_gemm_dp4a_regtile", *lesson.dp4a_regtile_launch(m, n),
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(k4)])
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64), err_msg=f"{m}x{k} @ {k}x{n}")
+    a = rng.integers(-128, 128, (40, 50)).astype(np.int8)
+    b = rng.integers(-128, 128, (50, 30)).astype(np.int8)
+    np.testing.assert_array_equal(lesson.int8_gemm_dp4a_regtile_emulated(a, b), a.astype(np.int64) @ b,
+                                  err_msg="int8_gemm_dp4a_regtile_emulated (the given wrapper packs the operands)")
+
+
+@pytest.mark.exercise("10.14")
+def test_dp4a_regtile_gives_each_thread_an_8x8_block(lesson):
+    from course.cuda_c import run_kernel
+
+    a = np.ones((128, 8), np.int8)
+    b = np.ones((8, 128), np.int8)
+    a4, b4t, k4 = _packed_dp4a_operands(a, b)
+    c = np.zeros((128, 128), np.int32)
+    run = run_kernel(lesson.int8_gemm_dp4a_regtile_source(), "int8_gemm_dp4a_regtile", *lesson.dp4a_regtile_launch(128, 128),
+                     [a4, b4t, c, np.int32(128), np.int32(128), np.int32(k4)], profile=True, schedules=("forward",))
+    np.testing.assert_array_equal(c, np.full((128, 128), 8))
+    writer = run.profile["C"]["writer"].reshape(128, 128)
+    threads = np.unique(writer)
+    assert len(threads) == 256 and (threads >= 0).all(), (
+        f"the 128 x 128 tile should be written by all 256 threads of the block, 64 outputs each; {len(threads)} "
+        f"threads wrote it")
+    for t in (0, 17, 255):
+        rows, cols = np.nonzero(writer == t)
+        want_rows = sorted({4 * (t // 16) + i % 4 + 64 * (i // 4) for i in range(8)})
+        want_cols = sorted({4 * (t % 16) + j % 4 + 64 * (j // 4) for j in range(8)})
+        assert sorted(set(rows)) == want_rows and sorted(set(cols)) == want_cols and len(rows) == 64, (
+            f"thread {t} (ty = {t // 16}, tx = {t % 16}) should write rows {want_rows} x columns {want_cols} of the "
+            f"tile; it wrote rows {sorted(set(rows.tolist()))}, columns {sorted(set(cols.tolist()))}")
+
+
+@pytest.mark.exercise("10.14")
+@pytest.mark.gpu
+def test_dp4a_regtile_on_gpu(lesson):
+    import cupy as cp
+
+    rng = np.random.default_rng(25)
+    a = rng.integers(-128, 128, (300, 517)).astype(np.int8)
+    b = rng.integers(-128, 128, (517, 259)).astype(np.int8)
+    c = cp.asnumpy(lesson.int8_gemm_dp4a_regtile(cp.asarray(a), cp.asarray(b)))
+    np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64))
+
+
 # ---------------------------------------------------------------- 10.8 systolic array
 
 X_NOTE = np.array([[1, 2, 3, 2], [3, 0, 1, 2], [-2, 1, 4, 0], [0, -1, 2, 3]], np.int8)
