@@ -18,9 +18,11 @@ Steps, each in its own process with a time limit:
   cells     every code cell of lessons 07 and 08 (solutions/), in order, except the check cells;
             for lessons 09, 10, 14 and 17 the cells a lesson loads with, then its gpu cells: the gpu
             cells print the GPU figures the lessons quote
-  bench     benchmarks/bench_gpu.py (every SGEMM kernel as a fraction of cuBLAS, fused vs unfused)
+  bench     benchmarks/bench_gpu.py (every SGEMM kernel as a fraction of cuBLAS, softmax against the
+            memory, fused vs unfused), the GPU parts of bench_quant (dp4a GEMMs) and bench_attention
+            (tiled attention against PyTorch's SDPA)
   sanitize  compute-sanitizer memcheck, racecheck and synccheck on every solution kernel of lessons
-            07 and 08, lesson 09's attention kernel and lesson 10's dp4a GEMM
+            07 and 08, lesson 09's attention kernel and lesson 10's dp4a GEMMs
 
 Results are merged into build/gpu_report.json (so steps can run in separate sessions) and written
 as build/gpu_report.md. Exit status 0 if every step that ran passed.
@@ -177,22 +179,32 @@ def step_cells(small: bool) -> dict:
 
 
 def step_bench() -> dict:
+    """benchmarks/bench_gpu.py whole, then the GPU parts of bench_quant (the dp4a GEMMs against lesson 08's
+    float32 kernels) and bench_attention (the tiled CUDA kernel against unfused CuPy and PyTorch's SDPA)."""
     import importlib.util
 
     out_dir = ROOT / "build" / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "benchmarks" / "bench_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
     buf = io.StringIO()
-    error = None
+    errors = []
+    quant: dict = {}
+    parts = (("bench_gpu", lambda mod: mod.main(out_dir)), ("bench_quant", lambda mod: mod.gpu(quant)),
+             ("bench_attention", lambda mod: mod.gpu_table([512, 1024, 2048, 4096])))
     with contextlib.redirect_stdout(buf):
-        try:
-            spec.loader.exec_module(mod)
-            mod.main(out_dir)
-        except Exception:  # noqa: BLE001
-            error = traceback.format_exc(limit=4)
+        for stem, run in parts:
+            print(f"== {stem}", flush=True)
+            try:
+                spec = importlib.util.spec_from_file_location(stem, ROOT / "benchmarks" / f"{stem}.py")
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                run(mod)
+            except Exception:  # noqa: BLE001 - report the part and go on
+                errors.append(f"{stem}: {traceback.format_exc(limit=4)}")
     data = json.loads((out_dir / "gpu.json").read_text()) if (out_dir / "gpu.json").exists() else None
-    return {"ok": error is None and data is not None, "output": buf.getvalue()[-6000:], "error": error, "data": data}
+    if data is not None and quant.get("gpu"):
+        data["quant"] = quant["gpu"]
+    return {"ok": not errors and data is not None, "output": buf.getvalue()[-12000:],
+            "error": "\n".join(errors) or None, "data": data}
 
 
 def _sanitizer() -> str | None:
@@ -208,7 +220,7 @@ def _sanitizer() -> str | None:
 
 def launch_all_kernels() -> None:
     """Launch every solution kernel of lessons 07 and 08, lesson 09's attention kernel and lesson
-    10's dp4a GEMM once, on small odd shapes (the process compute-sanitizer watches)."""
+    10's dp4a GEMMs once, on small odd shapes (the process compute-sanitizer watches)."""
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
     import numpy as np
     import cupy as cp
@@ -227,6 +239,8 @@ def launch_all_kernels() -> None:
         print("launched sgemm", name, flush=True)
     k8.hgemm(a.astype(cp.float16), b.astype(cp.float16))
     k8.softmax(cp.asarray(f32(5, 1000)))
+    for cols in (36, 1000, 4100):  # one warp with idle threads; a block's partial last warp; three warps
+        k8.softmax_v4(cp.asarray(f32(3, cols)))
     cp.cuda.Device().synchronize()
     print("launched lesson 08 kernels", flush=True)
     k7.vector_add(f32(1000), f32(1000))
@@ -240,13 +254,15 @@ def launch_all_kernels() -> None:
     k7.transpose(f32(45, 70))
     print("launched lesson 07 kernels", flush=True)
     from minitorch.attention import flash_attention_cuda
-    from minitorch.quant import int8_gemm_dp4a
+    from minitorch.quant import int8_gemm_dp4a, int8_gemm_dp4a_regtile
 
     q, kk, v = (cp.asarray(f32(2, 37, 64)) for _ in range(3))
     for is_causal in (False, True):
         flash_attention_cuda(q, kk, v, causal=is_causal)
-    int8_gemm_dp4a(cp.asarray(rng.integers(-128, 128, (37, 45)).astype(np.int8)),
-                   cp.asarray(rng.integers(-128, 128, (45, 29)).astype(np.int8)))
+    a8, b8 = (cp.asarray(rng.integers(-128, 128, s).astype(np.int8)) for s in ((37, 45), (45, 29)))
+    int8_gemm_dp4a(a8, b8)
+    int8_gemm_dp4a_regtile(a8, b8)
+    int8_gemm_dp4a_regtile(*(cp.asarray(rng.integers(-128, 128, s).astype(np.int8)) for s in ((130, 70), (70, 131))))
     cp.cuda.Device().synchronize()
     print("launched lesson 09 and 10 kernels", flush=True)
 
@@ -327,7 +343,7 @@ def render(report: dict) -> str:
             lines += [cells["error"], ""]
     bench = report.get("bench")
     if bench:
-        lines += ["## Benchmarks (bench_gpu)", "", "```", (bench.get("output") or "").rstrip(), "```", ""]
+        lines += ["## Benchmarks (bench_gpu; the GPU parts of bench_quant and bench_attention)", "", "```", (bench.get("output") or "").rstrip(), "```", ""]
         if bench.get("error"):
             lines += ["```", bench["error"].rstrip(), "```", ""]
     san = report.get("sanitize")
