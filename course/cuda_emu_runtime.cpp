@@ -130,6 +130,8 @@ static void wait(State s) {
 }
 
 int lane() { return current % 32; }
+static unsigned long long blocks_run = 0;  // blocks started in this process (every schedule's)
+unsigned long long block_serial() { return blocks_run; }
 static long long clock_counter = 0;
 long long clock_tick() { return clock_counter += 16; }
 
@@ -512,6 +514,22 @@ void check_vector_access(const volatile void* p, unsigned align, const char*, in
     check_vector(p, align, line_site(line, file));
 }
 
+// An asynchronous copy's two halves (cuda_pipeline.h): its read of global memory when issued, its write
+// to shared memory when its thread waits for it; `size` bytes at p, p aligned to `align`.
+void async_access(const volatile void* vp, int size, unsigned align, int is_write, int line, const char* file) {
+    char* p = (char*)vp;
+    unsigned long long st = line_site(line, file);
+    if (current < 0) return;
+    if (is_write && (unsigned long long)(p - mt_arena) >= ARENA_SIZE && !(p >= sec_lo && p < sec_hi))
+        FAIL("__pipeline_memcpy_async: %s copies to address %p at %s, which is not shared memory: the destination "
+             "of an asynchronous copy must be a __shared__ array", me().c_str(), (void*)p, site(st).c_str());
+    if ((uintptr_t)p % align)
+        FAIL("misaligned asynchronous copy: %s %s %u bytes at %p at %s; __pipeline_memcpy_async's addresses must be "
+             "aligned to its size (4, 8 or 16 bytes)", me().c_str(), is_write ? "writes" : "reads", align, (void*)p,
+             site(st).c_str());
+    if (size > 0) access(p, size, is_write ? WRITE : READ, false, st);
+}
+
 void atomic_access(const volatile void* vp, int size, int is_float, int line, const char* file) {
     char* p = (char*)vp;
     access(p, size, ATOMIC, true, line_site(line, file));
@@ -767,6 +785,7 @@ static void reset_shared() {
 }
 
 static void run_block(dim3 block) {
+    ++blocks_run;
     ++B;
     ++block_gen;
     reset_shared();

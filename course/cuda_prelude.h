@@ -109,8 +109,10 @@ char* shared_alloc(unsigned long long size, unsigned long long align, const char
                    unsigned long long elem_size, int rank, const unsigned long long* dims);
 void atomic_access(const volatile void* p, int size, int is_float, int line, const char* file);
 void check_vector_access(const volatile void* p, unsigned align, const char* type, int line, const char* file);
+void async_access(const volatile void* p, int size, unsigned align, int is_write, int line, const char* file);
 [[noreturn]] void kernel_trap(const char* what, int line, const char* file);
 int lane();
+unsigned long long block_serial();  // which block run this is: a new one in every block of every schedule
 long long clock_tick();
 // A rewritten `__shared__ float tile[16][17];` calls shared_alloc_t<float[16][17]>("tile", ...) once.
 template <class A> static inline char* shared_alloc_t(const char* name, const char* decl, unsigned long long align) {

@@ -724,3 +724,75 @@ extern "C" __global__ void rowsum(const float* x, float* y, int cols) {
     assert p["x"]["reads"].shape == (3, 32) and list(p["x"]["reads"][0, :5]) == [4, 4, 4, 4, 3]
     assert (p["shared"]["reads"][:, 0] == 32).all() and (p["shared"]["reads"][:, 1:] == 0).all()
     assert list(p["y"]["writer"]) == [0, 32, 64] and (p["x"]["writer"] == -1).all()
+
+
+ASYNC_TILES = r"""
+#include <cuda_pipeline.h>
+// y[i] = 2 * x[i] through shared memory, 64 floats per step: 16 threads each copy one float4 asynchronously,
+// two stages in flight (step s + 1 is copied while step s is read).
+extern "C" __global__ void tiles(const float* __restrict__ x, float* __restrict__ y, int steps) {
+    __shared__ __align__(16) float s[2][64];
+    const int t = threadIdx.x;
+    __pipeline_memcpy_async(&s[0][4 * t], &x[4 * t], 16);
+    __pipeline_commit();
+    for (int step = 0; step < steps; ++step) {
+        if (step + 1 < steps) __pipeline_memcpy_async(&s[(step + 1) % 2][4 * t], &x[64 * (step + 1) + 4 * t], 16);
+        __pipeline_commit();
+        WAIT
+        __syncthreads();
+        for (int j = 0; j < 4; ++j) y[64 * step + 16 * j + t] = 2.0f * s[step % 2][16 * j + t];
+        __syncthreads();
+    }
+}"""
+
+
+@needs_cxx
+def test_asynchronous_copies_land_when_their_thread_waits():
+    """The __pipeline_* primitives (cp.async): a double-buffered copy is correct with the right wait and
+    wrong without one (an unwaited copy never lands: the NaN fill shows), and NVRTC compiles it to cp.async."""
+    x = np.arange(5 * 64, dtype=np.float32)
+    y = np.zeros_like(x)
+    src = ASYNC_TILES.replace("WAIT", "__pipeline_wait_prior(1);")
+    assert "cp.async.cg.shared.global" in compile_ptx(src) or "cp.async.ca.shared.global" in compile_ptx(src)
+    emulate(src, "tiles", 1, 16, [x, y, np.int32(5)])
+    np.testing.assert_array_equal(y, 2 * x)
+    y[:] = 0
+    emulate(ASYNC_TILES.replace("WAIT", ""), "tiles", 1, 16, [x, y, np.int32(5)])
+    assert np.isnan(y).all(), "copies never waited for must not land"
+    y[:] = 0
+    emulate(ASYNC_TILES.replace("WAIT", "__pipeline_wait_prior(2);"), "tiles", 1, 16, [x, y, np.int32(5)])
+    # waiting for all but the 2 latest batches leaves each step's own batch in flight: the first two steps
+    # read the NaN fill, the later ones the data two steps old
+    assert np.isnan(y[:128]).all() and np.array_equal(y[128:], 2 * x[:-128])
+
+
+ASYNC_ONE = r"""
+#include <cuda_pipeline_primitives.h>
+extern "C" __global__ void one(const float* __restrict__ x, float* __restrict__ y, int offset, int zfill) {
+    __shared__ __align__(16) float s[32];
+    const int t = threadIdx.x;
+    __pipeline_memcpy_async(&s[4 * t], &x[4 * t + offset], 16, zfill);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
+    BARRIER
+    y[t] = s[(4 * t + 4) % 32];
+}"""
+
+
+@needs_cxx
+def test_asynchronous_copies_are_checked_like_any_access():
+    x = np.arange(40, dtype=np.float32)
+    y = np.zeros(8, dtype=np.float32)
+    ok = ASYNC_ONE.replace("BARRIER", "__syncthreads();")
+    emulate(ok, "one", 1, 8, [x, y, np.int32(0), np.int32(8)])  # zfill 8: the last two floats of each copy are 0
+    np.testing.assert_array_equal(y, [4, 8, 12, 16, 20, 24, 28, 0])
+    with pytest.raises(KernelError, match=r"misaligned asynchronous copy: thread \(0,0,0\) of block \(0,0,0\) reads 16 "
+                                          r"bytes .* at kernel\.cu:6"):
+        emulate(ok, "one", 1, 8, [x, y, np.int32(1), np.int32(0)])
+    with pytest.raises(KernelError, match=r"reads x\[40\] \(16 bytes\) at kernel\.cu:6, past the end of argument 'x'"):
+        emulate(ok, "one", 1, 8, [x, y, np.int32(12), np.int32(0)])
+    with pytest.raises(KernelError, match=r"race on shared memory .* at kernel\.cu:[69]"):
+        emulate(ASYNC_ONE.replace("BARRIER", ""), "one", 1, 8, [x, y, np.int32(0), np.int32(0)])
+    to_global = ASYNC_ONE.replace("__pipeline_memcpy_async(&s[4 * t]", "__pipeline_memcpy_async(&y[0]")
+    with pytest.raises(KernelError, match=r"__pipeline_memcpy_async: .* not shared memory"):
+        emulate(to_global.replace("BARRIER", ""), "one", 1, 8, [x, np.zeros(32, np.float32), np.int32(0), np.int32(0)])
