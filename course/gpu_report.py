@@ -238,6 +238,8 @@ def launch_all_kernels() -> None:
         k8.sgemm(a, b, name)
         print("launched sgemm", name, flush=True)
     k8.hgemm(a.astype(cp.float16), b.astype(cp.float16))
+    k8.hgemm_pipe(a.astype(cp.float16), b.astype(cp.float16))
+    k8.hgemm_pipe(*(cp.asarray(f32(*s)).astype(cp.float16) for s in ((144, 80), (80, 136))))
     k8.softmax(cp.asarray(f32(5, 1000)))
     for cols in (36, 1000, 4100):  # one warp with idle threads; a block's partial last warp; three warps
         k8.softmax_v4(cp.asarray(f32(3, cols)))

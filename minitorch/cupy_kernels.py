@@ -436,7 +436,9 @@ SGEMM_KERNELS.update({
 })
 
 
-def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str) -> Any:
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str, source_fn: Callable[[], str] | None = None,
+               name: str = "hgemm_wmma", launch: Callable | None = None) -> Any:
+    """a @ b by a WMMA kernel (default: exercise 8.11's) with all three dimensions padded to multiples of 16."""
     a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, what)
     if M == 0 or N == 0 or K == 0:
         return xp.zeros((M, N), dtype=np.float32)
@@ -444,9 +446,9 @@ def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str) -> Any:
     a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
     c = xp.zeros((Mp, Np), dtype=np.float32)
     args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
-    source = hgemm_wmma_source()
-    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
-    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    source = (source_fn or hgemm_wmma_source)()
+    check_args(kernel_params(source, name), args, name)
+    launch_fn(source, name, *(launch or hgemm_launch)(Mp, Np), args)
     return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
 
 
@@ -849,6 +851,103 @@ def memory_bandwidth_gbps() -> float | None:
     return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz and bus_bits else None
 
 
+def hgemm_pipe_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma_pipe: one 256-thread block (8 warps) per 128x128 tile of C."""
+    return (ceil_div(N, 128), ceil_div(M, 128)), (256,)
+
+
+def hgemm_pipe(a: cupy.ndarray, b: cupy.ndarray) -> cupy.ndarray:
+    """a @ b on the GPU's tensor cores with hgemm_wmma_pipe: a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args),
+                      "hgemm_pipe", hgemm_wmma_pipe_source, "hgemm_wmma_pipe", hgemm_pipe_launch)
+
+
+def hgemm_pipe_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma_pipe on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)),
+                      "hgemm_pipe_emulated", hgemm_wmma_pipe_source, "hgemm_wmma_pipe", hgemm_pipe_launch)
+
+
+def hgemm_wmma_pipe_source() -> str:
+    """CUDA C source of hgemm_wmma_pipe(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
+    row-major inputs, M, N, K multiples of 16; 128x128 tiles of C per block of 8 warps (64x32 each), A and
+    B tiles copied into padded shared memory by cp.async in a two-stage pipeline."""
+    return r"""#include <mma.h>
+#include <cuda_pipeline.h>
+using namespace nvcuda;
+
+#define BM 128
+#define BN 128
+#define BK 32             // k per stage
+#define APAD 8            // halves of padding per row of a shared tile: rows 16 bytes off each other's banks
+#define BPAD 8
+#define NT 256            // 8 warps as 2 x 4, each a 64 x 32 tile of C
+
+// Stage `s` of the A and B tiles for k0: 16-byte asynchronous copies, 2 of A and 2 of B per thread;
+// a chunk outside A or B is zero-filled (nothing read).
+__device__ void load_stage(const half* __restrict__ A, const half* __restrict__ B, half (*As)[BK + APAD],
+                           half (*Bs)[BN + BPAD], int M, int N, int K, int row0, int col0, int k0) {
+    #pragma unroll
+    for (int l = 0; l < 2; ++l) {
+        const int c = threadIdx.x + l * NT;
+        const int ar = c / (BK / 8), ak = (c % (BK / 8)) * 8;          // A: 128 rows x 4 chunks
+        const bool a_in = row0 + ar < M && k0 + ak < K;
+        __pipeline_memcpy_async(&As[ar][ak], a_in ? &A[(size_t)(row0 + ar) * K + k0 + ak] : A, 16, a_in ? 0 : 16);
+        const int br = c / (BN / 8), bc = (c % (BN / 8)) * 8;          // B: 32 rows x 16 chunks
+        const bool b_in = k0 + br < K && col0 + bc < N;
+        __pipeline_memcpy_async(&Bs[br][bc], b_in ? &B[(size_t)(k0 + br) * N + col0 + bc] : B, 16, b_in ? 0 : 16);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+hgemm_wmma_pipe(const half* __restrict__ A, const half* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(128) half As[2][BM][BK + APAD];
+    __shared__ __align__(128) half Bs[2][BK][BN + BPAD];
+    const int warp = threadIdx.x / 32, wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    const int tiles = (K + BK - 1) / BK;
+    load_stage(A, B, As[0], Bs[0], M, N, K, row0, col0, 0);
+    __pipeline_commit();
+    for (int t = 0; t < tiles; ++t) {
+        if (t + 1 < tiles) load_stage(A, B, As[(t + 1) % 2], Bs[(t + 1) % 2], M, N, K, row0, col0, (t + 1) * BK);
+        __pipeline_commit();          // a batch per step, empty in the last: wait_prior(1) then means stage t
+        __pipeline_wait_prior(1);     // this thread's copies of stage t have landed (stage t + 1 still in flight)
+        __syncthreads();              // ... and every thread's
+        const int s = t % 2;
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[4];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[2];
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) wmma::load_matrix_sync(a[i], &As[s][wm + 16 * i][kk], BK + APAD);
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[s][kk][wn + 16 * j], BN + BPAD);
+            #pragma unroll
+            for (int i = 0; i < 4; ++i)
+                #pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();              // stage s is read by all before step t + 1 copies stage t + 2 into it
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int r = row0 + wm + 16 * i, c = col0 + wn + 16 * j;
+            if (r < M && c < N) wmma::store_matrix_sync(C + (size_t)r * N + c, acc[i][j], N, wmma::mem_row_major);
+        }
+}
+"""
+
+
 from minitorch.checks import Array, Attrs, Count, Size, describe, validate_public  # noqa: E402
 
 
@@ -902,4 +1001,7 @@ validate_public(globals(), {
     "CupyBackend.matmul": {"a": _BackendArray(dtypes="number"), "b": _BackendArray(dtypes="number")},  # xp.matmul's
     "hgemm": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
     "hgemm_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
+    "hgemm_pipe_launch": {"M": Size, "N": Size},
+    "hgemm_pipe": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
+    "hgemm_pipe_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
 })

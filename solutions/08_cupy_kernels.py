@@ -1002,7 +1002,9 @@ SGEMM_KERNELS.update({
 })
 
 
-def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str) -> Any:
+def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str, source_fn: Callable[[], str] | None = None,
+               name: str = "hgemm_wmma", launch: Callable | None = None) -> Any:
+    """a @ b by a WMMA kernel (default: exercise 8.11's) with all three dimensions padded to multiples of 16."""
     a, b, M, N, K = _sgemm_operands(a, b, xp, np.float16, what)
     if M == 0 or N == 0 or K == 0:
         return xp.zeros((M, N), dtype=np.float32)
@@ -1010,9 +1012,9 @@ def _run_hgemm(a: Any, b: Any, xp: Any, launch_fn: Callable, what: str) -> Any:
     a, b = _pad_to(a, xp, Mp, Kp), _pad_to(b, xp, Kp, Np)
     c = xp.zeros((Mp, Np), dtype=np.float32)
     args = (a, b, c, np.int32(Mp), np.int32(Np), np.int32(Kp))
-    source = hgemm_wmma_source()
-    check_args(kernel_params(source, "hgemm_wmma"), args, "hgemm_wmma")
-    launch_fn(source, "hgemm_wmma", *hgemm_launch(Mp, Np), args)
+    source = (source_fn or hgemm_wmma_source)()
+    check_args(kernel_params(source, name), args, name)
+    launch_fn(source, name, *(launch or hgemm_launch)(Mp, Np), args)
     return c if (Mp, Np) == (M, N) else xp.ascontiguousarray(c[:M, :N])
 
 
@@ -1477,7 +1479,8 @@ print(f"  hgemm_wmma {2 * n**3 / t_h / 1e9:6.1f} TFLOP/s; cuBLAS half GEMM {2 * 
 # printed: at n = 4096, cuBLAS SGEMM 49.9 TFLOP/s; naive 11.3 %, tiled 16.2 %, regtile 58.9 %,
 # vec4 69.6 %, warptile 69.7 %, dbuf 79.0 % of it; the WMMA kernel 50.2 TFLOP/s, 7.7 % of cuBLAS's
 # half GEMM (650 TFLOP/s): one 16x16x16 fragment per warp with operands from global memory is the
-# first step of the tensor-core ladder, not its top.
+# first step of the tensor-core ladder, not its top (exercise 8.13, at the end of this section, takes
+# the next ones).
 
 # %% [markdown]
 # ### Softmax at the memory's speed
@@ -1674,6 +1677,170 @@ for shape in ([(1024, 4096)] if SMALL else [(4096, 4096), (1024, 32768)]):
               + f"; unfused / this = {times['unfused'] / t:4.1f}x")
 
 # %% [markdown]
+# ### Feeding the tensor cores: shared tiles, asynchronous copies, a pipeline
+#
+# `hgemm_wmma` loads its fragments straight from global memory: each warp reads its 32 rows of A
+# and 32 columns of B for itself, and every `mma_sync` waits for its loads. The H100 run above put
+# it at 7.7 % of cuBLAS's half GEMM. A tensor core finishes a 16 x 16 x 16 product in a few cycles,
+# so the kernel's whole job is to keep operands arriving: the SGEMM ladder's steps again, for halves.
+#
+# 1. **Shared tiles, bigger warp tiles.** A block of 8 warps computes a 128 x 128 tile of C; each
+#    warp a 64 x 32 tile, 4 x 2 accumulator fragments. Per step of 16 in k a warp loads 4
+#    fragments of A and 2 of B from shared memory for 8 `mma_sync` (8.11: 2 and 2 for 4, from
+#    global memory), and the block reads each element of its A and B tiles from global memory once.
+# 2. **Asynchronous copies.** Since compute capability 8.0 a thread can copy 16 bytes from global
+#    to shared memory without passing them through its registers (`cp.async`; in CUDA C the
+#    primitives of `<cuda_pipeline.h>`): `__pipeline_memcpy_async(dst, src, 16, zfill)` starts a
+#    copy (its last `zfill` bytes zeros: 16 for a chunk outside the matrix, and nothing is read),
+#    `__pipeline_commit()` closes the thread's batch of copies, and `__pipeline_wait_prior(n)`
+#    waits until at most the `n` latest batches are still in flight. A copy is its thread's own:
+#    other threads see it after that thread has waited *and* a `__syncthreads()` has followed.
+# 3. **A pipeline.** Two stages of the A and B tiles (BK = 32 of k each): while the warps multiply
+#    stage t, the copies of stage t + 1 are in flight. Each step issues stage t + 1's copies,
+#    commits, waits for all but the latest batch (`__pipeline_wait_prior(1)`: stage t), then
+#    `__syncthreads()`; a second barrier after the products keeps step t + 1's copies from
+#    overwriting a stage still being read. (A third stage would not fit the 48 KiB of static shared
+#    memory with these tiles: more stages take dynamic shared memory and an opt-in attribute.)
+# 4. **Padded rows.** A shared row of A is 32 halves, 64 bytes: the 16 rows a fragment load reads
+#    would fall on the same few banks. Rows of 40 halves (`APAD` = 8) shift each row by 16 bytes;
+#    B's rows of 128 + 8 likewise. `load_matrix_sync`'s stride becomes 40 (a multiple of 8, as WMMA
+#    needs) and every fragment still starts on 32 bytes.
+#
+# **Exercise 8.13.** Write `hgemm_wmma_pipe(const half* A, const half* B, float* C, int M, int N,
+# int K)`: C = A @ B as in 8.11 (M, N, K multiples of 16; `hgemm_pipe` pads), launched by
+# `hgemm_pipe_launch` (256 threads, one block per 128 x 128 tile of C), with shared tiles
+# `__shared__ __align__(128) half As[2][128][32 + 8], Bs[2][32][128 + 8]` filled by
+# `__pipeline_memcpy_async` (each thread 2 chunks of 16 bytes of A and 2 of B per stage: chunk `c`
+# of A is row `c / 4`, halves `(c % 4) * 8` on; of B row `c / 16`, halves `(c % 16) * 8` on),
+# warp `w` computing the 64 x 32 tile at rows `(w / 4) * 64`, columns `(w % 4) * 32` of the block's
+# tile, and the two-stage pipeline above. Every thread takes part in every copy and barrier (a
+# warp whose tile is outside C computes zeros and stores nothing). The tests read the PTX
+# (asynchronous copies, a wait that leaves a batch in flight, fragment loads from shared memory,
+# 8 `mma` per step of 16) and run it on the emulator, which lands each copy only when its thread
+# waits for it: a missing wait or barrier reads the emulator's NaN fill or is reported as a race.
+
+# %%
+#| export
+def hgemm_pipe_launch(M: int, N: int) -> tuple[tuple[int, int], tuple[int]]:
+    """(grid, block) for hgemm_wmma_pipe: one 256-thread block (8 warps) per 128x128 tile of C."""
+    return (ceil_div(N, 128), ceil_div(M, 128)), (256,)
+
+# %%
+#| export
+def hgemm_pipe(a: cupy.ndarray, b: cupy.ndarray) -> cupy.ndarray:
+    """a @ b on the GPU's tensor cores with hgemm_wmma_pipe: a (M, K), b (K, N) float16 CuPy arrays ->
+    (M, N) float32 CuPy array."""
+    return _run_hgemm(a, b, _cupy(), lambda src, name, grid, block, args: _raw_kernel(src, name)(grid, block, args),
+                      "hgemm_pipe", hgemm_wmma_pipe_source, "hgemm_wmma_pipe", hgemm_pipe_launch)
+
+
+def hgemm_pipe_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by hgemm_wmma_pipe on the CPU emulator (float16 NumPy in, float32 out)."""
+    return _run_hgemm(np.asarray(a), np.asarray(b), np,
+                      lambda src, name, grid, block, args: emulate(src, name, grid, block, list(args)),
+                      "hgemm_pipe_emulated", hgemm_wmma_pipe_source, "hgemm_wmma_pipe", hgemm_pipe_launch)
+
+# %%
+#| export
+#| exercise 8.13
+def hgemm_wmma_pipe_source() -> str:
+    """CUDA C source of hgemm_wmma_pipe(A, B, C, M, N, K): C (M, N) float = A (M, K) @ B (K, N), half
+    row-major inputs, M, N, K multiples of 16; 128x128 tiles of C per block of 8 warps (64x32 each), A and
+    B tiles copied into padded shared memory by cp.async in a two-stage pipeline."""
+    ### BEGIN SOLUTION
+    return r"""#include <mma.h>
+#include <cuda_pipeline.h>
+using namespace nvcuda;
+
+#define BM 128
+#define BN 128
+#define BK 32             // k per stage
+#define APAD 8            // halves of padding per row of a shared tile: rows 16 bytes off each other's banks
+#define BPAD 8
+#define NT 256            // 8 warps as 2 x 4, each a 64 x 32 tile of C
+
+// Stage `s` of the A and B tiles for k0: 16-byte asynchronous copies, 2 of A and 2 of B per thread;
+// a chunk outside A or B is zero-filled (nothing read).
+__device__ void load_stage(const half* __restrict__ A, const half* __restrict__ B, half (*As)[BK + APAD],
+                           half (*Bs)[BN + BPAD], int M, int N, int K, int row0, int col0, int k0) {
+    #pragma unroll
+    for (int l = 0; l < 2; ++l) {
+        const int c = threadIdx.x + l * NT;
+        const int ar = c / (BK / 8), ak = (c % (BK / 8)) * 8;          // A: 128 rows x 4 chunks
+        const bool a_in = row0 + ar < M && k0 + ak < K;
+        __pipeline_memcpy_async(&As[ar][ak], a_in ? &A[(size_t)(row0 + ar) * K + k0 + ak] : A, 16, a_in ? 0 : 16);
+        const int br = c / (BN / 8), bc = (c % (BN / 8)) * 8;          // B: 32 rows x 16 chunks
+        const bool b_in = k0 + br < K && col0 + bc < N;
+        __pipeline_memcpy_async(&Bs[br][bc], b_in ? &B[(size_t)(k0 + br) * N + col0 + bc] : B, 16, b_in ? 0 : 16);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+hgemm_wmma_pipe(const half* __restrict__ A, const half* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(128) half As[2][BM][BK + APAD];
+    __shared__ __align__(128) half Bs[2][BK][BN + BPAD];
+    const int warp = threadIdx.x / 32, wm = (warp / 4) * 64, wn = (warp % 4) * 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    const int tiles = (K + BK - 1) / BK;
+    load_stage(A, B, As[0], Bs[0], M, N, K, row0, col0, 0);
+    __pipeline_commit();
+    for (int t = 0; t < tiles; ++t) {
+        if (t + 1 < tiles) load_stage(A, B, As[(t + 1) % 2], Bs[(t + 1) % 2], M, N, K, row0, col0, (t + 1) * BK);
+        __pipeline_commit();          // a batch per step, empty in the last: wait_prior(1) then means stage t
+        __pipeline_wait_prior(1);     // this thread's copies of stage t have landed (stage t + 1 still in flight)
+        __syncthreads();              // ... and every thread's
+        const int s = t % 2;
+        #pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[4];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[2];
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) wmma::load_matrix_sync(a[i], &As[s][wm + 16 * i][kk], BK + APAD);
+            #pragma unroll
+            for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], &Bs[s][kk][wn + 16 * j], BN + BPAD);
+            #pragma unroll
+            for (int i = 0; i < 4; ++i)
+                #pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();              // stage s is read by all before step t + 1 copies stage t + 2 into it
+    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int r = row0 + wm + 16 * i, c = col0 + wn + 16 * j;
+            if (r < M && c < N) wmma::store_matrix_sync(C + (size_t)r * N + c, acc[i][j], N, wmma::mem_row_major);
+        }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.13")
+
+# %% [markdown]
+# On a GPU: both tensor-core kernels against cuBLAS's half GEMM at n = 4096 (2048 in the quick run).
+
+# %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
+n = 2048 if SMALL else 4096
+Ah, Bh = (cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16) for _ in range(2))
+ref = Ah.astype(cp.float32) @ Bh.astype(cp.float32)
+assert cp.allclose(hgemm_pipe(Ah, Bh), ref, rtol=1e-2, atol=1e-1)
+t_blas = cuda_time_ms(lambda: cp.matmul(Ah, Bh))
+for name, fn in (("hgemm_wmma (8.11)", hgemm), ("hgemm_wmma_pipe (8.13)", hgemm_pipe)):
+    t = cuda_time_ms(lambda: fn(Ah, Bh))
+    print(f"n = {n}: {name:24s} {2 * n**3 / t / 1e9:6.1f} TFLOP/s = {t_blas / t:5.1%} of cuBLAS's half GEMM "
+          f"({2 * n**3 / t_blas / 1e9:.1f} TFLOP/s)")
+
+# %% [markdown]
 # ## What you measured / what to remember
 #
 # - Fusion is the cheapest speed-up on a GPU: elementwise chains and softmax are memory-bound
@@ -1779,4 +1946,7 @@ validate_public(globals(), {
     "CupyBackend.matmul": {"a": _BackendArray(dtypes="number"), "b": _BackendArray(dtypes="number")},  # xp.matmul's
     "hgemm": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
     "hgemm_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
+    "hgemm_pipe_launch": {"M": Size, "N": Size},
+    "hgemm_pipe": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
+    "hgemm_pipe_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
 })

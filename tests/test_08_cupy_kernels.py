@@ -688,6 +688,69 @@ def test_softmax_v4_reads_each_float4_once_into_registers(lesson):
         f"SOFTMAX_V4_ITEMS = {lesson.SOFTMAX_V4_ITEMS}")
 
 
+# ------------------------------------------------------------------ 8.13 tensor cores fed by a pipeline
+@pytest.mark.exercise("8.13")
+def test_hgemm_wmma_pipe_copies_asynchronously_into_shared_tiles(lesson):
+    src = lesson.hgemm_wmma_pipe_source()
+    params = [(p.ctype.replace("__half", "half"), p.pointer) for p in kernel_params(src, "hgemm_wmma_pipe")]
+    assert params == [("half", True), ("half", True), ("float", True), ("int", False), ("int", False), ("int", False)], (
+        f"hgemm_wmma_pipe must take (const half* A, const half* B, float* C, int M, int N, int K), got {params}")
+    ptx = compile_ptx(src)
+    st = ptx_stats(ptx)
+    assert st.cp_async >= 2, (f"the A and B tiles should reach shared memory by asynchronous copies "
+                              f"(__pipeline_memcpy_async, cp.async in the PTX); the PTX has {st.cp_async}")
+    waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", ptx)]
+    assert waits and max(waits) >= 1, (
+        f"a pipeline waits for all but the latest batch (__pipeline_wait_prior(1)), so that the next stage's copies "
+        f"stay in flight while this one is multiplied; the PTX's waits leave {max(waits) if waits else 'no'} batches")
+    shared_loads = len(re.findall(r"\bwmma\.load\.[ab]\.\S*\.shared\.", ptx))
+    assert shared_loads >= 6 and st.mma >= 8, (
+        f"per step of 16 in k each warp loads 4 fragments of A and 2 of B from shared memory for 8 mma_sync; the PTX "
+        f"has {shared_loads} fragment loads from shared memory and {st.mma} mma")
+    stage = 128 * 32 * 2 + 32 * 128 * 2
+    assert st.shared_bytes >= 2 * stage, (
+        f"two stages of the A (128 x 32) and B (32 x 128) half tiles take at least {2 * stage} bytes of shared "
+        f"memory; the PTX declares {st.shared_bytes}")
+
+
+@pytest.mark.exercise("8.13")
+def test_hgemm_wmma_pipe_correct(lesson):
+    src = lesson.hgemm_wmma_pipe_source()
+    need_compiler()
+    rng = np.random.default_rng(26)
+    # one partial block; three k stages (the third partial: a stage's buffer refilled after it was read) and a
+    # partial block row
+    for M, K, N in [(16, 16, 48), (144, 80, 32)]:
+        A, B = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
+        C, run = run_sgemm(src, "hgemm_wmma_pipe", lesson.hgemm_pipe_launch, A, B)
+        assert_close(C, A.astype(np.float64) @ B.astype(np.float64), f"hgemm_wmma_pipe {M}x{K} @ {K}x{N} (half "
+                     "inputs, float result)", rtol=1e-4, atol=1e-4 * np.sqrt(K), notes=run.notes)
+        tiles = -(-K // 32)
+        blocks = int(np.prod(lesson.hgemm_pipe_launch(M, N)[0]))
+        assert run.barriers <= blocks * 2 * tiles, (
+            f"two barriers per stage (after the wait, after the products) are enough; a block passed "
+            f"{run.barriers / blocks:.0f} for {tiles} stages")
+    A, B = rng.standard_normal((20, 30)).astype(np.float16), rng.standard_normal((30, 21)).astype(np.float16)
+    assert_close(lesson.hgemm_pipe_emulated(A, B), A.astype(np.float64) @ B.astype(np.float64),
+                 "hgemm_pipe(a, b) on 20x30 @ 30x21 (the wrapper pads to multiples of 16)", rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.exercise("8.13")
+def test_hgemm_wmma_pipe_gives_each_warp_a_64x32_tile(lesson):
+    src = lesson.hgemm_wmma_pipe_source()
+    need_compiler()
+    A, B = np.ones((128, 32), np.float16), np.ones((32, 128), np.float16)
+    C, run = run_sgemm(src, "hgemm_wmma_pipe", lesson.hgemm_pipe_launch, A, B, profile=True, schedules=("forward",))
+    assert_close(C, np.full((128, 128), 32.0), "hgemm_wmma_pipe of ones, 128x32 @ 32x128", notes=run.notes)
+    warp = run.profile["C"]["writer"].reshape(128, 128) // 32
+    for w in range(8):
+        r0, c0 = (w // 4) * 64, (w % 4) * 32
+        region = warp[r0:r0 + 64, c0:c0 + 32]
+        assert (region == w).all(), (
+            f"warp {w} should write C's rows {r0}-{r0 + 63}, columns {c0}-{c0 + 31} of the block's tile; there the "
+            f"writers were warps {sorted(set(region.ravel().tolist()))}")
+
+
 # ------------------------------------------------------------------ on a real GPU
 @pytest.mark.gpu
 @pytest.mark.exercise("8.1")
@@ -754,6 +817,19 @@ def test_gpu_softmax(lesson):
 
     x = (np.random.default_rng(11).standard_normal((513, 4099)) * 10).astype(np.float32)
     assert_close(lesson.softmax(cp.asarray(x)).get(), softmax_ref(x), "softmax on the GPU", rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.exercise("8.13")
+def test_gpu_hgemm_pipe(lesson):
+    import cupy as cp
+
+    rng = np.random.default_rng(27)
+    for M, K, N in [(300, 200, 260), (128, 4096, 256)]:
+        A, B = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
+        got = lesson.hgemm_pipe(cp.asarray(A), cp.asarray(B)).get()
+        assert_close(got, A.astype(np.float64) @ B.astype(np.float64), f"hgemm_pipe {M}x{K}x{N} on the GPU",
+                     rtol=1e-2, atol=1e-2 * np.sqrt(K))
 
 
 @pytest.mark.gpu

@@ -60,6 +60,7 @@ def test_gpu_functions_refuse_bad_arguments_before_cupy():
         (lambda: ck.softmax_unfused(x), "softmax_unfused: x must be a CuPy array"),
         (lambda: ck.softmax_v4(x), "softmax_v4: x must be a CuPy array"),
         (lambda: ck.hgemm(x, x.T), "hgemm: a must be a CuPy array"),
+        (lambda: ck.hgemm_pipe(x, x.T), "hgemm_pipe: a must be a CuPy array"),
         (lambda: ck.cuda_time_ms(lambda: None, repeat=0), "cuda_time_ms: repeat must be an integer >= 1, got 0"),
         (lambda: ck.cuda_time_ms("fn"), "cuda_time_ms: fn must be callable, got 'fn'"),
     ]:

@@ -6,11 +6,13 @@
 //   __pipeline_commit()                                  close the thread's current batch of copies
 //   __pipeline_wait_prior(n)                             wait until at most the n latest batches are pending
 //
-// As on a GPU, a copy is the issuing thread's own: its bytes reach shared memory when that thread waits
-// for its batch, and other threads see them only after a barrier that follows the wait. Here the copy
-// reads global memory when issued (bounds checked at that line) and writes shared memory at the wait
-// (bounds and races checked then, reported at the line that issued it). A copy nobody waits for never
-// lands: a read of its destination finds the emulator's NaN fill, so a missing wait shows as wrong values.
+// As on a GPU, a copy is the issuing thread's own: its bytes are certain to be in shared memory only
+// when that thread has waited for its batch, and other threads may read them only after a barrier that
+// follows the wait. Here the copy reads global memory when issued and writes shared memory when its
+// thread waits; its write is race-checked both when issued (a GPU may write at any moment in between:
+// overwriting a tile other threads still read is a race) and when it lands, reported at the line that
+// issued it. A copy nobody waits for never lands: a read of its destination finds the emulator's NaN
+// fill, so a missing wait shows as wrong values.
 #pragma once
 
 namespace mt {
@@ -56,7 +58,9 @@ MT_NOSAN static inline void __pipeline_memcpy_async(void* dst, const void* src, 
     if (zfill > size) mt::kernel_trap("__pipeline_memcpy_async with zfill larger than size", MT_SITE_ARGS);
     mt::AsyncQueue& q = mt::async_queue(MT_SITE_ARGS);
     if (q.pending == 64) mt::kernel_trap("__pipeline_memcpy_async: more than 64 copies in flight in one thread", MT_SITE_ARGS);
-    mt::async_access(dst, 0, (unsigned)size, 1, MT_SITE_ARGS);  // alignment and shared memory, now
+    // The copy may write its destination at any moment until its thread waits for it: the write is checked
+    // (bounds, and races with the reads of other threads) when issued, and again when it lands.
+    mt::async_access(dst, (int)size, (unsigned)size, 1, MT_SITE_ARGS);
     mt::async_access(src, (int)(size - zfill), (unsigned)size, 0, MT_SITE_ARGS);
     mt::AsyncCopy& c = q.copies[q.pending++];
     c.dst = (char*)dst, c.size = (int)size, c.batch = q.committed, c.line = mt_line, c.file = mt_file;
