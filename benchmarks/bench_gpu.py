@@ -1,7 +1,8 @@
 """Lesson 08 on a GPU: the SGEMM ladder against cuBLAS, fused kernels against unfused CuPy.
 
 SGEMM float32, square n = 1024, 2048, 4096: TFLOP/s of each of lesson 08's kernels (naive, tiled,
-regtile, vec4, warptile, dbuf) and of cuBLAS (`cp.matmul`, FP32 without tensor cores), each kernel
+regtile, vec4, warptile, dbuf, and tuned: exercise 8.14's configuration that tune_sgemm found fastest at
+the largest n) and of cuBLAS (`cp.matmul`, FP32 without tensor cores), each kernel
 as a fraction of cuBLAS in the same run. The tensor-core kernels (half inputs, float
 accumulation; 8.11's fragments from global memory and 8.13's shared tiles fed by asynchronous copies)
 against cuBLAS's half GEMM (`cp.matmul` on float16, tensor cores, float16 output).
@@ -40,13 +41,17 @@ def main(out_dir: Path) -> None:
     import cupy as cp
 
     from minitorch.cupy_kernels import (
-        SGEMM_KERNELS, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, hgemm_pipe, memory_bandwidth_gbps, sgemm, softmax,
-        softmax_unfused, softmax_v4,
+        SGEMM_KERNELS, SGEMM_TUNED, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, hgemm_pipe, memory_bandwidth_gbps, sgemm, softmax,
+        softmax_unfused, softmax_v4, tune_sgemm,
     )
 
     kernels = tuple(SGEMM_KERNELS)
     print(f"device: {reason}")
     results: dict = {"device": reason, "sgemm": {}, "hgemm": {}, "fusion": {}}
+    tuning = tune_sgemm(SIZES[-1])  # exercise 8.14's configurations: the fastest becomes "tuned" below
+    results["tuning"] = {f"BK {bk}, {mb} blocks/SM": r for (bk, mb), r in tuning.items()}
+    print(f"sgemm_tuned at n = {SIZES[-1]}: " + ", ".join(f"{k} {r:.1f}" for k, r in results["tuning"].items())
+          + f" TFLOP/s; 'tuned' below runs {SGEMM_TUNED}")
     print(f"{'n':>6} {'cuBLAS':>8} " + " ".join(f"{k:>16}" for k in kernels) + "   TFLOP/s (fraction of cuBLAS)")
     for n in SIZES:
         a = cp.random.standard_normal((n, n), dtype=cp.float32)

@@ -16,8 +16,8 @@
 # expression. We compare each against cuBLAS (`cp.matmul`) and time with CUDA events. Then
 # minitorch gets a `"cuda"` device whose matmul is your kernel, and lesson 03's MLP trains on it.
 # The last section climbs the rest of the SGEMM ladder: vector loads, warp tiles, double
-# buffering, and the tensor cores; and takes the softmax to the memory's speed (one read, vector
-# loads, the row in registers).
+# buffering, the tensor cores and a pipeline of asynchronous copies to feed them, and tuning; and
+# takes the softmax to the memory's speed (one read, vector loads, the row in registers).
 #
 # **Without a GPU** (a laptop, CI) everything here is still graded:
 # - NVRTC, NVIDIA's runtime compiler (shipped as a pip wheel, no driver needed), compiles your
@@ -1841,6 +1841,176 @@ for name, fn in (("hgemm_wmma (8.11)", hgemm), ("hgemm_wmma_pipe (8.13)", hgemm_
           f"({2 * n**3 / t_blas / 1e9:.1f} TFLOP/s)")
 
 # %% [markdown]
+# ### Tuning: the tile sizes are the GPU's to choose
+#
+# Every constant of the ladder so far (128 x 128 block tiles, BK = 8, 256 threads, 8 x 8 outputs per
+# thread) was chosen by reasoning, and the best values differ from one GPU to the next: cuBLAS
+# ships many variants of each kernel and picks one by shape and device, CUTLASS's profiler and
+# Triton's `autotune` time the candidates. Two knobs of `sgemm_dbuf` matter most:
+#
+# - **BK**, the k of each step. BK = 16 halves the barriers per FMA and loads two `float4`s of A
+#   and of B per thread per step instead of one, at twice the shared memory per stage (33 KB for
+#   both stages at BK = 16; BK = 32 would pass the 48 KB of static shared memory).
+# - **Blocks per SM.** 64 accumulators and the tile being loaded take most of a thread's
+#   registers; `__launch_bounds__(256, 2)` asks the compiler to fit two blocks of 256 threads on one
+#   SM (at most 128 registers per thread), trading spills or recomputed addresses for occupancy.
+#
+# **Exercise 8.14.** Write `sgemm_tuned_source(bk, min_blocks)`: the source of `sgemm_tuned`,
+# `sgemm_dbuf` with `BK = bk` (8 or 16) and `__launch_bounds__(256, min_blocks)`, launched like it.
+# With BK = 16 each thread loads `BK / 8` = 2 `float4`s of A per step (`float4` f = `tid + 256 l` of
+# the tile: row `f / (BK / 4)`, k `(f % (BK / 4)) * 4`) and 2 of B (row `f / 32`, columns
+# `(f % 32) * 4` on), into `float4` arrays indexed by unrolled loops. The given `tune_sgemm` times
+# every configuration of `SGEMM_TUNING` on the GPU and makes the fastest the one `sgemm(a, b,
+# "tuned")` runs. The tests run both BK on the emulator (values, one barrier per step), and read
+# the PTX for the shared memory of two stages and the launch bound (`.minnctapersm`).
+
+# %%
+#| export
+SGEMM_TUNING = [(bk, min_blocks) for bk in (8, 16) for min_blocks in (1, 2)]  # (BK, blocks per SM) tried
+SGEMM_TUNED = {"bk": 16, "min_blocks": 1}  # what sgemm(..., "tuned") runs; tune_sgemm sets it from measurements
+
+# %%
+#| export
+#| exercise 8.14
+def sgemm_tuned_source(bk: int = 16, min_blocks: int = 1) -> str:
+    """CUDA C source of sgemm_tuned(A, B, C, M, N, K): sgemm_dbuf with BK = bk (8 or 16) k per step and
+    __launch_bounds__(256, min_blocks); N and K multiples of 4; block (256,) computes a 128x128 tile of C."""
+    ### BEGIN SOLUTION
+    return f"#define BK {bk}\n#define MIN_BLOCKS {min_blocks}\n" + r"""
+#define BM 128
+#define BN 128
+#define WM 64
+#define WN 32
+#define NT 256
+#define LOADS (BK / 8)      // float4s of A (and of B) each thread loads per step
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
+sgemm_tuned(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {
+    __shared__ __align__(16) float As[2][BK][BM + 4];
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int row0 = blockIdx.y * BM, col0 = blockIdx.x * BN;
+    const int wr = (warp / 4) * WM, wc = (warp % 4) * WN;
+    const int tr = lane / 4, tc = lane % 4;
+    float acc[8][8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i)
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    float4 va[LOADS], vb[LOADS];   // the next tile, on its way through registers
+    #pragma unroll
+    for (int l = 0; l < LOADS; ++l) {
+        const int f = tid + l * NT, ar = f / (BK / 4), ak = (f % (BK / 4)) * 4, bk = f / 32, bc = (f % 32) * 4;
+        va[l] = vb[l] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (row0 + ar < M && ak < K) va[l] = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + ak]);
+        if (bk < K && col0 + bc < N) vb[l] = *reinterpret_cast<const float4*>(&B[(size_t)bk * N + col0 + bc]);
+        As[0][ak + 0][ar] = va[l].x; As[0][ak + 1][ar] = va[l].y; As[0][ak + 2][ar] = va[l].z; As[0][ak + 3][ar] = va[l].w;
+        *reinterpret_cast<float4*>(&Bs[0][bk][bc]) = vb[l];
+    }
+    __syncthreads();
+
+    int s = 0;
+    for (int k0 = 0; k0 < K; k0 += BK, s ^= 1) {
+        const bool more = k0 + BK < K;
+        if (more) {
+            #pragma unroll
+            for (int l = 0; l < LOADS; ++l) {
+                const int f = tid + l * NT, ar = f / (BK / 4), ak = (f % (BK / 4)) * 4, bk = f / 32, bc = (f % 32) * 4;
+                const int k1 = k0 + BK;
+                va[l] = vb[l] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (row0 + ar < M && k1 + ak < K)
+                    va[l] = *reinterpret_cast<const float4*>(&A[(size_t)(row0 + ar) * K + k1 + ak]);
+                if (k1 + bk < K && col0 + bc < N)
+                    vb[l] = *reinterpret_cast<const float4*>(&B[(size_t)(k1 + bk) * N + col0 + bc]);
+            }
+        }
+        #pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            const float4 a0 = *reinterpret_cast<const float4*>(&As[s][k][wr + tr * 4]);
+            const float4 a1 = *reinterpret_cast<const float4*>(&As[s][k][wr + 32 + tr * 4]);
+            const float4 b0 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + tc * 4]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&Bs[s][k][wc + 16 + tc * 4]);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+            #pragma unroll
+            for (int i = 0; i < 8; ++i)
+                #pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] += a[i] * b[j];
+        }
+        if (more) {
+            #pragma unroll
+            for (int l = 0; l < LOADS; ++l) {
+                const int f = tid + l * NT, ar = f / (BK / 4), ak = (f % (BK / 4)) * 4, bk = f / 32, bc = (f % 32) * 4;
+                As[s ^ 1][ak + 0][ar] = va[l].x; As[s ^ 1][ak + 1][ar] = va[l].y;
+                As[s ^ 1][ak + 2][ar] = va[l].z; As[s ^ 1][ak + 3][ar] = va[l].w;
+                *reinterpret_cast<float4*>(&Bs[s ^ 1][bk][bc]) = vb[l];
+            }
+        }
+        __syncthreads();
+    }
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int r = row0 + wr + (i / 4) * 32 + tr * 4 + i % 4;
+        if (r >= M) continue;
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int c = col0 + wc + h * 16 + tc * 4;
+            if (c < N)
+                *reinterpret_cast<float4*>(&C[(size_t)r * N + c]) =
+                    make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+        }
+    }
+}
+"""
+    ### END SOLUTION
+
+# %% tags=["check"]
+check("8.14")
+
+# %%
+#| export
+SGEMM_KERNELS["tuned"] = (lambda: sgemm_tuned_source(SGEMM_TUNED["bk"], SGEMM_TUNED["min_blocks"]), "sgemm_tuned",
+                          sgemm_regtile_launch, 4)
+
+
+def tune_sgemm(n: int = 4096) -> dict[tuple[int, int], float]:
+    """TFLOP/s of sgemm_tuned at each (BK, blocks per SM) of SGEMM_TUNING on an (n, n) @ (n, n) float32 product
+    on the GPU (each checked against cuBLAS first); makes the fastest the configuration of sgemm(..., "tuned")."""
+    cp = _cupy()
+    a, b = (cp.random.standard_normal((n, n), dtype=cp.float32) for _ in range(2))
+    ref = a @ b
+    rates = {}
+    for bk, min_blocks in SGEMM_TUNING:
+        source = sgemm_tuned_source(bk, min_blocks)
+        kernel = _raw_kernel(source, "sgemm_tuned")
+        c = cp.zeros((n, n), dtype=cp.float32)
+        args = (a, b, c, np.int32(n), np.int32(n), np.int32(n))
+        run = lambda: kernel(*sgemm_regtile_launch(n, n), args)  # noqa: E731
+        run()
+        if not cp.allclose(c, ref, rtol=1e-3, atol=1e-2):
+            raise AssertionError(f"tune_sgemm: sgemm_tuned with BK = {bk}, {min_blocks} blocks per SM is wrong at n = {n}")
+        rates[(bk, min_blocks)] = 2 * n**3 / cuda_time_ms(run) / 1e9
+    best = max(rates, key=rates.get)
+    SGEMM_TUNED.update(bk=best[0], min_blocks=best[1])
+    return rates
+
+# %% [markdown]
+# On a GPU: every configuration at n = 4096 (2048 in the quick run), then the tuned kernel beside
+# cuBLAS.
+
+# %% tags=["gpu"]
+require_gpu()  # skips this cell, saying why, where no CUDA GPU runs kernels
+n = 2048 if SMALL else 4096
+tuning = tune_sgemm(n)
+Ag, Bg = (cp.random.standard_normal((n, n), dtype=cp.float32) for _ in range(2))
+t_blas = cuda_time_ms(lambda: Ag @ Bg)
+for (bk, min_blocks), tflops in tuning.items():
+    print(f"n = {n}: BK = {bk:2d}, {min_blocks} block(s) per SM: {tflops:6.1f} TFLOP/s = {tflops / (2 * n**3 / t_blas / 1e9):5.1%} "
+          f"of cuBLAS")
+print(f"fastest: {SGEMM_TUNED}; sgemm(..., 'tuned') now runs it")
+
+# %% [markdown]
 # ## What you measured / what to remember
 #
 # - Fusion is the cheapest speed-up on a GPU: elementwise chains and softmax are memory-bound
@@ -1853,8 +2023,9 @@ for name, fn in (("hgemm_wmma (8.11)", hgemm), ("hgemm_wmma_pipe (8.13)", hgemm_
 #   shared loads per FMA, global traffic / 16), register blocking (a quarter shared load per
 #   FMA, global traffic / 128), vector loads (a sixteenth), warp tiles (6 -> 4 shared-memory
 #   wavefronts per warp and step), double buffering (one barrier per step, loads overlapping
-#   FMAs), tensor cores (a 16 x 16 x 16 product per warp instruction). The PTX counts, the
-#   emulator's writer map and barrier counts show each step without a GPU.
+#   FMAs), tensor cores (a 16 x 16 x 16 product per warp instruction) fed from shared tiles by
+#   asynchronous copies in a pipeline, and tile sizes chosen by measuring them on the GPU at hand.
+#   The PTX counts, the emulator's writer map and barrier counts show each step without a GPU.
 # - Barriers and guards are semantics, not performance: the emulator reports a missing
 #   `__syncthreads()` as a race with both threads and lines (on a GPU it gives wrong answers only
 #   sometimes), a missing guard with the argument, index and line it overran.
@@ -1893,7 +2064,7 @@ for name, fn in (("hgemm_wmma (8.11)", hgemm), ("hgemm_wmma_pipe (8.13)", hgemm_
 # %%
 #| export
 #| given
-from minitorch.checks import Array, Attrs, Count, Size, describe, validate_public  # noqa: E402
+from minitorch.checks import Array, Attrs, Choice, Count, Int, Size, describe, validate_public  # noqa: E402
 
 
 class _OnGpu(Array):
@@ -1947,6 +2118,8 @@ validate_public(globals(), {
     "hgemm": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
     "hgemm_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
     "hgemm_pipe_launch": {"M": Size, "N": Size},
+    "sgemm_tuned_source": {"bk": Choice(8, 16), "min_blocks": Int(1, 4)},
+    "tune_sgemm": {"n": Size},
     "hgemm_pipe": {"a": _OnGpu(ndim=2, dtypes="float16"), "b": _OnGpu(ndim=2, dtypes="float16")},
     "hgemm_pipe_emulated": {"a": Array(ndim=2, dtypes="float16"), "b": Array(ndim=2, dtypes="float16")},
 })

@@ -751,6 +751,39 @@ def test_hgemm_wmma_pipe_gives_each_warp_a_64x32_tile(lesson):
             f"writers were warps {sorted(set(region.ravel().tolist()))}")
 
 
+# ------------------------------------------------------------------ 8.14 tuning
+@pytest.mark.exercise("8.14")
+@pytest.mark.parametrize("bk,min_blocks", [(8, 1), (16, 2)])
+def test_sgemm_tuned_takes_its_tile_sizes_from_the_arguments(lesson, bk, min_blocks):
+    src = lesson.sgemm_tuned_source(bk, min_blocks)
+    ptx = compile_ptx(src)
+    st = ptx_stats(ptx)
+    stages = 2 * bk * (128 + 4 + 128) * 4
+    assert st.shared_bytes >= stages, (
+        f"sgemm_tuned_source({bk}, {min_blocks}): two stages of BK = {bk} rows of A (128 + 4) and B (128) take "
+        f"{stages} bytes of shared memory; the PTX declares {st.shared_bytes}")
+    bound = re.search(r"\.minnctapersm\s+(\d+)", ptx)
+    if min_blocks > 1:
+        assert bound and int(bound.group(1)) == min_blocks, (
+            f"sgemm_tuned_source({bk}, {min_blocks}) should ask for {min_blocks} blocks per SM "
+            f"(__launch_bounds__(256, {min_blocks}): .minnctapersm in the PTX); found {bound.group(0) if bound else 'none'}")
+    assert st.ld_global_v4 >= bk // 8 * 2, (
+        f"with BK = {bk} each thread loads {bk // 8} float4 of A and {bk // 8} of B per step; the PTX has "
+        f"{st.ld_global_v4} vector loads from global memory")
+    need_compiler()
+    rng = np.random.default_rng(28)
+    M, K, N = 130, 100, 136
+    A, B = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+    C, run = run_sgemm(src, "sgemm_tuned", lesson.sgemm_regtile_launch, A, B)
+    assert_close(C, A.astype(np.float64) @ B, f"sgemm_tuned (BK = {bk}) {M}x{K} @ {K}x{N}", rtol=1e-4,
+                 atol=1e-4 * np.sqrt(K), notes=run.notes)
+    blocks = int(np.prod(lesson.sgemm_regtile_launch(M, N)[0]))
+    steps = -(-K // bk)
+    assert run.barriers <= blocks * (steps + 1), (
+        f"double buffered with BK = {bk}: {steps} + 1 barriers per block for K = {K}, but a block passed "
+        f"{run.barriers / blocks:.0f}")
+
+
 # ------------------------------------------------------------------ on a real GPU
 @pytest.mark.gpu
 @pytest.mark.exercise("8.1")
