@@ -622,12 +622,19 @@ def _sgemm_operands(a: Any, b: Any, xp: Any, dtype: Any = np.float32, what: str 
 
 
 def _pad_to(x: Any, xp: Any, rows: int, cols: int) -> Any:
-    """x zero-padded to (rows, cols) (x itself if it has that shape already)."""
+    """x zero-padded to (rows, cols) (x itself if it has that shape already and starts on 32 bytes)."""
     if x.shape == (rows, cols):
-        return x
+        return _aligned(x, xp)
     out = xp.zeros((rows, cols), dtype=x.dtype)
     out[:x.shape[0], :x.shape[1]] = x
     return out
+
+
+def _aligned(x: Any, xp: Any, align: int = 32) -> Any:
+    """x, or a copy of it that starts on `align` bytes: a contiguous view (b[:, 1:] of one row) may start
+    anywhere, and a float4 load, a cp.async copy or a WMMA fragment load from a misaligned address faults."""
+    address = x.data.ptr if hasattr(x.data, "ptr") else x.ctypes.data
+    return x if address % align == 0 else xp.array(x, copy=True)
 
 
 def _raw_kernel(source: str, name: str) -> Any:
@@ -979,7 +986,7 @@ print(f"{steps} steps on the GPU in {t_gpu:.1f} s; final loss GPU {gpu_losses[-1
 # printed: 500 steps on the GPU in 2.3 s; final loss 0.0002 on the GPU and on the CPU.
 
 # %% [markdown]
-# ## 10. Further up the ladder: vector loads, warp tiles, double buffering, tensor cores
+# ## 10. Further up the ladder: vector loads, warp tiles, double buffering, tensor cores, softmax
 #
 # `sgemm_regtile` is kernel 5 of Boehm's worklog (2022), which measured it at 69 % of cuBLAS on
 # an RTX A6000; his later kernels reached 78 % with vector loads (kernel 6) and 94 % with warp
@@ -1524,7 +1531,7 @@ SOFTMAX_V4_MAX_COLS = 4 * SOFTMAX_V4_ITEMS * 1024  # a block has at most 1024 th
 
 def softmax_v4_launch(rows: int, cols: int) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) for softmax_rows_v4: one block per row, of the fewest whole warps (32 to 1024
-    threads) whose SOFTMAX_V4_ITEMS float4s each cover the row. cols: a multiple of 4, at most
+    threads) whose threads, SOFTMAX_V4_ITEMS float4s each, cover the row. cols: a multiple of 4, at most
     SOFTMAX_V4_MAX_COLS."""
     if cols % 4 or cols > SOFTMAX_V4_MAX_COLS:
         raise ValueError(f"softmax_v4_launch: cols must be a multiple of 4 and at most {SOFTMAX_V4_MAX_COLS}, "
@@ -1618,6 +1625,7 @@ def softmax_v4(x: cupy.ndarray) -> cupy.ndarray:
     x = _softmax_operand(x, cp, "softmax_v4")
     if not x.size or not _softmax_v4_fits(x.shape[1]):
         return softmax(x)
+    x = _aligned(x, cp, 16)  # the rows' float4s start on 16 bytes
     y = cp.empty_like(x)
     args = (x, y, np.int32(x.shape[0]), np.int32(x.shape[1]))
     source = softmax_v4_source()

@@ -1660,9 +1660,10 @@ for n in [1024, 2048, 4096]:
 #    two `int4` loads from `As[kk]` and two from `Bs[kk]` feed 64 `__dp4a`;
 # 3. the 64 results are stored to C, each guarded by its row and column (N is any size).
 #
-# The tests read the PTX (at least 64 `dp4a` per step, 16-byte shared loads, no local memory)
+# The tests read the PTX (at least 64 `dp4a` per word of k, 16-byte shared loads, no local memory)
 # and, on the emulator, check exact results on odd shapes and that each thread writes its 8 x 8
-# outputs. On a GPU the cell below times it against 10.7's kernel and lesson 08's best float32
+# outputs; whether the tile loads are coalesced and the padding spreads the banks shows only in the
+# timings. On a GPU the cell below times it against 10.7's kernel and lesson 08's best float32
 # kernels.
 
 # %%

@@ -636,7 +636,8 @@ def test_softmax_v4_correct_for_rows_of_many_lengths(lesson):
     rng = np.random.default_rng(21)
     # a row of one float4; a block of one warp with idle threads; rows that fill some of the slots; a block
     # whose last warp is partly used; every slot of every thread (8 float4s x 64 threads)
-    for rows, cols in [(3, 4), (2, 36), (4, 132), (2, 1000), (1, 2052), (1, 2048)]:
+    # and the longest row: 1024 threads, 32 warps' partials
+    for rows, cols in [(3, 4), (2, 36), (4, 132), (2, 1000), (1, 2052), (1, 2048), (1, 32768)]:
         x = (rng.standard_normal((rows, cols)) * 5).astype(np.float32)
         y, run = run_softmax_v4(lesson, src, x)
         assert_close(y, softmax_ref(x), f"softmax_rows_v4 of a ({rows}, {cols}) matrix", rtol=1e-5, atol=1e-7,
@@ -656,6 +657,15 @@ def test_softmax_v4_is_stable_on_large_infinite_and_very_negative_rows(lesson):
                                   f"running maximum starts at -INFINITY; the unused slots hold -INFINITY), got\n{y}")
     assert_close(y, softmax_ref(x), "softmax_rows_v4 of rows with 1e4, -inf and very negative logits", rtol=1e-5,
                  atol=1e-7)
+    # the max must see every element of every float4: one logit 110 above the rest, in each lane of a float4
+    # and in a thread's later slots, overflows exp if it is missed
+    x = np.full((4, 2052), -50.0, np.float32)
+    for r, j in enumerate((2051, 403, 1026, 4 * 300 + 2)):
+        x[r, j] = 60.0
+    y, _ = run_softmax_v4(lesson, src, x)
+    assert np.isfinite(y).all(), ("softmax of rows with one large logit among small ones must be finite: the max "
+                                  "should cover every element (each lane of each float4, every slot)")
+    assert_close(y, softmax_ref(x), "softmax_rows_v4 of rows with one logit 110 above the rest", rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.exercise("8.12")
@@ -682,6 +692,12 @@ def test_softmax_v4_reads_each_float4_once_into_registers(lesson):
     assert writes in (rows * cols // 4, rows * cols), (  # the emulator may count a float4 store as four
         f"each element of y ({rows} x {cols}) should be written once; the kernel made {writes} writes")
     threads = lesson.softmax_v4_launch(rows, cols)[1][0]
+    writer = run.profile["y"]["writer"].reshape(rows, cols)[:, ::4]  # who stored each float4
+    want = np.arange(rows)[:, None] * threads + np.arange(cols // 4) % threads
+    assert (writer == want).all(), (
+        f"thread t of a row's block should handle the row's float4s t, t + blockDim.x, ... (a warp then reads 512 "
+        f"consecutive bytes per load); row 0's first float4s were stored by threads "
+        f"{writer[0, :6].tolist()}, not {want[0, :6].tolist()}")
     busiest = int(run.profile["x"]["reads"].max())
     assert busiest <= lesson.SOFTMAX_V4_ITEMS, (
         f"one thread read {busiest} float4s of x; with {threads} threads per row each should hold at most "
