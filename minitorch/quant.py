@@ -819,30 +819,45 @@ def dp4a_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
 
 def int8_gemm_dp4a(a: Any, b: Any) -> Any:
     """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a."""
-    import cupy as cp
-
-    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"int8_gemm_dp4a: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} {b.shape}")
-    m, n = a.shape[0], b.shape[1]
-    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
-    c = cp.zeros((m, n), dtype=cp.int32)
-    if m and n:
-        kern = cp.RawKernel(int8_gemm_dp4a_source(), "int8_gemm_dp4a", options=("-std=c++17",))
-        kern(*dp4a_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
-    return c
+    return _dp4a_gemm(a, b, "int8_gemm_dp4a", int8_gemm_dp4a_source, "int8_gemm_dp4a", dp4a_launch, on_gpu=True)
 
 
 def int8_gemm_dp4a_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The same kernel on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
-    from course.cuda_c import emulate  # the CPU emulator of CUDA C is course machinery (course/cuda_c.py)
+    return _dp4a_gemm(a, b, "int8_gemm_dp4a_emulated", int8_gemm_dp4a_source, "int8_gemm_dp4a", dp4a_launch,
+                      on_gpu=False)
 
-    a, b = check_int8_operands(a, b, "int8_gemm_dp4a_emulated")
+
+_DP4A_KERNELS: dict[str, Any] = {}  # source -> compiled RawKernel
+
+
+def _dp4a_gemm(a: Any, b: Any, what: str, source_fn: Callable[[], str], name: str, launch: Callable,
+               on_gpu: bool) -> Any:
+    """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 by the packed-operand kernel `name` of source_fn(): A and
+    B transposed packed four k per word (pack_k4), launched by launch(M, N) on the GPU (CuPy arrays) or
+    on the CPU emulator (NumPy; course.cuda_c.emulate, course machinery)."""
+    if on_gpu:
+        import cupy as xp
+
+        if a.dtype != xp.int8 or b.dtype != xp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise ValueError(f"{what}: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} {b.shape}")
+    else:
+        xp = np
+        a, b = check_int8_operands(a, b, what)
     m, n = a.shape[0], b.shape[1]
-    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
-    c = np.zeros((m, n), np.int32)
+    a4, b4t = pack_k4(a, xp), pack_k4(xp.ascontiguousarray(b.T), xp)
+    c = xp.zeros((m, n), dtype=xp.int32)
     if m and n:
-        emulate(int8_gemm_dp4a_source(), "int8_gemm_dp4a", *dp4a_launch(m, n),
-                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
+        args = (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1]))
+        source = source_fn()
+        if on_gpu:
+            if source not in _DP4A_KERNELS:
+                _DP4A_KERNELS[source] = xp.RawKernel(source, name, options=("-std=c++17",))
+            _DP4A_KERNELS[source](*launch(m, n), args)
+        else:
+            from course.cuda_c import emulate
+
+            emulate(source, name, *launch(m, n), list(args))
     return c
 
 
@@ -913,37 +928,14 @@ def dp4a_regtile_launch(m: int, n: int) -> tuple[tuple[int, int], tuple[int]]:
 
 def int8_gemm_dp4a_regtile(a: Any, b: Any) -> Any:
     """a (M, K) int8 @ b (K, N) int8 -> (M, N) int32 on the GPU (CuPy arrays) with int8_gemm_dp4a_regtile."""
-    import cupy as cp
-
-    if a.dtype != cp.int8 or b.dtype != cp.int8 or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"int8_gemm_dp4a_regtile: need int8 (M, K) @ (K, N), got {a.dtype} {a.shape} @ {b.dtype} "
-                         f"{b.shape}")
-    m, n = a.shape[0], b.shape[1]
-    a4, b4t = pack_k4(a, cp), pack_k4(cp.ascontiguousarray(b.T), cp)
-    c = cp.zeros((m, n), dtype=cp.int32)
-    if m and n:
-        source = int8_gemm_dp4a_regtile_source()
-        if source not in _DP4A_KERNELS:
-            _DP4A_KERNELS[source] = cp.RawKernel(source, "int8_gemm_dp4a_regtile", options=("-std=c++17",))
-        _DP4A_KERNELS[source](*dp4a_regtile_launch(m, n), (a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])))
-    return c
-
-
-_DP4A_KERNELS: dict[str, Any] = {}  # source -> compiled RawKernel
+    return _dp4a_gemm(a, b, "int8_gemm_dp4a_regtile", int8_gemm_dp4a_regtile_source, "int8_gemm_dp4a_regtile",
+                      dp4a_regtile_launch, on_gpu=True)
 
 
 def int8_gemm_dp4a_regtile_emulated(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """int8_gemm_dp4a_regtile on the CPU emulator (course.cuda_c.emulate); NumPy in and out."""
-    from course.cuda_c import emulate
-
-    a, b = check_int8_operands(a, b, "int8_gemm_dp4a_regtile_emulated")
-    m, n = a.shape[0], b.shape[1]
-    a4, b4t = pack_k4(a), pack_k4(np.ascontiguousarray(b.T))
-    c = np.zeros((m, n), np.int32)
-    if m and n:
-        emulate(int8_gemm_dp4a_regtile_source(), "int8_gemm_dp4a_regtile", *dp4a_regtile_launch(m, n),
-                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(a4.shape[1])])
-    return c
+    return _dp4a_gemm(a, b, "int8_gemm_dp4a_regtile_emulated", int8_gemm_dp4a_regtile_source,
+                      "int8_gemm_dp4a_regtile", dp4a_regtile_launch, on_gpu=False)
 
 
 def systolic_tile(x: np.ndarray, w: np.ndarray,

@@ -298,13 +298,13 @@ def softmax_ref(x):
     return e / e.sum(axis=1, keepdims=True)
 
 
-def run_softmax(lesson, src, x, **kw):
+def run_softmax(lesson, src, x, kernel="softmax_rows", launch=None, **kw):
     y = np.full_like(x, np.nan)
     try:
-        run = run_kernel(src, "softmax_rows", *lesson.softmax_launch(*x.shape),
+        run = run_kernel(src, kernel, *(launch or lesson.softmax_launch)(*x.shape),
                          [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])], **kw)
     except KernelError as exc:
-        raise AssertionError(f"softmax_rows on a {x.shape} matrix failed on the emulator: {exc}") from None
+        raise AssertionError(f"{kernel} on a {x.shape} matrix failed on the emulator: {exc}") from None
     return y, run
 
 
@@ -615,13 +615,7 @@ def test_hgemm_wmma_correct(lesson):
 
 # ------------------------------------------------------------------ 8.12 softmax at the memory's speed
 def run_softmax_v4(lesson, src, x, **kw):
-    y = np.full_like(x, np.nan)
-    try:
-        run = run_kernel(src, "softmax_rows_v4", *lesson.softmax_v4_launch(*x.shape),
-                         [x, y, np.int32(x.shape[0]), np.int32(x.shape[1])], **kw)
-    except KernelError as exc:
-        raise AssertionError(f"softmax_rows_v4 on a {x.shape} matrix failed on the emulator: {exc}") from None
-    return y, run
+    return run_softmax(lesson, src, x, "softmax_rows_v4", lesson.softmax_v4_launch, **kw)
 
 
 @pytest.mark.exercise("8.12")

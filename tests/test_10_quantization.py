@@ -687,6 +687,15 @@ def dp4a_ptx(lesson):
 
     return compile_ptx(lesson.int8_gemm_dp4a_source())
 
+def _packed_dp4a_operands(a, b):
+    k4 = -(-a.shape[1] // 4)
+    ap = np.zeros((a.shape[0], 4 * k4), np.int8)
+    ap[:, :a.shape[1]] = a
+    bp = np.zeros((b.shape[1], 4 * k4), np.int8)
+    bp[:, :b.shape[0]] = b.T
+    return ap.view(np.int32), bp.view(np.int32), k4
+
+
 
 @pytest.mark.exercise("10.7")
 def test_dp4a_kernel_ptx_structure(lesson):
@@ -715,14 +724,10 @@ def test_dp4a_kernel_on_emulator(lesson):
         b = rng.integers(-128, 128, (k, n)).astype(np.int8)
         a[0] = -128
         b[:, 0] = -128
-        k4 = -(-k // 4)
-        ap = np.zeros((m, 4 * k4), np.int8)
-        ap[:, :k] = a
-        bp = np.zeros((n, 4 * k4), np.int8)
-        bp[:, :k] = b.T
+        a4, b4t, k4 = _packed_dp4a_operands(a, b)
         c = np.zeros((m, n), np.int32)
         emulate(lesson.int8_gemm_dp4a_source(), "int8_gemm_dp4a", (-(-n // 16), -(-m // 16)), (16, 16),
-                [ap.view(np.int32), bp.view(np.int32), c, np.int32(m), np.int32(n), np.int32(k4)])
+                [a4, b4t, c, np.int32(m), np.int32(n), np.int32(k4)])
         np.testing.assert_array_equal(c, a.astype(np.int64) @ b.astype(np.int64), err_msg=f"{m}x{k} @ {k}x{n}")
 
 
@@ -740,14 +745,6 @@ def test_dp4a_kernel_on_gpu(lesson):
 
 # ---------------------------------------------------------------- 10.14 dp4a with register tiles (CUDA C)
 
-
-def _packed_dp4a_operands(a, b):
-    k4 = -(-a.shape[1] // 4)
-    ap = np.zeros((a.shape[0], 4 * k4), np.int8)
-    ap[:, :a.shape[1]] = a
-    bp = np.zeros((b.shape[1], 4 * k4), np.int8)
-    bp[:, :b.shape[0]] = b.T
-    return ap.view(np.int32), bp.view(np.int32), k4
 
 
 @pytest.mark.exercise("10.14")
