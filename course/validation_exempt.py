@@ -44,7 +44,7 @@ EXEMPT: dict[tuple[str, str, str], str] = {
     # test test_given_cupy_kernels checks that on any machine). Where a GPU runs kernels they are walked.
     **({(f"cupy_kernels.{name}", "*", "*"): "launches CuPy kernels, and no CUDA GPU runs them here"
         for name in ("bias_gelu", "gelu_unfused", "l2norm", "sgemm", "softmax", "softmax_unfused", "hgemm",
-                     "cuda_time_ms", "enable_cuda")}
+                     "cuda_time_ms", "enable_cuda", "softmax_v4", "hgemm_pipe", "tune_sgemm")}
        if not __import__("course.gpu", fromlist=["gpu_status"]).gpu_status()[0] else {}),
     # -- lessons 09 and 11 (attention, gpt, kv_cache)
     ("attention.check_size", "value", "*"): "a helper that raises on behalf of its caller: the message names the "
@@ -53,6 +53,7 @@ EXEMPT: dict[tuple[str, str, str], str] = {
     ("attention.flash_attention_cuda", "*", "*"): "needs a CUDA GPU (CuPy arrays); its rules are the emulated "
                                                   "kernel's (flash_attention_emulated, walked), run by make gpucheck",
     ("attention.attention_cupy_unfused", "*", "*"): "needs a CUDA GPU (CuPy arrays): the GPU demo's baseline",
+    ("attention.attention_torch_sdpa", "*", "*"): "needs a CUDA GPU and PyTorch (CuPy arrays): the GPU demo's reference",
     ("gpt.*", "ids", "an id of *"): "a data helper slices the id sequence and knows no vocabulary; the model "
                                     "(Embedding) and evaluate_loss refuse ids outside it",
     ("gpt.*", "warmup", "zero size"): "no warm-up is a valid schedule (the full rate from step 0)",
@@ -69,9 +70,10 @@ EXEMPT: dict[tuple[str, str, str], str] = {
     ("kv_cache.speculative_generate", "k", "zero size"): "k = 0 drafts nothing: one target token per call (plain decoding)",
     ("kv_cache.BlockAllocator.*", "block", "zero size"): "a block id, not a size: block 0 is the first block",
     # -- lessons 10, 12, 13 (quant, parallel, comm, model_parallel)
-    **({("quant.int8_gemm_dp4a", "*", "*"): "launches a CuPy kernel, and no CUDA GPU runs it here (its rules refuse "
-                                            "bad operands before CuPy is touched; the emulated kernel, "
-                                            "int8_gemm_dp4a_emulated, is walked)"}
+    **({(f"quant.{name}", "*", "*"): "launches a CuPy kernel, and no CUDA GPU runs it here (its rules refuse bad "
+                                     "operands before CuPy is touched; the emulated kernel, "
+                                     f"{name}_emulated, is walked)"
+        for name in ("int8_gemm_dp4a", "int8_gemm_dp4a_regtile")}
        if not __import__("course.gpu", fromlist=["gpu_status"]).gpu_status()[0] else {}),
     **{("comm.*", param, label): "a message may carry any numeric dtype, floats and complex included: both engines "
                                  "move its bytes (test_mpi_engine sends complex128)"
