@@ -14,7 +14,8 @@ measurements after a warm-up (cuda_time_ms: 3 warm-up launches, then the median 
 the slow naive kernel). Targets: regtile >= 50 % of cuBLAS at n = 4096 on an H100 and fused softmax
 >= 2x the unfused expression (issue 4); at n = 4096 the best SGEMM rung >= 90 % of cuBLAS and
 hgemm_wmma_pipe >= 40 % of cuBLAS's half GEMM, softmax_v4 >= 70 % of the card's bandwidth and >= 2x
-the unfused expression at both shapes (issue 43). Saves gpu.json (and gpu.png where matplotlib is installed) into build/bench/.
+the unfused expression at both shapes (issue 43). Saves gpu.json (and gpu.png where matplotlib is
+installed) into build/bench/.
 
 Without a CUDA GPU this benchmark prints why and does nothing else.
 """
@@ -41,8 +42,8 @@ def main(out_dir: Path) -> None:
     import cupy as cp
 
     from minitorch.cupy_kernels import (
-        SGEMM_KERNELS, SGEMM_TUNED, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, hgemm_pipe, memory_bandwidth_gbps, sgemm, softmax,
-        softmax_unfused, softmax_v4, tune_sgemm,
+        SGEMM_KERNELS, SGEMM_TUNED, bias_gelu, cuda_time_ms, gelu_unfused, hgemm, hgemm_pipe, memory_bandwidth_gbps,
+        sgemm, softmax, softmax_unfused, softmax_v4, tune_sgemm,
     )
 
     kernels = tuple(SGEMM_KERNELS)

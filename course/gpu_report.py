@@ -345,7 +345,8 @@ def render(report: dict) -> str:
             lines += [cells["error"], ""]
     bench = report.get("bench")
     if bench:
-        lines += ["## Benchmarks (bench_gpu; the GPU parts of bench_quant and bench_attention)", "", "```", (bench.get("output") or "").rstrip(), "```", ""]
+        lines += ["## Benchmarks (bench_gpu; the GPU parts of bench_quant and bench_attention)", "", "```",
+                  (bench.get("output") or "").rstrip(), "```", ""]
         if bench.get("error"):
             lines += ["```", bench["error"].rstrip(), "```", ""]
     san = report.get("sanitize")
