@@ -1589,7 +1589,7 @@ def block_rows(m: int, mr: int, mc_max: int, threads: int) -> int:
     return max(1, -(-panels // blocks)) * mr
 
 
-CACHE_LINE = 64  # bytes: x86-64's and Arm's L1 line (Apple's M-series: 128; 64-aligned is aligned there to 64)
+CACHE_LINE = 64  # bytes: the L1 line of x86-64 and most Arm cores (Apple M-series: 128, where a 64-byte load from a 64-aligned address still stays in one line)
 
 
 @njit(cache=False)
